@@ -1,0 +1,142 @@
+/*!
+ * \file tvm_hetero/graph_runtime.h
+ * \brief The heterogeneous graph runtime: everything is looked up, allocated and packed in Init;
+ *        Run() is a loop over execution groups of prepared calls.
+ */
+#ifndef TVM_HETERO_GRAPH_RUNTIME_H_
+#define TVM_HETERO_GRAPH_RUNTIME_H_
+
+#include <tvm/ffi/any.h>
+#include <tvm/ffi/container/map.h>
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/extra/module.h>
+#include <tvm/ffi/function.h>
+#include <tvm/ffi/optional.h>
+#include <tvm/ffi/string.h>
+#include <tvm_hetero/graph.h>
+#include <tvm_hetero/storage_plan.h>
+
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace tvm_hetero {
+
+/*! \brief One prepared step of Run(). */
+struct OpExec {
+  enum class Kind { kKernel, kCopy, kNop };
+  /*! \brief What the step does. */
+  Kind kind = Kind::kNop;
+  /*! \brief Node this step executes. */
+  uint32_t node_id = 0;
+  /*! \brief Kernel (kKernel only). */
+  tvm::ffi::Function kernel;
+  /*! \brief Packed kernel arguments: input then output DLTensors (kKernel only). */
+  std::vector<tvm::ffi::AnyView> args;
+  /*! \brief Source and destination (kCopy only). */
+  DLTensor* copy_from = nullptr;
+  DLTensor* copy_to = nullptr;
+  /*! \brief Host buffer for copies that no single device API can do (kCopy only, else empty). */
+  tvm::ffi::Tensor staging;
+};
+
+/*! \brief Consecutive steps on one device; an offload device is entered once per group. */
+struct ExecGroup {
+  /*! \brief Device position. */
+  int device = 0;
+  /*! \brief Steps [begin, end) of GraphRuntime::op_execs_. */
+  uint32_t begin = 0, end = 0;
+};
+
+/*! \brief Runs a graph (docs/graph-format.md) over several devices. */
+class GraphRuntime {
+ public:
+  /*!
+   * \brief Load the graph, place storage on devices and prepare every call.
+   * \param graph_json The graph.
+   * \param lib Kernel library; kernels are found by func_name, imports searched.
+   * \param devices Devices, indexed by device_index; devices[0] is primary and fallback.
+   * \param kind How to read device_index when the graph does not say (docs/graph-format.md).
+   */
+  void Init(const std::string& graph_json, tvm::ffi::Module lib, std::vector<DLDevice> devices,
+            DeviceIndexKind kind = DeviceIndexKind::kPosition);
+
+  /*! \brief Execute the graph once. */
+  void Run();
+
+  /*! \brief Index of the input (or parameter) named `name`, or -1. */
+  int GetInputIndex(const std::string& name) const;
+  /*! \brief Copy `value` into input `index`; shape and dtype must match. */
+  void SetInput(int index, const DLTensor* value);
+  /*! \brief The input's tensor (the runtime's own memory). */
+  tvm::ffi::Tensor GetInput(int index) const;
+  /*! \brief The output's tensor (the runtime's own memory; valid until the next Run). */
+  tvm::ffi::Tensor GetOutput(int index) const;
+  /*! \brief Copy output `index` into `out`; shape and dtype must match. */
+  void CopyOutputTo(int index, DLTensor* out) const;
+  int NumInputs() const { return static_cast<int>(input_nodes_.size()); }
+  int NumOutputs() const { return static_cast<int>(graph_.heads.size()); }
+  /*! \brief Name of input `index`. */
+  const std::string& GetInputName(int index) const;
+
+  /*! \brief Set parameters from `tvm.runtime.save_param_dict` bytes. */
+  void LoadParams(const std::string& param_bytes);
+  /*! \brief Set parameters by name. */
+  void SetParams(const tvm::ffi::Map<tvm::ffi::String, tvm::ffi::Tensor>& params);
+  /*! \brief Use `other`'s memory for the parameters named in `param_bytes` (no copy). */
+  void ShareParams(const GraphRuntime& other, const std::string& param_bytes);
+
+  /*! \brief Counts as JSON: nodes, groups, copies, device switches, storage bytes per device. */
+  std::string StatsJSON() const;
+  /*! \brief Run `repeat` times timing every node; per-node and per-group times as JSON. */
+  std::string ProfileJSON(int repeat);
+
+  const Graph& graph() const { return graph_; }
+  const std::vector<ExecGroup>& groups() const { return groups_; }
+  const std::vector<DLDevice>& devices() const { return devices_; }
+  const StoragePlan& storage_plan() const { return storage_plan_; }
+
+ private:
+  void SetupStorage();
+  void SetupOpExecs();
+  void SetupGroups();
+  void RunStep(const OpExec& step) const;
+  int CheckedInputIndex(int index, const char* what) const;
+  /*! \brief Throw naming the input unless `value` matches its shape and dtype. */
+  void CheckCompatible(uint32_t eid, const DLTensor* value, const std::string& what) const;
+
+  /*! \brief The validated graph. */
+  Graph graph_;
+  /*! \brief Kernel library. */
+  tvm::ffi::Optional<tvm::ffi::Module> lib_;
+  /*! \brief Devices by position. */
+  std::vector<DLDevice> devices_;
+  /*! \brief Device position of each node. */
+  std::vector<int> node_device_;
+  /*! \brief Pool slots and the slot of each entry. */
+  StoragePlan storage_plan_;
+  /*! \brief One allocation per slot, on its device. */
+  std::vector<tvm::ffi::Tensor> pool_;
+  /*! \brief One view per entry into its pool slot (or a shared parameter). */
+  std::vector<tvm::ffi::Tensor> data_entry_;
+  /*! \brief Node id of each input (arg_nodes order). */
+  std::vector<uint32_t> input_nodes_;
+  /*! \brief Input name -> input index. */
+  std::unordered_map<std::string, int> input_index_;
+  /*! \brief Prepared steps in node order (null nodes have none). */
+  std::vector<OpExec> op_execs_;
+  /*! \brief Runs of steps on one device. */
+  std::vector<ExecGroup> groups_;
+  /*! \brief Non-CPU devices to synchronise at the end of Run. */
+  std::vector<DLDevice> devices_to_sync_;
+};
+
+/*! \brief True when copying between these devices needs a host buffer in between. */
+bool CopyNeedsStaging(DLDevice from, DLDevice to);
+/*! \brief Copy between tensors on any two devices; `staging` is a host buffer of the same size,
+ *         needed only when CopyNeedsStaging. */
+void CopyAcrossDevices(const DLTensor* from, DLTensor* to, DLTensor* staging = nullptr);
+
+}  // namespace tvm_hetero
+
+#endif  // TVM_HETERO_GRAPH_RUNTIME_H_

@@ -1,0 +1,49 @@
+/*!
+ * \file tvm_hetero/storage_plan.h
+ * \brief From the graph's storage ids to pool slots: one slot per storage id, on one device,
+ *        sized by its largest user.
+ */
+#ifndef TVM_HETERO_STORAGE_PLAN_H_
+#define TVM_HETERO_STORAGE_PLAN_H_
+
+#include <tvm_hetero/graph.h>
+
+#include <cstddef>
+#include <vector>
+
+namespace tvm_hetero {
+
+/*! \brief One pool allocation. */
+struct StorageSlot {
+  /*! \brief Device position it lives on. */
+  int device = 0;
+  /*! \brief Bytes: the largest entry that uses it. */
+  size_t nbytes = 0;
+};
+
+/*! \brief Where every entry's memory comes from. */
+struct StoragePlan {
+  /*! \brief The pool, densely numbered. */
+  std::vector<StorageSlot> slots;
+  /*! \brief Slot of each entry. */
+  std::vector<uint32_t> entry_slot;
+  /*! \brief Device position of each entry (its node's). */
+  std::vector<int> entry_device;
+
+  /*! \brief Total pool bytes on each of `num_devices` devices. */
+  std::vector<size_t> BytesPerDevice(size_t num_devices) const;
+};
+
+/*! \brief Bytes an entry of this shape and dtype needs. \throws on overflow. */
+size_t EntryBytes(const std::vector<int64_t>& shape, DLDataType dtype);
+
+/*!
+ * \brief Build the pool.
+ * \param node_device Device position of each node (from AssignDevices).
+ * \throws tvm::ffi::Error (ValueError) naming both nodes when a storage id is used on two devices.
+ */
+StoragePlan PlanStorage(const Graph& graph, const std::vector<int>& node_device);
+
+}  // namespace tvm_hetero
+
+#endif  // TVM_HETERO_STORAGE_PLAN_H_

@@ -1,0 +1,35 @@
+"""Find and load libtvm_hetero.so, which registers the runtime's global functions with TVM."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+import tvm  # noqa: F401  (libtvm_runtime must be loaded before our library)
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+LIBRARY_NAME = "libtvm_hetero.so"
+
+
+def library_path() -> Path:
+    """Where the runtime library is: $TVM_HETERO_LIBRARY, the installed wheel, or a source build."""
+    candidates = []
+    if os.environ.get("TVM_HETERO_LIBRARY"):
+        candidates.append(Path(os.environ["TVM_HETERO_LIBRARY"]))
+    candidates.append(_PACKAGE_DIR / "lib" / LIBRARY_NAME)
+    candidates.append(_PACKAGE_DIR.parent.parent / "build" / LIBRARY_NAME)  # source checkout
+    for path in candidates:
+        if path.is_file():
+            return path
+    raise ImportError(
+        f"{LIBRARY_NAME} not found (looked in {', '.join(map(str, candidates))}); "
+        "install the package with `pip install .` or build it with CMake"
+    )
+
+
+def load_library() -> ctypes.CDLL:
+    return ctypes.CDLL(str(library_path()), mode=ctypes.RTLD_GLOBAL)
+
+
+_LIB = load_library()

@@ -1,0 +1,1 @@
+"""Compiler: from a Relax IRModule to graph JSON + kernel library + params."""

@@ -1,0 +1,388 @@
+/*!
+ * \file graph_runtime.cc
+ * \brief Init prepares everything (storage, views, packed calls, groups); Run is a loop.
+ */
+#include <tvm/ffi/extra/json.h>
+#include <tvm/ffi/string.h>
+#include <tvm/runtime/device_api.h>
+#include <tvm_hetero/device_assignment.h>
+#include <tvm_hetero/graph_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <sstream>
+
+namespace tvm_hetero {
+
+namespace ffi = tvm::ffi;
+using tvm::runtime::DeviceAPI;
+
+namespace {
+
+constexpr size_t kPoolAlignment = 64;
+/*! \brief TVM's RPC session mask: device types at or above it live in another process. */
+constexpr int kRPCSessMask = 128;
+
+bool IsHost(DLDevice dev) { return dev.device_type == kDLCPU; }
+
+/*! \brief Kernels and copies write through the DLTensor of a tensor the runtime owns. */
+DLTensor* MutableTensor(const ffi::Tensor& t) { return const_cast<DLTensor*>(t.GetDLTensorPtr()); }
+
+/*! \brief Allocates a pool slot with the device's own API. */
+struct PoolAlloc {
+  void AllocData(DLTensor* t) {
+    t->data = DeviceAPI::Get(t->device)->AllocDataSpace(t->device, ffi::GetDataSize(*t), kPoolAlignment,
+                                                         t->dtype);
+  }
+  void FreeData(DLTensor* t) { DeviceAPI::Get(t->device)->FreeDataSpace(t->device, t->data); }
+};
+
+/*! \brief A typed view of a pool slot; holding `base` keeps the slot alive. */
+struct ViewAlloc {
+  ffi::Tensor base;
+  void AllocData(DLTensor* t) { t->data = base.data_ptr(); }
+  void FreeData(DLTensor*) {}
+};
+
+std::string DeviceName(DLDevice dev) {
+  std::ostringstream os;
+  if (dev.device_type >= kRPCSessMask) {
+    os << "remote[" << dev.device_type / kRPCSessMask - 1 << "]:";
+    dev.device_type = static_cast<DLDeviceType>(dev.device_type % kRPCSessMask);
+  }
+  os << tvm::runtime::DLDeviceType2Str(dev.device_type) << ":" << dev.device_id;
+  return os.str();
+}
+
+std::string ShapeString(const int64_t* shape, int ndim) {
+  std::ostringstream os;
+  os << "(";
+  for (int i = 0; i < ndim; ++i) os << (i ? ", " : "") << shape[i];
+  os << (ndim == 1 ? ",)" : ")");
+  return os.str();
+}
+
+}  // namespace
+
+bool CopyNeedsStaging(DLDevice from, DLDevice to) {
+  return from.device_type != to.device_type && !IsHost(from) && !IsHost(to);
+}
+
+void CopyAcrossDevices(const DLTensor* from, DLTensor* to, DLTensor* staging) {
+  if (IsHost(from->device) && IsHost(to->device)) {
+    // cpu(0) and cpu(1) are distinct devices of one address space.
+    std::memcpy(static_cast<char*>(to->data) + to->byte_offset,
+                static_cast<const char*>(from->data) + from->byte_offset, ffi::GetDataSize(*from));
+    return;
+  }
+  if (CopyNeedsStaging(from->device, to->device)) {
+    CopyAcrossDevices(from, staging);
+    CopyAcrossDevices(staging, to);
+    return;
+  }
+  DLDevice api_device = IsHost(from->device) ? to->device : from->device;
+  DeviceAPI* api = DeviceAPI::Get(api_device);
+  api->CopyDataFromTo(const_cast<DLTensor*>(from), to, nullptr);
+  // A copy that lands on the host must be complete before the host reads it.
+  if (IsHost(to->device)) api->StreamSync(api_device, nullptr);
+}
+
+void GraphRuntime::Init(const std::string& graph_json, ffi::Module lib, std::vector<DLDevice> devices,
+                        DeviceIndexKind kind) {
+  graph_ = ParseGraphJSON(graph_json);
+  lib_ = std::move(lib);
+  devices_ = std::move(devices);
+  node_device_ = AssignDevices(graph_, devices_, kind);
+  for (uint32_t nid : graph_.arg_nodes) {
+    const std::string& name = graph_.nodes[nid].name;
+    if (!input_index_.emplace(name, static_cast<int>(input_nodes_.size())).second) {
+      TVM_FFI_THROW(ValueError) << graph_.describe_node(nid) << ": another input has the name '" << name
+                                << "'";
+    }
+    input_nodes_.push_back(nid);
+  }
+  for (const DLDevice& dev : devices_) {
+    bool seen = std::any_of(devices_to_sync_.begin(), devices_to_sync_.end(), [&](const DLDevice& d) {
+      return d.device_type == dev.device_type && d.device_id == dev.device_id;
+    });
+    if (!IsHost(dev) && !seen) devices_to_sync_.push_back(dev);
+  }
+  SetupStorage();
+  SetupOpExecs();
+  SetupGroups();
+}
+
+void GraphRuntime::SetupStorage() {
+  storage_plan_ = PlanStorage(graph_, node_device_);
+  pool_.clear();
+  for (const StorageSlot& slot : storage_plan_.slots) {
+    int64_t nbytes = static_cast<int64_t>(std::max<size_t>(slot.nbytes, 1));
+    pool_.push_back(ffi::Tensor::FromNDAlloc(PoolAlloc(), ffi::Shape({nbytes}), DLDataType{kDLUInt, 8, 1},
+                                             devices_[slot.device]));
+  }
+  data_entry_.clear();
+  for (size_t eid = 0; eid < graph_.num_entries(); ++eid) {
+    const ffi::Tensor& base = pool_[storage_plan_.entry_slot[eid]];
+    data_entry_.push_back(ffi::Tensor::FromNDAlloc(ViewAlloc{base}, ffi::Shape(graph_.shapes[eid]),
+                                                   graph_.dtypes[eid], base.device()));
+  }
+}
+
+void GraphRuntime::SetupOpExecs() {
+  op_execs_.clear();
+  for (uint32_t nid = 0; nid < graph_.nodes.size(); ++nid) {
+    const GraphNode& node = graph_.nodes[nid];
+    if (node.is_input()) continue;
+    OpExec step;
+    step.node_id = nid;
+    if (node.func_name == "__nop") {
+      step.kind = OpExec::Kind::kNop;
+    } else if (node.func_name == "__copy") {
+      step.kind = OpExec::Kind::kCopy;
+      step.copy_from = MutableTensor(data_entry_[graph_.entry_id(node.inputs[0])]);
+      step.copy_to = MutableTensor(data_entry_[graph_.entry_id(nid, 0)]);
+      CheckCompatible(graph_.entry_id(nid, 0), step.copy_from, graph_.describe_node(nid) + " (__copy input)");
+      if (CopyNeedsStaging(step.copy_from->device, step.copy_to->device)) {
+        step.staging = ffi::Tensor::FromNDAlloc(PoolAlloc(), ffi::Shape(graph_.shapes[graph_.entry_id(nid, 0)]),
+                                                step.copy_to->dtype, DLDevice{kDLCPU, 0});
+      }
+    } else {
+      step.kind = OpExec::Kind::kKernel;
+      ffi::Optional<ffi::Function> kernel = lib_.value()->GetFunction(node.func_name, /*query_imports=*/true);
+      if (!kernel.has_value()) {
+        TVM_FFI_THROW(ValueError) << graph_.describe_node(nid) << ": kernel '" << node.func_name
+                                  << "' is not in the library (nor its imports)";
+      }
+      step.kernel = *kernel;
+      for (const EntryRef& e : node.inputs) {
+        step.args.emplace_back(MutableTensor(data_entry_[graph_.entry_id(e)]));
+      }
+      for (uint32_t k = 0; k < node.num_outputs; ++k) {
+        step.args.emplace_back(MutableTensor(data_entry_[graph_.entry_id(nid, k)]));
+      }
+    }
+    op_execs_.push_back(std::move(step));
+  }
+}
+
+void GraphRuntime::SetupGroups() {
+  groups_.clear();
+  for (uint32_t i = 0; i < op_execs_.size(); ++i) {
+    int device = node_device_[op_execs_[i].node_id];
+    if (groups_.empty() || groups_.back().device != device) groups_.push_back(ExecGroup{device, i, i});
+    groups_.back().end = i + 1;
+  }
+}
+
+void GraphRuntime::RunStep(const OpExec& step) const {
+  switch (step.kind) {
+    case OpExec::Kind::kKernel: {
+      ffi::Any rv;
+      step.kernel.CallPacked(step.args.data(), static_cast<int32_t>(step.args.size()), &rv);
+      break;
+    }
+    case OpExec::Kind::kCopy:
+      CopyAcrossDevices(step.copy_from, step.copy_to,
+                        step.staging.defined() ? MutableTensor(step.staging) : nullptr);
+      break;
+    case OpExec::Kind::kNop:
+      break;
+  }
+}
+
+void GraphRuntime::Run() {
+  const OpExec* current = nullptr;
+  try {
+    for (const ExecGroup& group : groups_) {
+      for (uint32_t i = group.begin; i < group.end; ++i) {
+        current = &op_execs_[i];
+        RunStep(*current);
+      }
+    }
+    current = nullptr;
+    for (const DLDevice& dev : devices_to_sync_) DeviceAPI::Get(dev)->StreamSync(dev, nullptr);
+  } catch (const ffi::Error& err) {
+    std::ostringstream where;
+    if (current) {
+      where << "while running " << graph_.describe_node(current->node_id) << " on device "
+            << node_device_[current->node_id] << " (" << DeviceName(devices_[node_device_[current->node_id]])
+            << "): ";
+    } else {
+      where << "while synchronising devices: ";
+    }
+    throw ffi::Error(err.kind(), where.str() + err.message(), err.backtrace());
+  }
+}
+
+int GraphRuntime::GetInputIndex(const std::string& name) const {
+  auto it = input_index_.find(name);
+  return it == input_index_.end() ? -1 : it->second;
+}
+
+const std::string& GraphRuntime::GetInputName(int index) const {
+  return graph_.nodes[input_nodes_[CheckedInputIndex(index, "input")]].name;
+}
+
+int GraphRuntime::CheckedInputIndex(int index, const char* what) const {
+  int limit = std::string(what) == "output" ? NumOutputs() : NumInputs();
+  if (index < 0 || index >= limit) {
+    TVM_FFI_THROW(IndexError) << what << " index " << index << " is out of range: the graph has " << limit
+                              << " " << what << "(s)";
+  }
+  return index;
+}
+
+void GraphRuntime::CheckCompatible(uint32_t eid, const DLTensor* value, const std::string& what) const {
+  const std::vector<int64_t>& shape = graph_.shapes[eid];
+  bool same_shape = value->ndim == static_cast<int>(shape.size()) &&
+                    std::equal(shape.begin(), shape.end(), value->shape);
+  if (!same_shape) {
+    TVM_FFI_THROW(ValueError) << what << ": expected shape " << ShapeString(shape.data(), shape.size())
+                              << ", got " << ShapeString(value->shape, value->ndim);
+  }
+  const DLDataType& dtype = graph_.dtypes[eid];
+  if (value->dtype.code != dtype.code || value->dtype.bits != dtype.bits || value->dtype.lanes != dtype.lanes) {
+    TVM_FFI_THROW(TypeError) << what << ": expected dtype " << ffi::DLDataTypeToString(dtype) << ", got "
+                             << ffi::DLDataTypeToString(value->dtype);
+  }
+  if (value->strides != nullptr && value->ndim > 0) {
+    int64_t expected = 1;
+    for (int i = value->ndim - 1; i >= 0; --i) {
+      if (value->shape[i] != 1 && value->strides[i] != expected) {
+        TVM_FFI_THROW(ValueError) << what << ": tensor must be contiguous";
+      }
+      expected *= value->shape[i];
+    }
+  }
+}
+
+void GraphRuntime::SetInput(int index, const DLTensor* value) {
+  CheckedInputIndex(index, "input");
+  uint32_t eid = graph_.entry_id(input_nodes_[index], 0);
+  CheckCompatible(eid, value, "input '" + GetInputName(index) + "'");
+  DLTensor* dst = MutableTensor(data_entry_[eid]);
+  if (CopyNeedsStaging(value->device, dst->device)) {
+    ffi::Tensor staging = ffi::Tensor::FromNDAlloc(PoolAlloc(), ffi::Shape(graph_.shapes[eid]), dst->dtype,
+                                                   DLDevice{kDLCPU, 0});
+    CopyAcrossDevices(value, dst, MutableTensor(staging));
+  } else {
+    CopyAcrossDevices(value, dst);
+  }
+}
+
+ffi::Tensor GraphRuntime::GetInput(int index) const {
+  CheckedInputIndex(index, "input");
+  return data_entry_[graph_.entry_id(input_nodes_[index], 0)];
+}
+
+ffi::Tensor GraphRuntime::GetOutput(int index) const {
+  CheckedInputIndex(index, "output");
+  return data_entry_[graph_.entry_id(graph_.heads[index])];
+}
+
+void GraphRuntime::CopyOutputTo(int index, DLTensor* out) const {
+  CheckedInputIndex(index, "output");
+  uint32_t eid = graph_.entry_id(graph_.heads[index]);
+  CheckCompatible(eid, out, "output " + std::to_string(index) + " destination");
+  const DLTensor* src = data_entry_[eid].GetDLTensorPtr();
+  if (CopyNeedsStaging(src->device, out->device)) {
+    ffi::Tensor staging =
+        ffi::Tensor::FromNDAlloc(PoolAlloc(), ffi::Shape(graph_.shapes[eid]), src->dtype, DLDevice{kDLCPU, 0});
+    CopyAcrossDevices(src, out, MutableTensor(staging));
+  } else {
+    CopyAcrossDevices(src, out);
+  }
+}
+
+void GraphRuntime::SetParams(const ffi::Map<ffi::String, ffi::Tensor>& params) {
+  for (const auto& [name, value] : params) {
+    int index = GetInputIndex(std::string(name));
+    if (index < 0) TVM_FFI_THROW(KeyError) << "parameter '" << name << "' is not an input of the graph";
+    SetInput(index, value.GetDLTensorPtr());
+  }
+}
+
+void GraphRuntime::LoadParams(const std::string& param_bytes) {
+  static const ffi::Function load = *ffi::Function::GetGlobal("runtime.LoadParams");
+  SetParams(load(ffi::Bytes(param_bytes)).cast<ffi::Map<ffi::String, ffi::Tensor>>());
+}
+
+void GraphRuntime::ShareParams(const GraphRuntime& other, const std::string& param_bytes) {
+  static const ffi::Function load = *ffi::Function::GetGlobal("runtime.LoadParams");
+  auto params = load(ffi::Bytes(param_bytes)).cast<ffi::Map<ffi::String, ffi::Tensor>>();
+  for (const auto& [name, value] : params) {
+    int index = GetInputIndex(std::string(name));
+    int other_index = other.GetInputIndex(std::string(name));
+    if (index < 0 || other_index < 0) {
+      TVM_FFI_THROW(KeyError) << "share_params: parameter '" << name << "' is not an input of both graphs";
+    }
+    uint32_t eid = graph_.entry_id(input_nodes_[index], 0);
+    const ffi::Tensor& shared = other.GetInput(other_index);
+    CheckCompatible(eid, shared.GetDLTensorPtr(), "share_params '" + std::string(name) + "'");
+    DLDevice have = shared.device(), need = data_entry_[eid].device();
+    if (have.device_type != need.device_type || have.device_id != need.device_id) {
+      TVM_FFI_THROW(ValueError) << "share_params '" << name << "': the other runtime holds it on "
+                                << DeviceName(have) << ", this one needs it on " << DeviceName(need);
+    }
+    data_entry_[eid] = shared;
+  }
+  SetupOpExecs();  // re-pack argument pointers to the shared tensors
+}
+
+std::string GraphRuntime::StatsJSON() const {
+  namespace json = ffi::json;
+  int copies = 0;
+  for (const OpExec& step : op_execs_) copies += step.kind == OpExec::Kind::kCopy;
+  json::Array storage_bytes, device_names, group_devices;
+  for (size_t bytes : storage_plan_.BytesPerDevice(devices_.size())) storage_bytes.push_back(int64_t(bytes));
+  for (const DLDevice& dev : devices_) device_names.push_back(ffi::String(DeviceName(dev)));
+  for (const ExecGroup& g : groups_) group_devices.push_back(int64_t(g.device));
+  json::Object stats{
+      {ffi::String("num_nodes"), int64_t(graph_.nodes.size())},
+      {ffi::String("num_ops"), int64_t(op_execs_.size())},
+      {ffi::String("num_groups"), int64_t(groups_.size())},
+      {ffi::String("num_copies"), int64_t(copies)},
+      {ffi::String("device_switches"), int64_t(groups_.empty() ? 0 : groups_.size() - 1)},
+      {ffi::String("storage_bytes"), storage_bytes},
+      {ffi::String("num_storage_slots"), int64_t(pool_.size())},
+      {ffi::String("devices"), device_names},
+      {ffi::String("group_devices"), group_devices},
+  };
+  return std::string(json::Stringify(stats));
+}
+
+std::string GraphRuntime::ProfileJSON(int repeat) {
+  namespace json = ffi::json;
+  using Clock = std::chrono::steady_clock;
+  repeat = std::max(repeat, 1);
+  std::vector<double> node_us(op_execs_.size(), 0.0);
+  for (int r = 0; r < repeat; ++r) {
+    for (size_t i = 0; i < op_execs_.size(); ++i) {
+      DLDevice dev = devices_[node_device_[op_execs_[i].node_id]];
+      auto start = Clock::now();
+      RunStep(op_execs_[i]);
+      if (!IsHost(dev)) DeviceAPI::Get(dev)->StreamSync(dev, nullptr);
+      node_us[i] += std::chrono::duration<double, std::micro>(Clock::now() - start).count() / repeat;
+    }
+  }
+  json::Array nodes, groups;
+  for (size_t i = 0; i < op_execs_.size(); ++i) {
+    uint32_t nid = op_execs_[i].node_id;
+    nodes.push_back(json::Object{{ffi::String("node_id"), int64_t(nid)},
+                                 {ffi::String("name"), ffi::String(graph_.nodes[nid].name)},
+                                 {ffi::String("func_name"), ffi::String(graph_.nodes[nid].func_name)},
+                                 {ffi::String("device"), int64_t(node_device_[nid])},
+                                 {ffi::String("time_us"), node_us[i]}});
+  }
+  for (const ExecGroup& g : groups_) {
+    double total = 0;
+    for (uint32_t i = g.begin; i < g.end; ++i) total += node_us[i];
+    groups.push_back(json::Object{{ffi::String("device"), int64_t(g.device)},
+                                  {ffi::String("num_nodes"), int64_t(g.end - g.begin)},
+                                  {ffi::String("time_us"), total}});
+  }
+  return std::string(json::Stringify(json::Object{{ffi::String("nodes"), nodes}, {ffi::String("groups"), groups}}));
+}
+
+}  // namespace tvm_hetero

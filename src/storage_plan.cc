@@ -1,0 +1,59 @@
+/*!
+ * \file storage_plan.cc
+ * \brief Pool slots from storage ids; rejects a storage id shared across devices.
+ */
+#include <tvm/ffi/error.h>
+#include <tvm_hetero/storage_plan.h>
+
+#include <limits>
+#include <unordered_map>
+
+namespace tvm_hetero {
+
+size_t EntryBytes(const std::vector<int64_t>& shape, DLDataType dtype) {
+  size_t count = 1;
+  for (int64_t dim : shape) {
+    if (dim != 0 && count > std::numeric_limits<size_t>::max() / static_cast<size_t>(dim)) {
+      TVM_FFI_THROW(ValueError) << "tensor size overflows";
+    }
+    count *= static_cast<size_t>(dim);
+  }
+  size_t bits_per_element = static_cast<size_t>(dtype.bits) * dtype.lanes;
+  return (count * bits_per_element + 7) / 8;
+}
+
+std::vector<size_t> StoragePlan::BytesPerDevice(size_t num_devices) const {
+  std::vector<size_t> total(num_devices, 0);
+  for (const StorageSlot& slot : slots) total[slot.device] += slot.nbytes;
+  return total;
+}
+
+StoragePlan PlanStorage(const Graph& graph, const std::vector<int>& node_device) {
+  StoragePlan plan;
+  plan.entry_slot.resize(graph.num_entries());
+  plan.entry_device.resize(graph.num_entries());
+  // storage id -> (slot index, first node that used it)
+  std::unordered_map<int64_t, std::pair<uint32_t, uint32_t>> slot_of_sid;
+  for (uint32_t nid = 0; nid < graph.nodes.size(); ++nid) {
+    for (uint32_t k = 0; k < graph.nodes[nid].num_outputs; ++k) {
+      uint32_t eid = graph.entry_id(nid, k);
+      int64_t sid = graph.storage_ids[eid];
+      size_t nbytes = EntryBytes(graph.shapes[eid], graph.dtypes[eid]);
+      auto [it, inserted] = slot_of_sid.emplace(sid, std::make_pair(uint32_t(plan.slots.size()), nid));
+      if (inserted) plan.slots.push_back(StorageSlot{node_device[nid], 0});
+      StorageSlot& slot = plan.slots[it->second.first];
+      if (slot.device != node_device[nid]) {
+        uint32_t other = it->second.second;
+        TVM_FFI_THROW(ValueError) << "storage_id " << sid << " is shared across devices: "
+                                  << graph.describe_node(other) << " on device " << slot.device << " and "
+                                  << graph.describe_node(nid) << " on device " << node_device[nid];
+      }
+      slot.nbytes = std::max(slot.nbytes, nbytes);
+      plan.entry_slot[eid] = it->second.first;
+      plan.entry_device[eid] = node_device[nid];
+    }
+  }
+  return plan;
+}
+
+}  // namespace tvm_hetero
