@@ -113,6 +113,19 @@ void GraphRuntime::Init(const std::string& graph_json, ffi::Module lib, std::vec
   SetupGroups();
 }
 
+void GraphRuntime::SetupPreparedCalls() {
+  calls_.clear();
+  for (const OpExec& step : op_execs_) {
+    PreparedCall call;
+    if (step.kind == OpExec::Kind::kKernel) {
+      call.kernel = static_cast<const ffi::FunctionObj*>(step.kernel.get());
+      call.args = step.args.data();
+      call.num_args = static_cast<int32_t>(step.args.size());
+    }
+    calls_.push_back(call);
+  }
+}
+
 void GraphRuntime::SetupStorage() {
   storage_plan_ = PlanStorage(graph_, node_device_);
   pool_.clear();
@@ -164,6 +177,7 @@ void GraphRuntime::SetupOpExecs() {
     }
     op_execs_.push_back(std::move(step));
   }
+  SetupPreparedCalls();
 }
 
 void GraphRuntime::SetupGroups() {
@@ -175,13 +189,11 @@ void GraphRuntime::SetupGroups() {
   }
 }
 
-void GraphRuntime::RunStep(const OpExec& step) const {
+void GraphRuntime::RunStep(const OpExec& step, ffi::Any* rv) const {
   switch (step.kind) {
-    case OpExec::Kind::kKernel: {
-      ffi::Any rv;
-      step.kernel.CallPacked(step.args.data(), static_cast<int32_t>(step.args.size()), &rv);
+    case OpExec::Kind::kKernel:
+      step.kernel.CallPacked(step.args.data(), static_cast<int32_t>(step.args.size()), rv);
       break;
-    }
     case OpExec::Kind::kCopy:
       CopyAcrossDevices(step.copy_from, step.copy_to,
                         step.staging.defined() ? MutableTensor(step.staging) : nullptr);
@@ -192,22 +204,27 @@ void GraphRuntime::RunStep(const OpExec& step) const {
 }
 
 void GraphRuntime::Run() {
-  const OpExec* current = nullptr;
+  ffi::Any rv;    // kernels return nothing; one slot serves every call
+  uint32_t i = 0; // the step in flight, named in the error if it fails
   try {
     for (const ExecGroup& group : groups_) {
-      for (uint32_t i = group.begin; i < group.end; ++i) {
-        current = &op_execs_[i];
-        RunStep(*current);
+      for (i = group.begin; i < group.end; ++i) {
+        const PreparedCall& call = calls_[i];
+        if (call.kernel != nullptr) {
+          call.kernel->CallPacked(call.args, call.num_args, &rv);
+        } else {
+          RunStep(op_execs_[i], &rv);
+        }
       }
     }
-    current = nullptr;
+    i = static_cast<uint32_t>(op_execs_.size());
     for (const DLDevice& dev : devices_to_sync_) DeviceAPI::Get(dev)->StreamSync(dev, nullptr);
   } catch (const ffi::Error& err) {
     std::ostringstream where;
-    if (current) {
-      where << "while running " << graph_.describe_node(current->node_id) << " on device "
-            << node_device_[current->node_id] << " (" << DeviceName(devices_[node_device_[current->node_id]])
-            << "): ";
+    if (i < op_execs_.size()) {
+      uint32_t nid = op_execs_[i].node_id;
+      where << "while running " << graph_.describe_node(nid) << " on device " << node_device_[nid] << " ("
+            << DeviceName(devices_[node_device_[nid]]) << "): ";
     } else {
       where << "while synchronising devices: ";
     }
@@ -361,7 +378,8 @@ std::string GraphRuntime::ProfileJSON(int repeat) {
     for (size_t i = 0; i < op_execs_.size(); ++i) {
       DLDevice dev = devices_[node_device_[op_execs_[i].node_id]];
       auto start = Clock::now();
-      RunStep(op_execs_[i]);
+      ffi::Any rv;
+      RunStep(op_execs_[i], &rv);
       if (!IsHost(dev)) DeviceAPI::Get(dev)->StreamSync(dev, nullptr);
       node_us[i] += std::chrono::duration<double, std::micro>(Clock::now() - start).count() / repeat;
     }

@@ -39,8 +39,9 @@ class GraphRuntimeModule : public ffi::ModuleObj {
     };
     std::string n(name);
     if (n == "set_input") {
-      return ffi::Function::FromTyped([self, rt, input_index](ffi::AnyView key, ffi::Tensor value) {
-        rt->SetInput(input_index(key), value.GetDLTensorPtr());
+      return ffi::Function::FromTyped([self, rt, input_index](ffi::AnyView key, DLTensor* value) {
+        // DLTensor* rather than Tensor: that is what arrives through an RPC session.
+        rt->SetInput(input_index(key), value);
       });
     }
     if (n == "run") return ffi::Function::FromTyped([self, rt]() { rt->Run(); });
@@ -48,7 +49,7 @@ class GraphRuntimeModule : public ffi::ModuleObj {
       return ffi::Function::FromPacked([self, rt](ffi::PackedArgs args, ffi::Any* rv) {
         int index = args[0].cast<int>();
         if (args.size() > 1) {
-          rt->CopyOutputTo(index, const_cast<DLTensor*>(args[1].cast<ffi::Tensor>().GetDLTensorPtr()));
+          rt->CopyOutputTo(index, args[1].cast<DLTensor*>());
           *rv = args[1];
         } else {
           *rv = rt->GetOutput(index);

@@ -40,6 +40,16 @@ struct OpExec {
   tvm::ffi::Tensor staging;
 };
 
+/*! \brief The hot-loop view of an OpExec: only what Run() touches, packed densely. */
+struct PreparedCall {
+  /*! \brief Kernel to call, or nullptr for a copy/nop step (handled through OpExec). */
+  const tvm::ffi::FunctionObj* kernel = nullptr;
+  /*! \brief Packed arguments (owned by the OpExec). */
+  const tvm::ffi::AnyView* args = nullptr;
+  /*! \brief Number of packed arguments. */
+  int32_t num_args = 0;
+};
+
 /*! \brief Consecutive steps on one device; an offload device is entered once per group. */
 struct ExecGroup {
   /*! \brief Device position. */
@@ -100,7 +110,9 @@ class GraphRuntime {
   void SetupStorage();
   void SetupOpExecs();
   void SetupGroups();
-  void RunStep(const OpExec& step) const;
+  void RunStep(const OpExec& step, tvm::ffi::Any* rv) const;
+  /*! \brief Build calls_ from op_execs_. */
+  void SetupPreparedCalls();
   int CheckedInputIndex(int index, const char* what) const;
   /*! \brief Throw naming the input unless `value` matches its shape and dtype. */
   void CheckCompatible(uint32_t eid, const DLTensor* value, const std::string& what) const;
@@ -125,6 +137,8 @@ class GraphRuntime {
   std::unordered_map<std::string, int> input_index_;
   /*! \brief Prepared steps in node order (null nodes have none). */
   std::vector<OpExec> op_execs_;
+  /*! \brief One per step, parallel to op_execs_. */
+  std::vector<PreparedCall> calls_;
   /*! \brief Runs of steps on one device. */
   std::vector<ExecGroup> groups_;
   /*! \brief Non-CPU devices to synchronise at the end of Run. */

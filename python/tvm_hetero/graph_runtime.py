@@ -72,8 +72,8 @@ def _create_remote(graph_json, lib, devices, device_index_kind) -> "GraphModule"
     if session is None or any(getattr(d, "_rpc_sess", None) is not session for d in devices):
         raise ValueError("remote devices must all come from one RPC session")
     fcreate = session.get_function("tvm_hetero.graph_runtime.create")
-    local_view = [tvm.runtime.device(d.dlpack_device_type() % RPC_SESS_MASK, d.index) for d in devices]
-    return GraphModule(fcreate(graph_json, lib, device_index_kind, *local_view), devices[0])
+    # RPC strips the session mask from devices on the way, so the remote sees its own devices.
+    return GraphModule(fcreate(graph_json, lib, device_index_kind, *devices), devices[0])
 
 
 class GraphModule:

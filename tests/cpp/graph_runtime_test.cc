@@ -1,0 +1,143 @@
+/*!
+ * \file graph_runtime_test.cc
+ * \brief The runtime in a pure C++ program (no Python): kernels come from a module written here.
+ */
+#include <gtest/gtest.h>
+#include <tvm/ffi/error.h>
+#include <tvm/ffi/extra/module.h>
+#include <tvm_hetero/graph_runtime.h>
+
+#include <vector>
+
+#include "test_graphs.h"
+
+namespace tvm_hetero {
+namespace {
+
+namespace ffi = tvm::ffi;
+using testing::SimplexJSON;
+
+/*! \brief Counts kernel calls per device, to check placement. */
+struct CallLog {
+  std::vector<int> device_ids;
+};
+
+/*! \brief A kernel library: elementwise float32 add and sub, checking that all args share a device. */
+class TestKernels : public ffi::ModuleObj {
+ public:
+  explicit TestKernels(CallLog* log) : log_(log) {}
+  const char* kind() const final { return "tvm_hetero.TestKernels"; }
+  ffi::Optional<ffi::Function> GetFunction(const ffi::String& name) final {
+    if (name == "add") return Elementwise([](float a, float b) { return a + b; });
+    if (name == "sub") return Elementwise([](float a, float b) { return a - b; });
+    return std::nullopt;
+  }
+
+ private:
+  template <typename F>
+  ffi::Function Elementwise(F f) {
+    CallLog* log = log_;
+    return ffi::Function::FromTyped([f, log](DLTensor* a, DLTensor* b, DLTensor* out) {
+      if (a->device.device_id != out->device.device_id || b->device.device_id != out->device.device_id) {
+        TVM_FFI_THROW(ValueError) << "arguments on different devices";
+      }
+      log->device_ids.push_back(out->device.device_id);
+      const float* x = static_cast<const float*>(a->data);
+      const float* y = static_cast<const float*>(b->data);
+      float* z = static_cast<float*>(out->data);
+      for (int64_t i = 0; i < out->shape[0]; ++i) z[i] = f(x[i], y[i]);
+    });
+  }
+  CallLog* log_;
+};
+
+class GraphRuntimeTest : public ::testing::Test {
+ protected:
+  void SetUp() override { lib_ = ffi::Module(ffi::make_object<TestKernels>(&log_)); }
+  void SetFloat(GraphRuntime& rt, const char* name, std::vector<float> values) {
+    DLTensor t{values.data(), {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, shape_, nullptr, 0};
+    rt.SetInput(rt.GetInputIndex(name), &t);
+  }
+  std::vector<float> Output(const GraphRuntime& rt) {
+    std::vector<float> values(4);
+    DLTensor t{values.data(), {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, shape_, nullptr, 0};
+    rt.CopyOutputTo(0, &t);
+    return values;
+  }
+  CallLog log_;
+  ffi::Optional<ffi::Module> lib_;
+  int64_t shape_[1] = {4};
+};
+
+TEST_F(GraphRuntimeTest, SimplexRunsAcrossTwoCPUDevices) {
+  GraphRuntime rt;
+  rt.Init(SimplexJSON(), *lib_, {{kDLCPU, 0}, {kDLCPU, 1}});
+  SetFloat(rt, "A", {1, 2, 3, 4});
+  SetFloat(rt, "B", {10, 20, 30, 40});
+  SetFloat(rt, "C", {1, 1, 1, 1});
+  rt.Run();
+  EXPECT_EQ(Output(rt), (std::vector<float>{10, 21, 32, 43}));
+  EXPECT_EQ(log_.device_ids, (std::vector<int>{1, 0}));  // add on cpu:1, sub on cpu:0
+  ASSERT_EQ(rt.groups().size(), 2u);
+  EXPECT_EQ(rt.groups()[0].device, 1);
+  EXPECT_EQ(rt.groups()[1].device, 0);
+  EXPECT_EQ(rt.groups()[1].end - rt.groups()[1].begin, 2u);  // copy + sub
+}
+
+TEST_F(GraphRuntimeTest, RunIsRepeatableAndInputsPersist) {
+  GraphRuntime rt;
+  rt.Init(SimplexJSON(), *lib_, {{kDLCPU, 0}, {kDLCPU, 1}});
+  SetFloat(rt, "A", {1, 1, 1, 1});
+  SetFloat(rt, "B", {2, 2, 2, 2});
+  SetFloat(rt, "C", {3, 3, 3, 3});
+  for (int i = 0; i < 3; ++i) rt.Run();
+  EXPECT_EQ(Output(rt), (std::vector<float>{0, 0, 0, 0}));
+}
+
+TEST_F(GraphRuntimeTest, MissingCopyIsCaughtByTheKernelAndNamesTheNode) {
+  // sub reads add's output directly: arguments on cpu:1 and cpu:0.
+  std::string json = SimplexJSON();
+  json.replace(json.find("[[4, 0, 0], [2, 0, 0]]"), 22, "[[3, 0, 0], [2, 0, 0]]");
+  GraphRuntime rt;
+  rt.Init(json, *lib_, {{kDLCPU, 0}, {kDLCPU, 1}});
+  try {
+    rt.Run();
+    FAIL() << "no error";
+  } catch (const ffi::Error& err) {
+    EXPECT_NE(err.message().find("while running node 5 'sub' on device 0 (cpu:0)"), std::string::npos)
+        << err.message();
+  }
+}
+
+TEST_F(GraphRuntimeTest, MissingKernelIsALoadError) {
+  std::string json = SimplexJSON();
+  json.replace(json.find("\"func_name\": \"sub\""), 19, "\"func_name\": \"mul\"");
+  GraphRuntime rt;
+  EXPECT_THROW(rt.Init(json, *lib_, {{kDLCPU, 0}, {kDLCPU, 1}}), ffi::Error);
+}
+
+TEST_F(GraphRuntimeTest, WrongInputShapeNamesTheInput) {
+  GraphRuntime rt;
+  rt.Init(SimplexJSON(), *lib_, {{kDLCPU, 0}, {kDLCPU, 1}});
+  std::vector<float> values(3);
+  int64_t shape[1] = {3};
+  DLTensor t{values.data(), {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, shape, nullptr, 0};
+  try {
+    rt.SetInput(0, &t);
+    FAIL() << "no error";
+  } catch (const ffi::Error& err) {
+    EXPECT_NE(err.message().find("input 'A': expected shape (4,), got (3,)"), std::string::npos) << err.message();
+  }
+}
+
+TEST_F(GraphRuntimeTest, StatsCountGroupsCopiesAndBytes) {
+  GraphRuntime rt;
+  rt.Init(SimplexJSON(), *lib_, {{kDLCPU, 0}, {kDLCPU, 1}});
+  std::string stats = rt.StatsJSON();
+  EXPECT_NE(stats.find("\"num_groups\":2"), std::string::npos) << stats;
+  EXPECT_NE(stats.find("\"num_copies\":1"), std::string::npos) << stats;
+  EXPECT_NE(stats.find("\"storage_bytes\":[48,48]"), std::string::npos) << stats;
+}
+
+}  // namespace
+}  // namespace tvm_hetero

@@ -1,0 +1,72 @@
+/*! \file storage_plan_test.cc \brief Device assignment and the storage pool, directly. */
+#include <gtest/gtest.h>
+#include <tvm/ffi/error.h>
+#include <tvm_hetero/device_assignment.h>
+#include <tvm_hetero/storage_plan.h>
+
+#include "test_graphs.h"
+
+namespace tvm_hetero {
+namespace {
+
+using testing::SimplexJSON;
+const std::vector<DLDevice> kTwoCPUs = {{kDLCPU, 0}, {kDLCPU, 1}};
+
+TEST(DeviceAssignment, PositionsIndexTheDeviceList) {
+  Graph g = ParseGraphJSON(SimplexJSON());
+  EXPECT_EQ(AssignDevices(g, kTwoCPUs, DeviceIndexKind::kPosition), (std::vector<int>{1, 1, 0, 1, 0, 0}));
+}
+
+TEST(DeviceAssignment, LegacyDeviceTypesMapToFirstDeviceOfThatType) {
+  Graph g = ParseGraphJSON(SimplexJSON("[0, 1, 2, 3, 4, 5]", "[1, 1, 1, 1, 1, 1]"));
+  std::vector<DLDevice> devices = {{kDLCUDA, 0}, {kDLCPU, 3}, {kDLCPU, 0}};
+  EXPECT_EQ(AssignDevices(g, devices, DeviceIndexKind::kDeviceType), (std::vector<int>{1, 1, 1, 1, 1, 1}));
+  EXPECT_THROW(AssignDevices(g, {{kDLCUDA, 0}}, DeviceIndexKind::kDeviceType), tvm::ffi::Error);
+}
+
+TEST(DeviceAssignment, OutOfRangeNamesTheNode) {
+  Graph g = ParseGraphJSON(SimplexJSON("[0, 1, 2, 3, 4, 5]", "[1, 1, 0, 7, 0, 0]"));
+  try {
+    AssignDevices(g, kTwoCPUs, DeviceIndexKind::kPosition);
+    FAIL() << "no error";
+  } catch (const tvm::ffi::Error& err) {
+    EXPECT_NE(err.message().find("node 3 'add': device_index 7 is out of range"), std::string::npos)
+        << err.message();
+  }
+}
+
+TEST(StoragePlan, OneSlotPerStorageIdSizedByLargestUser) {
+  // A and B share id 0 on device 1; with one float32[4] each the slot is 16 bytes.
+  Graph g = ParseGraphJSON(SimplexJSON("[0, 0, 2, 3, 4, 5]"));
+  g.shapes[1] = {8};  // B is larger: the slot must fit it
+  std::vector<int> devices = AssignDevices(g, kTwoCPUs, DeviceIndexKind::kPosition);
+  StoragePlan plan = PlanStorage(g, devices);
+  EXPECT_EQ(plan.slots.size(), 5u);
+  EXPECT_EQ(plan.entry_slot[0], plan.entry_slot[1]);
+  EXPECT_EQ(plan.slots[plan.entry_slot[0]].nbytes, 32u);
+  EXPECT_EQ(plan.slots[plan.entry_slot[0]].device, 1);
+  EXPECT_EQ(plan.BytesPerDevice(2), (std::vector<size_t>{3 * 16, 32 + 16}));
+}
+
+TEST(StoragePlan, StorageIdAcrossDevicesNamesBothNodes) {
+  Graph g = ParseGraphJSON(SimplexJSON("[0, 1, 2, 3, 3, 5]"));
+  try {
+    PlanStorage(g, AssignDevices(g, kTwoCPUs, DeviceIndexKind::kPosition));
+    FAIL() << "no error";
+  } catch (const tvm::ffi::Error& err) {
+    EXPECT_NE(err.message().find("storage_id 3 is shared across devices: node 3 'add' on device 1 and "
+                                 "node 4 'copy' on device 0"),
+              std::string::npos)
+        << err.message();
+  }
+}
+
+TEST(StoragePlan, EntryBytesCountsBitsAndLanes) {
+  EXPECT_EQ(EntryBytes({2, 3}, DLDataType{kDLFloat, 32, 1}), 24u);
+  EXPECT_EQ(EntryBytes({10}, DLDataType{kDLBool, 8, 1}), 10u);
+  EXPECT_EQ(EntryBytes({}, DLDataType{kDLFloat, 16, 1}), 2u);
+  EXPECT_EQ(EntryBytes({3}, DLDataType{kDLUInt, 1, 1}), 1u);
+}
+
+}  // namespace
+}  // namespace tvm_hetero
