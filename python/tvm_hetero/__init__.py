@@ -1,9 +1,12 @@
 """tvm-hetero: heterogeneous execution for Apache TVM.
 
+``build`` compiles a Relax IRModule for several devices; ``graph_runtime.create`` runs the result.
 Importing the package loads the runtime library (libtvm_hetero.so).
 """
 
 from . import _lib  # noqa: F401
 from . import graph_runtime
+from .compiler.build import Artifact, BuildReport, build, load
+from .compiler.placement import Capabilities, OpInfo
 
-__all__ = ["graph_runtime"]
+__all__ = ["Artifact", "BuildReport", "Capabilities", "OpInfo", "build", "graph_runtime", "load"]

@@ -1,0 +1,261 @@
+"""``tvm_hetero.build``: a Relax IRModule in, a runnable ``Artifact`` (graph JSON + kernels + params) out.
+
+The passes, in order (each in its own file, each testable alone):
+
+    lower_to_graph      placement per Relax op, legalize, fuse within a device   (lower.py, placement.py)
+    reorder_for_devices topological order with the fewest device switches          (reorder.py)
+    insert_copies       one __copy per (tensor, destination device)                 (copies.py)
+    plan_memory         storage ids shared only within a device, by liveness       (memory.py)
+    compile_kernels     each device's kernels for its target, one library           (lower.py)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import tvm
+
+from .copies import copy_stats, insert_copies
+from .graph import Graph
+from .lower import LoweredGraph, compile_kernels, lower_to_graph
+from .memory import MemoryPlan, plan_memory
+from .reorder import reorder_for_devices
+
+TargetSpec = Sequence[tuple[Any, Any]]
+GRAPH_FILE, LIB_FILE, PARAMS_FILE, MANIFEST_FILE = "graph.json", "lib.so", "params.bin", "manifest.json"
+
+
+def parse_device(spec: Any) -> tvm.runtime.Device:
+    """A tvm Device, or a string such as ``"cpu:1"``, ``"cuda"``, ``"cuda:0"``."""
+    if isinstance(spec, tvm.runtime.Device):
+        return spec
+    if isinstance(spec, str):
+        kind, _, index = spec.partition(":")
+        try:
+            return tvm.runtime.device(kind, int(index or 0))
+        except (ValueError, tvm.error.TVMError) as err:
+            raise ValueError(f"device {spec!r}: expected e.g. 'cpu:0' or 'cuda:1'") from err
+    raise TypeError(f"device must be a tvm Device or a string like 'cpu:1', got {type(spec).__name__}")
+
+
+def device_name(dev: tvm.runtime.Device) -> str:
+    """``"cpu:1"``, ``"cuda:0"``."""
+    return str(dev)
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.2f} {unit}"
+    return f"{nbytes} B"
+
+
+@dataclass
+class BuildReport:
+    """What the compiler decided, for :meth:`Artifact.report`."""
+
+    devices: list[str]
+    targets: list[str]
+    ops_per_device: list[int]
+    kernels_per_device: list[int]
+    groups: list[tuple[int, int]]  # (device, number of nodes) per execution group
+    switches_original: int  # between kernels, before copies are inserted
+    switches_reordered: int  # the same after reordering
+    num_copies: int
+    bytes_copied: int
+    fallbacks: list[str]
+    memory: dict[str, list[int]]
+    compile_seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+    def __str__(self) -> str:
+        lines = ["tvm-hetero build report"]
+        for d, name in enumerate(self.devices):
+            lines.append(
+                f"  device {d} {name:<8} target {self.targets[d]:<12} relax ops {self.ops_per_device[d]:4d}  "
+                f"kernels {self.kernels_per_device[d]:4d}"
+            )
+        lines.append(
+            f"  device switches between kernels: {self.switches_original} in the original order, "
+            f"{self.switches_reordered} after reordering; {len(self.groups)} execution groups with copies"
+        )
+        lines.append(f"  copies {self.num_copies}, {_size(self.bytes_copied)} copied per inference")
+        mem = self.memory
+        for d, name in enumerate(self.devices):
+            bound, planned = mem["lower_bound_bytes"][d], mem["planned_bytes"][d]
+            ratio = f"{planned / bound:.3f}x" if bound else "-"
+            lines.append(
+                f"  memory {name:<8} planned {_size(planned)} (lower bound {_size(bound)}, {ratio}; "
+                f"unshared {_size(mem['unshared_bytes'][d])}) + inputs/params {_size(mem['input_bytes'][d])}"
+            )
+        if self.fallbacks:
+            lines.append(f"  FALLBACKS to device 0 ({len(self.fallbacks)}):")
+            lines.extend(f"    {f}" for f in self.fallbacks)
+        else:
+            lines.append("  fallbacks: none")
+        return "\n".join(lines)
+
+
+@dataclass
+class Artifact:
+    """A compiled heterogeneous graph: run it with :meth:`create`, save it with :meth:`export`."""
+
+    graph_json: str
+    lib: tvm.runtime.Module
+    params: dict[str, np.ndarray]
+    devices: list[tvm.runtime.Device]
+    input_names: list[str] = field(default_factory=list)
+    build_report: BuildReport | None = None
+
+    def create(self, devices: Sequence[tvm.runtime.Device] | None = None):
+        """A runtime with the parameters loaded; ``devices`` defaults to the build's devices."""
+        from ..graph_runtime import create
+
+        module = create(self.graph_json, self.lib, list(devices) if devices is not None else self.devices)
+        if self.params:
+            module.load_params(tvm.runtime.save_param_dict(self.params))
+        return module
+
+    def report(self) -> str:
+        return str(self.build_report) if self.build_report else "(no build report: artifact was loaded)"
+
+    @property
+    def graph(self) -> dict:
+        return json.loads(self.graph_json)
+
+    def export(self, path: str | os.PathLike) -> Path:
+        """Write graph.json, lib.so, params.bin and manifest.json into the directory ``path``.
+
+        The C++ runtime loads these without Python (see examples/run_artifact.cc).
+        """
+        out = Path(path)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / GRAPH_FILE).write_text(self.graph_json)
+        self.lib.export_library(str(out / LIB_FILE))
+        (out / PARAMS_FILE).write_bytes(bytes(tvm.runtime.save_param_dict(self.params)))
+        manifest = {
+            "format": "tvm-hetero-artifact/1",
+            "devices": [[d.dlpack_device_type(), d.index] for d in self.devices],
+            "device_names": [device_name(d) for d in self.devices],
+            "inputs": self.input_names,
+            "report": self.build_report.to_dict() if self.build_report else None,
+        }
+        (out / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1))
+        return out
+
+
+def load(path: str | os.PathLike) -> Artifact:
+    """Load an artifact written by :meth:`Artifact.export`."""
+    src = Path(path)
+    missing = [f for f in (GRAPH_FILE, LIB_FILE, PARAMS_FILE, MANIFEST_FILE) if not (src / f).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{src} is not a tvm-hetero artifact: missing {', '.join(missing)}")
+    manifest = json.loads((src / MANIFEST_FILE).read_text())
+    params = {k: v.numpy() for k, v in tvm.runtime.load_param_dict((src / PARAMS_FILE).read_bytes()).items()}
+    report = BuildReport(**manifest["report"]) if manifest.get("report") else None
+    return Artifact(
+        graph_json=(src / GRAPH_FILE).read_text(),
+        lib=tvm.runtime.load_module(str(src / LIB_FILE)),
+        params=params,
+        devices=[tvm.runtime.device(t, i) for t, i in manifest["devices"]],
+        input_names=manifest.get("inputs", []),
+        build_report=report,
+    )
+
+
+def build(
+    mod: tvm.IRModule,
+    targets: TargetSpec,
+    placement: Any = None,
+    params: dict[str, Any] | None = None,
+    *,
+    output_device: int | None = 0,
+    reorder: bool = True,
+    entry: str = "main",
+    progress: Callable[[str], None] | None = None,
+) -> Artifact:
+    """Compile ``mod`` for several devices.
+
+    Parameters
+    ----------
+    mod : a Relax IRModule, e.g. from ``tvm.relax.frontend.onnx.from_onnx``.
+    targets : ``[(device, target), ...]``; the position is the device index, the first is the
+        primary/fallback device, e.g. ``[(tvm.cpu(0), "llvm"), (tvm.cpu(1), "llvm")]``.
+    placement : None (IR annotations, else the primary device), ``{op_name: device_index}``, a
+        callable ``(OpInfo) -> device_index``, or a :class:`Capabilities` table.
+    params : values of function parameters that are weights (by parameter name).
+    output_device : device the graph outputs end on (None: where they are produced).
+    reorder : reorder nodes to minimise device switches.
+    progress : called with a line of text as each step starts (the CLI prints them).
+    """
+    say = progress or (lambda _msg: None)
+    if not targets:
+        raise ValueError("targets: at least one (device, target) pair is needed")
+    try:
+        devices = [parse_device(dev) for dev, _ in targets]
+        target_list = [tgt if isinstance(tgt, tvm.target.Target) else tvm.target.Target(tgt) for _, tgt in targets]
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"targets must be (device, target) pairs: {err}") from err
+    if output_device is not None and not 0 <= output_device < len(devices):
+        raise ValueError(f"output_device {output_device} is out of range for {len(devices)} devices")
+
+    start = time.perf_counter()
+    say("placing and lowering Relax ops")
+    lowered = lower_to_graph(mod, placement, len(devices), params, entry)
+    graph = lowered.graph
+    switches_original = graph.device_switches()
+    if reorder:
+        say(f"reordering {len(graph.nodes)} nodes")
+        graph = reorder_for_devices(graph)
+    switches_reordered = graph.device_switches()
+    graph = insert_copies(graph, output_device)
+    plan = plan_memory(graph)
+    say(f"compiling {len(lowered.kernel_devices)} kernels")
+    lib = compile_kernels(lowered, target_list)
+    report = _make_report(lowered, graph, plan, devices, target_list, (switches_original, switches_reordered))
+    report.compile_seconds = time.perf_counter() - start
+    return Artifact(
+        graph_json=graph.to_json(plan.storage_ids),
+        lib=lib,
+        params=lowered.params,
+        devices=devices,
+        input_names=list(lowered.input_names),
+        build_report=report,
+    )
+
+
+def _make_report(
+    lowered: LoweredGraph, graph: Graph, plan: MemoryPlan, devices, targets, switches: tuple[int, int]
+) -> BuildReport:
+    n = len(devices)
+    ops = [0] * n
+    for _info, device in lowered.op_placement:
+        ops[device] += 1
+    kernels = [0] * n
+    for device in lowered.kernel_devices.values():
+        kernels[device] += 1
+    num_copies, bytes_copied = copy_stats(graph)
+    return BuildReport(
+        devices=[device_name(d) for d in devices],
+        targets=[str(t.kind.name) for t in targets],
+        ops_per_device=ops,
+        kernels_per_device=kernels,
+        groups=[(dev, len(ids)) for dev, ids in graph.groups()],
+        switches_original=switches[0],
+        switches_reordered=switches[1],
+        num_copies=num_copies,
+        bytes_copied=bytes_copied,
+        fallbacks=[str(f) for f in lowered.fallbacks],
+        memory={
+            key: (list(getattr(plan, key)) + [0] * n)[:n]  # the plan lists only devices it saw
+            for key in ("planned_bytes", "lower_bound_bytes", "slot_bound_bytes", "unshared_bytes", "input_bytes")
+        },
+    )

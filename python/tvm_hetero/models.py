@@ -1,0 +1,113 @@
+"""Real models for demos, tests and benchmarks: the ONNX wheel's light models, made numerically useful.
+
+The light models in ``onnx/backend/test/data/light/`` are real architectures whose weights are all
+built with ConstantOfShape, so their outputs are constant (a uniform softmax). :func:`light_model`
+replaces every such weight with a seeded random initializer and cuts the final Softmax, so the
+output is the logits, which differ per input and are worth comparing.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+LIGHT_MODELS = ("resnet50", "shufflenet", "squeezenet", "inception_v1", "inception_v2", "densenet121",
+                "vgg19", "bvlc_alexnet", "zfnet512")
+
+
+def light_model_dir() -> Path:
+    import onnx
+
+    return Path(os.path.dirname(onnx.__file__)) / "backend" / "test" / "data" / "light"
+
+
+def light_model(name: str, seed: int = 0):
+    """The light model ``name`` (see LIGHT_MODELS) with seeded random weights, ending in logits."""
+    import onnx
+    from onnx import numpy_helper
+
+    path = light_model_dir() / f"light_{name}.onnx"
+    if not path.is_file():
+        raise FileNotFoundError(f"no light model {name!r}; choose one of {', '.join(LIGHT_MODELS)}")
+    model = onnx.load(str(path))
+    graph = model.graph
+    rng = np.random.default_rng(seed)
+    initial = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+
+    weights = []
+    kept_nodes = []
+    for node in graph.node:
+        if node.op_type == "ConstantOfShape" and node.input[0] in initial:
+            shape = tuple(int(d) for d in initial[node.input[0]])
+            weights.append(numpy_helper.from_array(_random_weight(rng, shape), node.output[0]))
+        else:
+            kept_nodes.append(node)
+    # Batch-norm variances and scales arrive as initializers of constant value; randomise them too.
+    produced_by_weights = {w.name for w in weights}
+    for t in graph.initializer:
+        if t.name.endswith("__SHAPE") or t.name in produced_by_weights:
+            continue
+        array = initial[t.name]
+        if array.dtype == np.float32 and array.size > 1:
+            weights.append(numpy_helper.from_array(_random_weight(rng, array.shape), t.name))
+        else:
+            weights.append(t)
+
+    # Cut the trailing Softmax: the logits are the output.
+    if kept_nodes and kept_nodes[-1].op_type == "Softmax":
+        softmax = kept_nodes.pop()
+        # The logits have the softmax's shape.
+        shape = [d.dim_value for d in graph.output[0].type.tensor_type.shape.dim]
+        del graph.output[:]
+        graph.output.append(onnx.helper.make_tensor_value_info(softmax.input[0], onnx.TensorProto.FLOAT, shape))
+
+    del graph.node[:]
+    graph.node.extend(kept_nodes)
+    del graph.initializer[:]
+    graph.initializer.extend(weights)
+    # Old-style models list weights as graph inputs too; only real inputs remain.
+    weight_names = {w.name for w in weights} | set(initial)
+    real_inputs = [i for i in graph.input if i.name not in weight_names]
+    del graph.input[:]
+    graph.input.extend(real_inputs)
+    model.ir_version = max(model.ir_version, 7)  # IR >= 4 lets initializers stay out of the inputs
+    onnx.checker.check_model(model)
+    return model
+
+
+def _random_weight(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """He-style scale for kernels (so activations stay O(1)); values in [0.5, 1.5] for vectors."""
+    if len(shape) <= 1:
+        return rng.uniform(0.5, 1.5, size=shape).astype(np.float32)
+    fan_in = int(np.prod(shape[1:]))
+    return (rng.standard_normal(shape) * np.sqrt(2.0 / max(fan_in, 1))).astype(np.float32)
+
+
+def model_inputs(model, seed: int = 1) -> dict[str, np.ndarray]:
+    """Seeded random float32 values for each graph input of an ONNX model."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for value in model.graph.input:
+        shape = [d.dim_value or 1 for d in value.type.tensor_type.shape.dim]
+        out[value.name] = rng.standard_normal(shape).astype(np.float32)
+    return out
+
+
+def onnxruntime_outputs(model, inputs: dict[str, np.ndarray], threads: int = 1) -> list[np.ndarray]:
+    """The reference: ONNX Runtime's CPU provider."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return session.run(None, inputs)
+
+
+def relax_module(model):
+    """The ONNX model as a Relax IRModule with weights bound as constants."""
+    from tvm.relax.frontend.onnx import from_onnx
+
+    return from_onnx(model, keep_params_in_input=False)
