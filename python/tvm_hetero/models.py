@@ -102,6 +102,7 @@ def onnxruntime_outputs(model, inputs: dict[str, np.ndarray], threads: int = 1) 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
+    options.log_severity_level = 3  # errors only
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     return session.run(None, inputs)
 
