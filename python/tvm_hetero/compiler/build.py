@@ -39,7 +39,7 @@ def parse_device(spec: Any) -> tvm.runtime.Device:
         kind, _, index = spec.partition(":")
         try:
             return tvm.runtime.device(kind, int(index or 0))
-        except (ValueError, tvm.error.TVMError) as err:
+        except (ValueError, KeyError, RuntimeError) as err:
             raise ValueError(f"device {spec!r}: expected e.g. 'cpu:0' or 'cuda:1'") from err
     raise TypeError(f"device must be a tvm Device or a string like 'cpu:1', got {type(spec).__name__}")
 
