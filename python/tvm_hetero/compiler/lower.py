@@ -1,0 +1,870 @@
+"""Lowering: a Relax IRModule to a device-placed :class:`~tvm_hetero.compiler.graph.Graph`.
+
+``lower_to_graph`` takes the entry function of a Relax module (as TVM's ONNX or PyTorch
+frontends produce it) and returns the graph of fused kernel calls, each on one device, plus the
+kernels as TIR. ``compile_kernels`` compiles those kernels, each device's with its own target.
+
+The steps, in order:
+
+1. **Place** every Relax op call of the entry function, before anything is lowered: the
+   placement policy (:mod:`.placement`) sees one :class:`OpInfo` per call.
+2. **Legalize** (``LegalizeOps``). The bound variable of each op call survives legalization, so
+   every resulting ``call_tir`` is traced back to the op it came from (the helper bindings a
+   legalization emits belong to the op bound right after them).
+3. **Specialize** kernels per device: each PrimFunc is copied once per (device, op) that calls
+   it and the copy is tagged with both, so a kernel used on two devices gets two symbols
+   (``add`` and ``add_dev1``) and each fused kernel can tell where its parts came from.
+4. **Fence** the device boundaries: every dataflow edge from a kernel on one device to a kernel
+   on another goes through an identity ``call_tir`` whose PrimFunc is marked opaque
+   (``op_pattern`` 8). ``FuseOps`` never fuses an opaque call nor fuses across one, so no fused
+   group can hold two devices; tuples that gather values of several devices are fenced the
+   same way. The fences are aliases and disappear when the graph is built.
+5. **Fuse** (``AnnotateTIROpPattern``, ``FuseOps``, ``FuseTIR``), then check that every fused
+   group reads a single device tag (an error otherwise) and build the :class:`Graph`: one
+   ``null`` node per function parameter and per tensor constant, then one ``tvm_op`` node per
+   kernel call in binding order.
+
+Copies between devices are not inserted here; a later pass does that on the graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import tvm
+import tvm_ffi
+from tvm import relax, te
+
+from .graph import Entry, Graph, Node
+from .placement import Fallback, OpInfo, PlacementSpec, resolve_placement
+
+#: Ops that only annotate or move a value: they become aliases, not kernels.
+ALIAS_OPS = frozenset({"relax.hint_on_device", "relax.to_vdevice"})
+DEVICE_ATTR = "tvm_hetero.device"
+OP_ATTR = "tvm_hetero.relax_op"
+FENCE_PREFIX = "tvm_hetero_fence"
+OPAQUE = 8  # relax OpPatternKind::kOpaque
+
+_CALL_TIR = "relax.call_tir"
+
+
+class LoweringError(ValueError):
+    """The module uses something the lowering cannot turn into a static kernel graph."""
+
+
+@dataclass
+class LoweredGraph:
+    """The output of :func:`lower_to_graph`."""
+
+    #: Kernel nodes placed on devices; null nodes for inputs and params come first.
+    graph: Graph
+    #: One PrimFunc per kernel, each with a ``global_symbol`` equal to its graph ``func_name``.
+    kernels: tvm.IRModule
+    #: Device each kernel is compiled for.
+    kernel_devices: dict[str, int]
+    #: Values of the parameters and constants, keyed by their null node's name.
+    params: dict[str, np.ndarray]
+    #: Names of the null nodes the caller feeds at run time (the non-param function parameters).
+    input_names: list[str]
+    #: Ops the placement put on a fallback device (Capabilities), in op order.
+    fallbacks: list[Fallback]
+    #: Number of devices the graph was placed for.
+    num_devices: int
+    #: Every Relax op call of the entry function with the device it was given.
+    op_placement: list[tuple[OpInfo, int]] = field(default_factory=list)
+
+    def kernel_ops(self, func_name: str) -> list[str]:
+        """Relax ops fused into the kernel ``func_name`` (from the first node calling it)."""
+        for node in self.graph.nodes:
+            if node.func_name == func_name:
+                return list(node.relax_ops)
+        raise KeyError(func_name)
+
+
+# ---- entry point ----------------------------------------------------------------------------
+def lower_to_graph(
+    mod: tvm.IRModule,
+    placement: PlacementSpec,
+    num_devices: int,
+    params: dict[str, Any] | None = None,
+    entry: str = "main",
+) -> LoweredGraph:
+    """Lower the Relax function ``entry`` of ``mod`` to a device-placed kernel graph.
+
+    ``placement`` is anything :func:`~tvm_hetero.compiler.placement.resolve_placement` accepts.
+    ``params`` maps function parameter names to values (numpy arrays or TVM tensors); such
+    parameters become null nodes with values in :attr:`LoweredGraph.params`, like the ones a
+    frontend lists in the function's ``"params"`` attribute (ONNX ``keep_params_in_input``).
+    Constants bound in the IR become named null nodes too.
+    """
+    resolved = resolve_placement(placement, num_devices)
+    func = _entry_function(mod, entry)
+    param_values = _param_values(func, params)
+    func = func.without_attr("params") if func.attrs is not None and "params" in func.attrs else func
+    mod = _with_function(mod, entry, func)
+    _check_supported(func)
+    if _has_non_dataflow_bindings(func):
+        mod = relax.transform.ConvertToDataflow(min_size=1)(mod)
+        func = mod[entry]
+
+    annotated = _annotated_devices(mod, entry) if placement is None else {}
+    op_placement, op_of_var = _place_ops(func, resolved, annotated)
+
+    mod = relax.transform.LegalizeOps()(mod)
+    tags = _trace_legalized(mod[entry], op_of_var)
+    mod = _specialize_kernels(mod, entry, tags)
+    mod = _fence_devices(mod, entry)
+    mod = relax.transform.AnnotateTIROpPattern()(mod)
+    mod = relax.transform.FuseOps()(mod)
+    fused_tags = _fused_group_tags(mod)
+    mod = relax.transform.FuseTIR()(mod)
+
+    builder = _GraphBuilder(mod, mod[entry], fused_tags, param_values)
+    graph, kernels, kernel_devices = builder.build()
+    return LoweredGraph(
+        graph=graph,
+        kernels=kernels,
+        kernel_devices=kernel_devices,
+        params=builder.param_arrays,
+        input_names=builder.input_names,
+        fallbacks=list(resolved.fallbacks),
+        num_devices=num_devices,
+        op_placement=op_placement,
+    )
+
+
+# ---- step 0: checks and parameters ----------------------------------------------------------
+def _entry_function(mod: tvm.IRModule, entry: str) -> relax.Function:
+    names = [gv.name_hint for gv in mod.get_global_vars()]
+    if entry not in names:
+        raise LoweringError(f"module has no function '{entry}' (functions: {sorted(names)})")
+    func = mod[entry]
+    if not isinstance(func, relax.Function):
+        raise LoweringError(f"'{entry}' is a {type(func).__name__}, not a Relax function")
+    return func
+
+
+def _with_function(mod: tvm.IRModule, name: str, func: relax.Function) -> tvm.IRModule:
+    mod = mod.clone()
+    mod[name] = func
+    return mod
+
+
+def _param_values(func: relax.Function, params: dict[str, Any] | None) -> dict[str, np.ndarray]:
+    """Values of function parameters: the ``"params"`` attribute, then ``params`` on top."""
+    values: dict[str, np.ndarray] = {}
+    names = [p.name for p in func.params]
+    attached = func.attrs["params"] if func.attrs is not None and "params" in func.attrs else None
+    if attached is not None:
+        for var, value in zip(func.params[len(names) - len(attached) :], attached):
+            values[var.name] = _to_numpy(value)
+    for name, value in (params or {}).items():
+        if name not in names:
+            raise LoweringError(
+                f"params has '{name}', which is no parameter of the function (parameters: {names})"
+            )
+        values[name] = _to_numpy(value)
+    for var in func.params:
+        if var.name in values:
+            shape, dtype = _tensor_type(var.ty, f"parameter '{var.name}'")
+            got = values[var.name]
+            if tuple(got.shape) != shape or str(got.dtype) != dtype:
+                raise LoweringError(
+                    f"value of parameter '{var.name}' is {got.dtype}{list(got.shape)}, "
+                    f"the function expects {dtype}{list(shape)}"
+                )
+    return values
+
+
+def _to_numpy(value: Any) -> np.ndarray:
+    return value.numpy() if hasattr(value, "numpy") else np.asarray(value)
+
+
+def _check_supported(func: relax.Function) -> None:
+    """Reject what a static kernel graph cannot express, naming the culprit."""
+    for var in func.params:
+        _tensor_type(var.ty, f"parameter '{var.name}'")
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            if isinstance(binding, relax.MatchCast):
+                _static_type(binding.var.ty, f"match_cast '{binding.var.name}'")
+                continue
+            value = binding.value
+            if isinstance(value, relax.If):
+                raise LoweringError(f"'{binding.var.name}': control flow (R.If) is not supported")
+            if isinstance(value, relax.Call):
+                what = f"{_call_name(value)} '{binding.var.name}'"
+                if not isinstance(value.op, tvm.ir.Op):
+                    raise LoweringError(f"{what}: only op calls are supported, not calls to functions")
+                _static_type(binding.var.ty, what)
+                for arg in value.args:
+                    if isinstance(arg, relax.Var | relax.Tuple) or _is_tensor_const(arg):
+                        _static_type(arg.ty, f"argument of {what}")
+    if not isinstance(func.body.body, relax.Var | relax.Tuple) and not _is_tensor_const(func.body.body):
+        raise LoweringError(
+            f"the function returns a {type(func.body.body).__name__}; expected a var or tuple"
+        )
+
+
+def _has_non_dataflow_bindings(func: relax.Function) -> bool:
+    return any(not isinstance(b, relax.DataflowBlock) and len(b.bindings) for b in func.body.blocks)
+
+
+# ---- step 1: op-level placement -------------------------------------------------------------
+def _annotated_devices(mod: tvm.IRModule, entry: str) -> dict[int, int]:
+    """Device position requested by the IR for each binding (by binding position).
+
+    ``RealizeVDevice`` spreads ``R.hint_on_device`` / ``R.to_vdevice`` to every value they
+    reach; a value's device is the position of its vdevice in ``global_infos["vdevice"]``.
+    Without such a list, one is made from the hints with position = the hint's device index.
+    """
+    infos = mod.global_infos
+    func = mod[entry]
+    hints = [
+        b.value
+        for block in func.body.blocks
+        for b in block.bindings
+        if isinstance(b.value, relax.Call) and _call_name(b.value) == "relax.hint_on_device"
+    ]
+    has_vdevices = "vdevice" in infos and len(infos["vdevice"]) > 0
+    if not has_vdevices and not hints:
+        return {}
+    if not has_vdevices:
+        mod = _with_hint_vdevices(mod, hints)
+    vdevices = list(mod.global_infos["vdevice"])
+    realized = relax.transform.RealizeVDevice()(mod)[entry]
+    bindings = [b for block in func.body.blocks for b in block.bindings]
+    realized_bindings = [b for block in realized.body.blocks for b in block.bindings]
+    if len(bindings) != len(realized_bindings):
+        raise LoweringError("RealizeVDevice changed the number of bindings; cannot read device annotations")
+    devices: dict[int, int] = {}
+    for pos, binding in enumerate(realized_bindings):
+        vdevice = _first_vdevice(binding.var.ty)
+        if vdevice is None:
+            continue
+        for index, candidate in enumerate(vdevices):
+            if tvm_ffi.structural_equal(vdevice, candidate):
+                devices[pos] = index
+                break
+    return devices
+
+
+def _with_hint_vdevices(mod: tvm.IRModule, hints: list[relax.Call]) -> tvm.IRModule:
+    kinds = {1: "llvm", 2: "cuda", 4: "opencl", 7: "vulkan", 8: "metal", 10: "rocm"}
+    by_index: dict[int, int] = {}
+    for hint in hints:
+        dev_type, index = int(hint.attrs.device_type), int(hint.attrs.index)
+        if by_index.setdefault(index, dev_type) != dev_type:
+            raise LoweringError(f"hint_on_device uses index {index} for two device types; add a vdevice list")
+        if dev_type not in kinds:
+            raise LoweringError(f"hint_on_device: unsupported device type {dev_type}; add a vdevice list")
+    vdevices = [
+        relax.VDevice(tvm.target.Target(kinds[by_index.get(i, 1)]), i) for i in range(max(by_index) + 1)
+    ]
+    mod = mod.clone()
+    mod.update_global_info("vdevice", vdevices)
+    return mod
+
+
+def _first_vdevice(ty: Any) -> Any:
+    if isinstance(ty, relax.TensorType):
+        return ty.vdevice
+    if isinstance(ty, relax.TupleType):
+        for field_ty in ty.fields:
+            found = _first_vdevice(field_ty)
+            if found is not None:
+                return found
+    return None
+
+
+def _place_ops(
+    func: relax.Function, placement: Any, annotated: dict[int, int]
+) -> tuple[list[tuple[OpInfo, int]], dict[relax.Var, tuple[int, str]]]:
+    """Ask the placement for every op call; returns the decisions and ``var -> (device, op)``."""
+    decisions: list[tuple[OpInfo, int]] = []
+    op_of_var: dict[relax.Var, tuple[int, str]] = {}
+    position = 0
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            value = binding.value
+            pos, position = position, position + 1
+            if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
+                continue
+            name = value.op.name
+            if name in ALIAS_OPS:
+                continue
+            info = OpInfo(
+                op=name,
+                index=len(decisions),
+                name=binding.var.name,
+                input_shapes=[_shape_or_none(arg) for arg in _op_inputs(value)],
+                output_shape=_output_shape(binding.var.ty),
+                dtype=_first_dtype(binding.var.ty),
+                annotated_device=annotated.get(pos),
+                call=value,
+            )
+            device = placement(info)
+            decisions.append((info, device))
+            op_of_var[binding.var] = (device, name)
+    return decisions, op_of_var
+
+
+def _op_inputs(call: relax.Call) -> list[Any]:
+    """The data arguments of a call: for ``call_tir`` the tensors passed to the kernel."""
+    if call.op.name == _CALL_TIR and len(call.args) > 1 and isinstance(call.args[1], relax.Tuple):
+        return list(call.args[1].fields)
+    return list(call.args)
+
+
+def _shape_or_none(expr: Any) -> tuple[int, ...] | None:
+    ty = getattr(expr, "ty", None)
+    return _static_shape(ty) if isinstance(ty, relax.TensorType) else None
+
+
+def _output_shape(ty: Any) -> Any:
+    if isinstance(ty, relax.TupleType):
+        return tuple(_output_shape(f) for f in ty.fields)
+    return _static_shape(ty) if isinstance(ty, relax.TensorType) else None
+
+
+def _first_dtype(ty: Any) -> str | None:
+    if isinstance(ty, relax.TensorType):
+        return str(ty.dtype)
+    if isinstance(ty, relax.TupleType) and len(ty.fields):
+        return _first_dtype(ty.fields[0])
+    return None
+
+
+# ---- step 2: trace legalized calls back to ops ----------------------------------------------
+def _trace_legalized(
+    func: relax.Function, op_of_var: dict[relax.Var, tuple[int, str]]
+) -> dict[relax.Var, tuple[int, str]]:
+    """``(device, op)`` of every ``call_tir`` binding of the legalized function.
+
+    LegalizeOps keeps each op's bound variable and emits the helper bindings of its lowering
+    right before it; an op whose variable did not survive is an error, never a guess.
+    """
+    tags: dict[relax.Var, tuple[int, str]] = {}
+    seen: set[relax.Var] = set()
+    for block in func.body.blocks:
+        pending: list[relax.Var] = []
+        for binding in block.bindings:
+            value = binding.value
+            if binding.var in op_of_var:
+                seen.add(binding.var)
+                for var in [*pending, binding.var]:
+                    tags[var] = op_of_var[binding.var]
+                pending = []
+            elif isinstance(value, relax.Call) and not _is_alias_op(value):
+                pending.append(binding.var)
+            if isinstance(value, relax.Call) and not _is_call_tir(value) and not _is_alias_op(value):
+                op = tags.get(binding.var, (None, _call_name(value)))[1]
+                raise LoweringError(
+                    f"op {op} '{binding.var.name}' has no TIR lowering (LegalizeOps left {_call_name(value)})"
+                )
+        if pending:
+            left = ", ".join(v.name for v in pending)
+            raise LoweringError(f"cannot tell which op the legalized bindings {left} belong to")
+    lost = [f"{op_of_var[v][1]} '{v.name}'" for v in op_of_var if v not in seen]
+    if lost:
+        raise LoweringError(f"lost track of {', '.join(lost)} during legalization")
+    return tags
+
+
+# ---- step 3: one kernel copy per (device, op) -----------------------------------------------
+def _specialize_kernels(
+    mod: tvm.IRModule, entry: str, tags: dict[relax.Var, tuple[int, str]]
+) -> tvm.IRModule:
+    """Give each (kernel, device, op) its own PrimFunc, tagged with the device and the op.
+
+    The first user of a kernel keeps its name; another device gets ``<name>_dev<k>``.
+    """
+    func = mod[entry]
+    builder = relax.BlockBuilder(mod)
+    copies: dict[tuple[str, int, str], tvm.ir.GlobalVar] = {}
+    first_device: dict[str, int] = {}
+
+    def kernel_for(gv: tvm.ir.GlobalVar, device: int, op: str) -> tvm.ir.GlobalVar:
+        key = (gv.name_hint, device, op)
+        if key not in copies:
+            tagged = mod[gv].with_attr(DEVICE_ATTR, device).with_attr(OP_ATTR, op)
+            if gv.name_hint not in first_device:
+                first_device[gv.name_hint] = device
+                builder.update_func(gv, tagged)
+                copies[key] = gv
+            else:
+                same = device == first_device[gv.name_hint]
+                copies[key] = builder.add_func(
+                    tagged, gv.name_hint if same else f"{gv.name_hint}_dev{device}"
+                )
+        return copies[key]
+
+    blocks = []
+    for block in func.body.blocks:
+        bindings = []
+        for binding in block.bindings:
+            value = binding.value
+            if binding.var in tags and _is_call_tir(value):
+                device, op = tags[binding.var]
+                kernel = kernel_for(value.args[0], device, op)
+                value = relax.Call(value.op, [kernel, *value.args[1:]], value.attrs, value.ty_args)
+                binding = relax.VarBinding(binding.var, value)
+            bindings.append(binding)
+        blocks.append(_same_kind_block(block, bindings))
+    builder.update_func(mod.get_global_var(entry), builder.normalize(_replace_body(func, blocks)))
+    return builder.get()
+
+
+# ---- step 4: fences on device boundaries ----------------------------------------------------
+def _fence_devices(mod: tvm.IRModule, entry: str) -> tvm.IRModule:
+    """Route every cross-device dataflow edge through an opaque identity kernel."""
+    return _DeviceFencer(mod).run(entry)
+
+
+def FenceDeviceBoundaries(entry: str = "main") -> tvm.transform.Pass:
+    """Step 4 as a TVM pass, for modules whose ``call_tir`` kernels carry a device attribute.
+
+    Every PrimFunc called from ``entry`` must have the ``"tvm_hetero.device"`` attribute; each
+    edge between kernels of two devices then goes through an opaque identity kernel, so a
+    following ``FuseOps`` keeps each device's kernels apart.
+    """
+    return tvm.transform.module_pass(
+        lambda mod, _ctx: _fence_devices(mod, entry), opt_level=0, name="FenceDeviceBoundaries"
+    )
+
+
+class _DeviceFencer:
+    """Inserts fences in one pass over the bindings, tracking the device each value comes from."""
+
+    def __init__(self, mod: tvm.IRModule) -> None:
+        self.mod = mod
+        self.builder = relax.BlockBuilder(mod)
+        self.device_of: dict[relax.Var, int | None] = {}  # producer device of each bound value
+        self.bound: dict[relax.Var, Any] = {}  # original value of each binding
+        self.kernels: dict[tuple, tvm.ir.GlobalVar] = {}  # (shape, dtype) -> identity kernel
+        self.bindings: list[relax.Binding] = []  # the block being rebuilt
+        self.fenced: dict[tuple[relax.Var, int], relax.Var] = {}  # fences of that block
+        self.dataflow = True
+
+    def run(self, entry: str) -> tvm.IRModule:
+        func = self.mod[entry]
+        blocks = []
+        for block in func.body.blocks:
+            self.bindings, self.fenced = [], {}
+            self.dataflow = isinstance(block, relax.DataflowBlock)
+            for binding in block.bindings:
+                self.bound[binding.var] = binding.value
+                self.bindings.append(self._visit(binding))
+            blocks.append(_same_kind_block(block, self.bindings))
+        self.builder.update_func(
+            self.mod.get_global_var(entry), self.builder.normalize(_replace_body(func, blocks))
+        )
+        return self.builder.get()
+
+    def _visit(self, binding: relax.Binding) -> relax.Binding:
+        var, value = binding.var, binding.value
+        if _is_call_tir(value):
+            device = int(self.mod[value.args[0]].attrs[DEVICE_ATTR])
+            self.device_of[var] = device
+            fields = [self._fenced_for(arg, device) for arg in value.args[1].fields]
+            new_args = [value.args[0], relax.Tuple(fields), *value.args[2:]]
+            return relax.VarBinding(var, relax.Call(value.op, new_args, value.attrs, value.ty_args))
+        if isinstance(value, relax.Tuple):
+            # A tuple may gather values of several devices; FuseOps could join their producers
+            # through it, so all but the first device's fields are fenced.
+            first = next((d for d in map(self._device, value.fields) if d is not None), None)
+            if first is not None:
+                fields = [self._fenced_for(f, first) for f in value.fields]
+                return relax.VarBinding(var, relax.Tuple(fields))
+        elif isinstance(value, relax.TupleGetItem):
+            source = self.bound.get(value.tuple_value)
+            if isinstance(source, relax.Tuple):
+                self.device_of[var] = self._device(source.fields[value.index])
+            else:
+                self.device_of[var] = self._device(value.tuple_value)
+        elif isinstance(value, relax.Var):
+            self.device_of[var] = self._device(value)
+        elif _is_alias_op(value):
+            self.device_of[var] = self._device(value.args[0])
+        return binding
+
+    def _device(self, expr: Any) -> int | None:
+        return self.device_of.get(expr) if isinstance(expr, relax.Var) else None
+
+    def _fenced_for(self, expr: Any, device: int) -> Any:
+        """``expr`` as read on ``device``: itself, or a fence if it comes from another device."""
+        source = self._device(expr)
+        if source is None or source == device:
+            return expr
+        if (expr, device) not in self.fenced:
+            var_type = relax.DataflowVar if self.dataflow else relax.Var
+            fence = var_type(f"{expr.name}_to_dev{device}", expr.ty)
+            call = relax.call_tir(self._identity_kernel(expr.ty), relax.Tuple([expr]), expr.ty)
+            self.bindings.append(relax.VarBinding(fence, call))
+            self.fenced[(expr, device)] = fence
+        return self.fenced[(expr, device)]
+
+    def _identity_kernel(self, ty: relax.TensorType) -> tvm.ir.GlobalVar:
+        shape, dtype = _tensor_type(ty, "value crossing devices")
+        if (shape, dtype) not in self.kernels:
+            prim = _identity_prim_func(shape, dtype).with_attr("op_pattern", OPAQUE)
+            name = f"{FENCE_PREFIX}_{len(self.kernels)}"
+            self.kernels[(shape, dtype)] = self.builder.add_func(prim, name)
+        return self.kernels[(shape, dtype)]
+
+
+def _identity_prim_func(shape: tuple[int, ...], dtype: str) -> tvm.tirx.PrimFunc:
+    src = te.placeholder(shape, dtype, name="src")
+    dst = te.compute(shape, lambda *i: src(*i), name="dst")
+    return te.create_prim_func([src, dst])
+
+
+# ---- step 5: fused groups and the graph -----------------------------------------------------
+def _fused_group_tags(mod: tvm.IRModule) -> dict[str, tuple[int, list[str]]]:
+    """``fused function name -> (device, relax ops)``; a group holding two devices is an error."""
+    tags: dict[str, tuple[int, list[str]]] = {}
+    for gv, func in mod.functions.items():
+        if not isinstance(func, relax.Function) or func.attrs is None or "Primitive" not in func.attrs:
+            continue
+        devices, ops = set(), []
+        for block in func.body.blocks:
+            for binding in block.bindings:
+                if _is_call_tir(binding.value):
+                    callee = mod[binding.value.args[0]]
+                    if callee.attrs is not None and DEVICE_ATTR in callee.attrs:
+                        devices.add(int(callee.attrs[DEVICE_ATTR]))
+                        ops.append(str(callee.attrs[OP_ATTR]))
+        if len(devices) != 1:
+            raise LoweringError(f"fused kernel {gv.name_hint} mixes devices {sorted(devices)} (ops {ops})")
+        tags[gv.name_hint] = (devices.pop(), ops)
+    return tags
+
+
+class _GraphBuilder:
+    """Walks the fused entry function once and emits the Graph and its kernels."""
+
+    def __init__(
+        self,
+        mod: tvm.IRModule,
+        func: relax.Function,
+        fused_tags: dict[str, tuple[int, list[str]]],
+        param_values: dict[str, np.ndarray],
+    ) -> None:
+        self.mod = mod
+        self.func = func
+        self.fused_tags = fused_tags
+        self.param_values = param_values
+        self.nodes: list[Node] = []
+        self.names: set[str] = set()
+        self.env: dict[relax.Var, Any] = {}  # var -> Entry, tuple of values, or None (non-tensor)
+        self.const_entries: dict[Any, Entry] = {}
+        self.param_arrays: dict[str, np.ndarray] = {}
+        self.input_names: list[str] = []
+        self.kernels: dict[str, tuple[tvm.tirx.PrimFunc, int]] = {}
+
+    def build(self) -> tuple[Graph, tvm.IRModule, dict[str, int]]:
+        for var in self.func.params:
+            shape, dtype = _tensor_type(var.ty, f"parameter '{var.name}'")
+            entry = self._add_null(var.name, shape, dtype)
+            self.env[var] = entry
+            if var.name in self.param_values:
+                self.param_arrays[self.nodes[entry.node].name] = self.param_values[var.name]
+            else:
+                self.input_names.append(self.nodes[entry.node].name)
+        self._add_constants()
+        for block in self.func.body.blocks:
+            for binding in block.bindings:
+                self._bind(binding)
+        heads = self._flatten(self._value(self.func.body.body, "the function result"), "the function result")
+        graph = _drop_dead_kernels(Graph(self.nodes, heads))
+        graph.validate()
+        used = {n.func_name for n in graph.nodes if not n.is_input}
+        kernels = tvm.IRModule(
+            {
+                tvm.ir.GlobalVar(name): _clean_kernel(prim, name)
+                for name, (prim, _) in self.kernels.items()
+                if name in used
+            }
+        )
+        devices = {name: device for name, (_, device) in self.kernels.items() if name in used}
+        return graph, kernels, devices
+
+    # -- nodes --
+    def _add_null(self, name: str, shape: tuple[int, ...], dtype: str) -> Entry:
+        name = _unique(name, self.names)
+        self.names.add(name)
+        self.nodes.append(Node(name=name, op="null", shapes=[shape], dtypes=[dtype]))
+        return Entry(len(self.nodes) - 1, 0)
+
+    def _add_constants(self) -> None:
+        """One null node per distinct tensor constant, in order of first use."""
+
+        def visit(expr: Any) -> None:
+            if _is_tensor_const(expr) and expr not in self.const_entries:
+                shape, dtype = _tensor_type(expr.ty, "constant")
+                entry = self._add_null(f"const_{len(self.const_entries)}", shape, dtype)
+                self.const_entries[expr] = entry
+                self.param_arrays[self.nodes[entry.node].name] = expr.value.numpy()
+            elif isinstance(expr, relax.Tuple):
+                for f in expr.fields:
+                    visit(f)
+            elif isinstance(expr, relax.Call):
+                for a in expr.args:
+                    visit(a)
+
+        for block in self.func.body.blocks:
+            for binding in block.bindings:
+                visit(binding.value)
+        visit(self.func.body.body)
+
+    def _bind(self, binding: relax.Binding) -> None:
+        var, value = binding.var, binding.value
+        if isinstance(binding, relax.MatchCast):
+            self.env[var] = self._value(value, var.name)
+        elif _is_call_tir(value):
+            self.env[var] = self._kernel_call(var, value)
+        elif _is_alias_op(value):
+            self.env[var] = self._value(value.args[0], var.name)
+        elif isinstance(value, relax.Call):
+            raise LoweringError(f"{_call_name(value)} '{var.name}': unsupported after lowering")
+        elif isinstance(value, relax.TupleGetItem):
+            source = self._value(value.tuple_value, var.name)
+            if not isinstance(source, tuple):
+                raise LoweringError(f"'{var.name}' indexes a value that is not a tuple")
+            self.env[var] = source[value.index]
+        elif isinstance(value, relax.Tuple | relax.Var) or _is_tensor_const(value):
+            self.env[var] = self._value(value, var.name)
+        else:
+            self.env[var] = None  # shapes, prim values, strings: not tensors
+
+    def _kernel_call(self, var: relax.Var, call: relax.Call) -> Any:
+        gv = call.args[0]
+        if len(call.args) > 2:
+            raise LoweringError(f"kernel call '{var.name}' ({gv.name_hint}) takes symbolic shape arguments")
+        args = [self._value(a, f"argument of '{var.name}'") for a in call.args[1].fields]
+        if gv.name_hint.startswith(FENCE_PREFIX):
+            return args[0]
+        inputs = []
+        for arg in args:
+            if not isinstance(arg, Entry):
+                raise LoweringError(
+                    f"kernel call '{var.name}' ({gv.name_hint}) has an argument that is not a tensor"
+                )
+            inputs.append(arg)
+        device, ops = self._kernel_tags(gv)
+        name = gv.name_hint
+        if self.kernels.setdefault(name, (self.mod[gv], device))[1] != device:
+            raise LoweringError(f"kernel {name} is used on two devices (internal error)")
+        out_types = list(var.ty.fields) if isinstance(var.ty, relax.TupleType) else [var.ty]
+        shapes, dtypes = zip(*(_tensor_type(t, f"output of '{var.name}'") for t in out_types))
+        node_name = _unique(var.name, self.names)
+        self.names.add(node_name)
+        self.nodes.append(
+            Node(
+                name=node_name,
+                inputs=inputs,
+                func_name=name,
+                device=device,
+                shapes=list(shapes),
+                dtypes=list(dtypes),
+                relax_ops=list(ops),
+            )
+        )
+        nid = len(self.nodes) - 1
+        if isinstance(var.ty, relax.TupleType):
+            return tuple(Entry(nid, i) for i in range(len(out_types)))
+        return Entry(nid, 0)
+
+    def _kernel_tags(self, gv: tvm.ir.GlobalVar) -> tuple[int, list[str]]:
+        if gv.name_hint in self.fused_tags:
+            return self.fused_tags[gv.name_hint]
+        attrs = self.mod[gv].attrs
+        if attrs is None or DEVICE_ATTR not in attrs:
+            raise LoweringError(f"kernel {gv.name_hint} carries no device (internal error)")
+        return int(attrs[DEVICE_ATTR]), [str(attrs[OP_ATTR])]
+
+    def _value(self, expr: Any, where: str) -> Any:
+        if isinstance(expr, relax.Var):
+            if expr not in self.env:
+                raise LoweringError(f"{where}: '{expr.name}' is not defined before use")
+            return self.env[expr]
+        if _is_tensor_const(expr):
+            return self.const_entries[expr]
+        if isinstance(expr, relax.Tuple):
+            return tuple(self._value(f, where) for f in expr.fields)
+        return None
+
+    def _flatten(self, value: Any, where: str) -> list[Entry]:
+        if isinstance(value, Entry):
+            return [value]
+        if isinstance(value, tuple):
+            return [e for v in value for e in self._flatten(v, where)]
+        raise LoweringError(f"{where} holds a value that is not a tensor")
+
+
+def _drop_dead_kernels(graph: Graph) -> Graph:
+    """Remove kernel nodes whose outputs reach no head (null nodes always stay)."""
+    live = {e.node for e in graph.heads}
+    for nid in range(len(graph.nodes) - 1, -1, -1):
+        if nid in live:
+            live.update(e.node for e in graph.nodes[nid].inputs)
+    keep = [nid for nid, n in enumerate(graph.nodes) if n.is_input or nid in live]
+    if len(keep) == len(graph.nodes):
+        return graph
+    new_id = {old: new for new, old in enumerate(keep)}
+    nodes = []
+    for old in keep:
+        node = graph.nodes[old]
+        node.inputs = [Entry(new_id[e.node], e.index) for e in node.inputs]
+        nodes.append(node)
+    return Graph(nodes, [Entry(new_id[e.node], e.index) for e in graph.heads])
+
+
+def _clean_kernel(prim: tvm.tirx.PrimFunc, name: str) -> tvm.tirx.PrimFunc:
+    for key in (DEVICE_ATTR, OP_ATTR, "target"):
+        if prim.attrs is not None and key in prim.attrs:
+            prim = prim.without_attr(key)
+    return prim.with_attr("global_symbol", name)
+
+
+# ---- kernels to a runtime module ------------------------------------------------------------
+def compile_kernels(lowered: LoweredGraph, targets: Sequence[Any]) -> tvm.runtime.Module:
+    """Compile each device's kernels for its target; one module, the others imported into it.
+
+    ``targets[d]`` (a :class:`tvm.target.Target`, a string or a dict) is the target of device
+    ``d``. Devices with equal targets share one compilation. The first compiled module is the
+    host and the others are imported into it, so every kernel is found by ``lib[name]`` or by a
+    search through ``lib.imports``. A kernel its target cannot compile raises RuntimeError
+    naming the kernel, its Relax ops and its device.
+    """
+    if len(targets) != lowered.num_devices:
+        raise ValueError(f"got {len(targets)} targets for {lowered.num_devices} devices")
+    resolved = [t if isinstance(t, tvm.target.Target) else tvm.target.Target(t) for t in targets]
+    groups: dict[str, list[int]] = {}
+    for device, target in enumerate(resolved):
+        groups.setdefault(str(target), []).append(device)
+    modules = []
+    for devices in groups.values():
+        names = [n for n, d in lowered.kernel_devices.items() if d in devices]
+        if not names:
+            continue
+        target = resolved[devices[0]]
+        funcs = {gv: f for gv, f in lowered.kernels.functions.items() if gv.name_hint in names}
+        modules.append(_compile_for(tvm.IRModule(funcs), target, devices, lowered))
+    if not modules:  # a graph of inputs only still gets a (kernel-less) library
+        return _build(tvm.IRModule({}), resolved[0])
+    host = modules[0]
+    for other in modules[1:]:
+        host.import_module(other)
+    return host
+
+
+def _compile_for(
+    kernels: tvm.IRModule, target: tvm.target.Target, devices: list[int], lowered: LoweredGraph
+) -> tvm.runtime.Module:
+    try:
+        return _build(kernels, target)
+    except Exception as whole_error:  # narrowed to one kernel below
+        for gv, prim in kernels.functions.items():
+            try:
+                _build(tvm.IRModule({gv: prim}), target)
+            except Exception as error:
+                name = gv.name_hint
+                ops = ", ".join(lowered.kernel_ops(name)) or "?"
+                raise RuntimeError(
+                    f"kernel {name} (ops {ops}) placed on device {lowered.kernel_devices[name]} "
+                    f"cannot be compiled for target {target.kind.name}: {_first_line(error)}"
+                ) from error
+        raise RuntimeError(
+            f"kernels for device(s) {devices} do not compile for target {target.kind.name}: "
+            f"{_first_line(whole_error)}"
+        ) from whole_error
+
+
+def _build(kernels: tvm.IRModule, target: tvm.target.Target) -> tvm.runtime.Module:
+    if "gpu" in target.keys:
+        if target.host is None:
+            target = tvm.target.Target(target, host="llvm")
+        with target:
+            kernels = tvm.s_tir.transform.DefaultGPUSchedule()(kernels)
+    return tvm.compile(kernels, target).mod
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip().splitlines()
+    return next((line for line in reversed(text) if line.strip()), type(error).__name__)
+
+
+# ---- small helpers --------------------------------------------------------------------------
+def _is_call_tir(value: Any) -> bool:
+    return isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name == _CALL_TIR
+
+
+def _is_alias_op(value: Any) -> bool:
+    return isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name in ALIAS_OPS
+
+
+def _is_tensor_const(expr: Any) -> bool:
+    return isinstance(expr, tvm.ir.Constant) and isinstance(getattr(expr, "ty", None), relax.TensorType)
+
+
+def _call_name(call: relax.Call) -> str:
+    op = call.op
+    if isinstance(op, tvm.ir.Op):
+        return op.name
+    return getattr(op, "name_hint", None) or getattr(op, "global_symbol", None) or type(op).__name__
+
+
+def _static_shape(ty: relax.TensorType) -> tuple[int, ...] | None:
+    shape = ty.shape
+    if not isinstance(shape, relax.ShapeExpr):
+        return None
+    dims = []
+    for dim in shape.values:
+        if not isinstance(dim, tvm.tirx.IntImm):
+            return None
+        dims.append(int(dim.value))
+    return tuple(dims)
+
+
+def _static_type(ty: Any, what: str) -> None:
+    if isinstance(ty, relax.TensorType):
+        if _static_shape(ty) is None or ty.dtype is None or str(ty.dtype) == "":
+            raise LoweringError(f"{what}: dynamic shape {ty} is not supported (only static shapes)")
+    elif isinstance(ty, relax.TupleType):
+        for f in ty.fields:
+            _static_type(f, what)
+
+
+def _tensor_type(ty: Any, what: str) -> tuple[tuple[int, ...], str]:
+    if not isinstance(ty, relax.TensorType):
+        raise LoweringError(f"{what}: expected a tensor, got {ty}")
+    shape = _static_shape(ty)
+    if shape is None or not str(ty.dtype):
+        raise LoweringError(f"{what}: dynamic shape {ty} is not supported (only static shapes)")
+    return shape, str(ty.dtype)
+
+
+def _unique(name: str, taken: set[str]) -> str:
+    if name not in taken:
+        return name
+    k = 1
+    while f"{name}_{k}" in taken:
+        k += 1
+    return f"{name}_{k}"
+
+
+def _same_kind_block(block: relax.BindingBlock, bindings: list[relax.Binding]) -> relax.BindingBlock:
+    return (
+        relax.DataflowBlock(bindings)
+        if isinstance(block, relax.DataflowBlock)
+        else relax.BindingBlock(bindings)
+    )
+
+
+def _replace_body(func: relax.Function, blocks: list[relax.BindingBlock]) -> relax.Function:
+    body = relax.SeqExpr(blocks, func.body.body)
+    return relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs)
