@@ -25,6 +25,8 @@ constexpr size_t kPoolAlignment = 64;
 constexpr int kRPCSessMask = 128;
 
 bool IsHost(DLDevice dev) { return dev.device_type == kDLCPU; }
+/*! \brief A device of another process, reached through a TVM RPC session. */
+bool IsRemote(DLDevice dev) { return dev.device_type >= kRPCSessMask; }
 
 /*! \brief Kernels and copies write through the DLTensor of a tensor the runtime owns. */
 DLTensor* MutableTensor(const ffi::Tensor& t) { return const_cast<DLTensor*>(t.GetDLTensorPtr()); }
@@ -35,7 +37,13 @@ struct PoolAlloc {
     t->data = DeviceAPI::Get(t->device)->AllocDataSpace(t->device, ffi::GetDataSize(*t), kPoolAlignment,
                                                          t->dtype);
   }
-  void FreeData(DLTensor* t) { DeviceAPI::Get(t->device)->FreeDataSpace(t->device, t->data); }
+  void FreeData(DLTensor* t) {
+    // Never throw from a destructor: a remote device may already be gone.
+    try {
+      DeviceAPI::Get(t->device)->FreeDataSpace(t->device, t->data);
+    } catch (...) {
+    }
+  }
 };
 
 /*! \brief A typed view of a pool slot; holding `base` keeps the slot alive. */
@@ -89,10 +97,15 @@ void CopyAcrossDevices(const DLTensor* from, DLTensor* to, DLTensor* staging) {
 }
 
 void GraphRuntime::Init(const std::string& graph_json, ffi::Module lib, std::vector<DLDevice> devices,
-                        DeviceIndexKind kind) {
+                        DeviceIndexKind kind, std::vector<ffi::Optional<ffi::Module>> device_libs) {
   graph_ = ParseGraphJSON(graph_json);
   lib_ = std::move(lib);
   devices_ = std::move(devices);
+  if (device_libs.size() > devices_.size()) {
+    TVM_FFI_THROW(ValueError) << "got " << device_libs.size() << " per-device libraries for " << devices_.size()
+                              << " devices";
+  }
+  device_libs_ = std::move(device_libs);
   node_device_ = AssignDevices(graph_, devices_, kind);
   for (uint32_t nid : graph_.arg_nodes) {
     const std::string& name = graph_.nodes[nid].name;
@@ -111,6 +124,8 @@ void GraphRuntime::Init(const std::string& graph_json, ffi::Module lib, std::vec
   SetupStorage();
   SetupOpExecs();
   SetupGroups();
+  SetupOffloadSegments();
+  SetupPreparedCalls();
 }
 
 void GraphRuntime::SetupPreparedCalls() {
@@ -118,12 +133,99 @@ void GraphRuntime::SetupPreparedCalls() {
   for (const OpExec& step : op_execs_) {
     PreparedCall call;
     if (step.kind == OpExec::Kind::kKernel) {
-      call.kernel = static_cast<const ffi::FunctionObj*>(step.kernel.get());
+      call.mode = PreparedCall::Mode::kCall;
+      call.function = static_cast<const ffi::FunctionObj*>(step.kernel.get());
       call.args = step.args.data();
       call.num_args = static_cast<int32_t>(step.args.size());
+      call.remote_compute = IsRemote(devices_[node_device_[step.node_id]]);
+    } else if (step.kind == OpExec::Kind::kCopy) {
+      call.remote_copy = IsRemote(step.copy_from->device) || IsRemote(step.copy_to->device);
     }
     calls_.push_back(call);
   }
+  // An offload segment with a runner is one call; its other steps are skipped.
+  for (const OffloadSegment& segment : segments_) {
+    if (!segment.runner.has_value()) continue;
+    PreparedCall& first = calls_[segment.begin];
+    first.function = static_cast<const ffi::FunctionObj*>(segment.runner.value().get());
+    first.args = &segment.index_arg;
+    first.num_args = 1;
+    for (uint32_t i = segment.begin + 1; i < segment.end; ++i) {
+      calls_[i].mode = PreparedCall::Mode::kSkip;
+      calls_[i].remote_compute = false;
+    }
+  }
+}
+
+void GraphRuntime::SetupOffloadSegments() {
+  segments_.clear();
+  std::vector<int64_t> per_device(devices_.size(), 0);
+  for (const ExecGroup& group : groups_) {
+    if (!IsRemote(devices_[group.device])) continue;
+    for (uint32_t i = group.begin; i < group.end; ++i) {
+      if (op_execs_[i].kind != OpExec::Kind::kKernel) continue;
+      bool extends = !segments_.empty() && segments_.back().end == i && segments_.back().device == group.device;
+      if (extends) {
+        segments_.back().end = i + 1;
+      } else {
+        OffloadSegment segment;
+        segment.device = group.device;
+        segment.begin = i;
+        segment.end = i + 1;
+        segment.index_arg = ffi::AnyView(per_device[group.device]++);
+        segments_.push_back(std::move(segment));
+      }
+    }
+  }
+}
+
+std::string GraphRuntime::OffloadPlanJSON(int device) const {
+  namespace json = ffi::json;
+  if (device < 0 || device >= static_cast<int>(devices_.size())) {
+    TVM_FFI_THROW(IndexError) << "device " << device << " is out of range";
+  }
+  std::unordered_map<uint32_t, int64_t> position;  // entry id -> index into "entries"
+  json::Array entries, segments;
+  auto entry_index = [&](const DLTensor* tensor) -> int64_t {
+    for (uint32_t eid = 0; eid < data_entry_.size(); ++eid) {
+      if (data_entry_[eid].GetDLTensorPtr() != tensor) continue;
+      auto [it, inserted] = position.emplace(eid, static_cast<int64_t>(entries.size()));
+      if (inserted) entries.push_back(int64_t(eid));
+      return it->second;
+    }
+    TVM_FFI_THROW(InternalError) << "argument is not a data entry";
+  };
+  for (const OffloadSegment& segment : segments_) {
+    if (segment.device != device) continue;
+    json::Array ops;
+    for (uint32_t i = segment.begin; i < segment.end; ++i) {
+      const OpExec& step = op_execs_[i];
+      json::Array args;
+      for (const ffi::AnyView& arg : step.args) args.push_back(entry_index(arg.cast<DLTensor*>()));
+      ops.push_back(json::Object{{ffi::String("func_name"), ffi::String(graph_.nodes[step.node_id].func_name)},
+                                 {ffi::String("node"), ffi::String(graph_.describe_node(step.node_id))},
+                                 {ffi::String("args"), args}});
+    }
+    segments.push_back(ops);
+  }
+  return std::string(json::Stringify(json::Object{{ffi::String("entries"), entries},
+                                                  {ffi::String("segments"), segments}}));
+}
+
+ffi::Tensor GraphRuntime::GetEntry(uint32_t eid) const {
+  if (eid >= data_entry_.size()) TVM_FFI_THROW(IndexError) << "entry " << eid << " is out of range";
+  return data_entry_[eid];
+}
+
+void GraphRuntime::AttachOffloadRunner(int device, ffi::Function run_segment) {
+  bool any = false;
+  for (OffloadSegment& segment : segments_) {
+    if (segment.device != device) continue;
+    segment.runner = run_segment;
+    any = true;
+  }
+  if (!any) TVM_FFI_THROW(ValueError) << "device " << device << " has no offload segments";
+  SetupPreparedCalls();
 }
 
 void GraphRuntime::SetupStorage() {
@@ -162,10 +264,15 @@ void GraphRuntime::SetupOpExecs() {
       }
     } else {
       step.kind = OpExec::Kind::kKernel;
-      ffi::Optional<ffi::Function> kernel = lib_.value()->GetFunction(node.func_name, /*query_imports=*/true);
+      int device = node_device_[nid];
+      const ffi::Module& lib = device < static_cast<int>(device_libs_.size()) && device_libs_[device].has_value()
+                                   ? *device_libs_[device]
+                                   : *lib_;
+      ffi::Optional<ffi::Function> kernel = lib->GetFunction(node.func_name, /*query_imports=*/true);
       if (!kernel.has_value()) {
         TVM_FFI_THROW(ValueError) << graph_.describe_node(nid) << ": kernel '" << node.func_name
-                                  << "' is not in the library (nor its imports)";
+                                  << "' is not in the library (nor its imports) of device " << device << " ("
+                                  << DeviceName(devices_[device]) << ")";
       }
       step.kernel = *kernel;
       for (const EntryRef& e : node.inputs) {
@@ -177,7 +284,6 @@ void GraphRuntime::SetupOpExecs() {
     }
     op_execs_.push_back(std::move(step));
   }
-  SetupPreparedCalls();
 }
 
 void GraphRuntime::SetupGroups() {
@@ -206,14 +312,22 @@ void GraphRuntime::RunStep(const OpExec& step, ffi::Any* rv) const {
 void GraphRuntime::Run() {
   ffi::Any rv;    // kernels return nothing; one slot serves every call
   uint32_t i = 0; // the step in flight, named in the error if it fails
+  remote_compute_calls_ = remote_copies_ = 0;
   try {
     for (const ExecGroup& group : groups_) {
       for (i = group.begin; i < group.end; ++i) {
         const PreparedCall& call = calls_[i];
-        if (call.kernel != nullptr) {
-          call.kernel->CallPacked(call.args, call.num_args, &rv);
-        } else {
-          RunStep(op_execs_[i], &rv);
+        remote_compute_calls_ += call.remote_compute;
+        remote_copies_ += call.remote_copy;
+        switch (call.mode) {
+          case PreparedCall::Mode::kCall:
+            call.function->CallPacked(call.args, call.num_args, &rv);
+            break;
+          case PreparedCall::Mode::kStep:
+            RunStep(op_execs_[i], &rv);
+            break;
+          case PreparedCall::Mode::kSkip:
+            break;
         }
       }
     }
@@ -223,12 +337,18 @@ void GraphRuntime::Run() {
     std::ostringstream where;
     if (i < op_execs_.size()) {
       uint32_t nid = op_execs_[i].node_id;
-      where << "while running " << graph_.describe_node(nid) << " on device " << node_device_[nid] << " ("
-            << DeviceName(devices_[node_device_[nid]]) << "): ";
+      bool segment = calls_[i].mode == PreparedCall::Mode::kCall && calls_[i].num_args == 1 &&
+                     op_execs_[i].args.size() != 1;
+      where << "while running " << (segment ? "the offloaded group starting at " : "") << graph_.describe_node(nid)
+            << " on device " << node_device_[nid] << " (" << DeviceName(devices_[node_device_[nid]]) << "): ";
     } else {
       where << "while synchronising devices: ";
     }
-    throw ffi::Error(err.kind(), where.str() + err.message(), err.backtrace());
+    std::string message = err.message();
+    if (message.find("kShutdown") != std::string::npos) {
+      message = "the connection to the remote device was lost (server gone or connection closed): " + message;
+    }
+    throw ffi::Error(err.kind(), where.str() + message, err.backtrace());
   }
 }
 
@@ -345,6 +465,7 @@ void GraphRuntime::ShareParams(const GraphRuntime& other, const std::string& par
     data_entry_[eid] = shared;
   }
   SetupOpExecs();  // re-pack argument pointers to the shared tensors
+  SetupPreparedCalls();
 }
 
 std::string GraphRuntime::StatsJSON() const {
@@ -365,6 +486,10 @@ std::string GraphRuntime::StatsJSON() const {
       {ffi::String("num_storage_slots"), int64_t(pool_.size())},
       {ffi::String("devices"), device_names},
       {ffi::String("group_devices"), group_devices},
+      {ffi::String("offload_segments"), int64_t(segments_.size())},
+      {ffi::String("remote_compute_calls"), remote_compute_calls_},
+      {ffi::String("remote_copies"), remote_copies_},
+      {ffi::String("cross_process_calls"), remote_compute_calls_ + remote_copies_},
   };
   return std::string(json::Stringify(stats));
 }

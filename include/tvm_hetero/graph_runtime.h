@@ -42,12 +42,38 @@ struct OpExec {
 
 /*! \brief The hot-loop view of an OpExec: only what Run() touches, packed densely. */
 struct PreparedCall {
-  /*! \brief Kernel to call, or nullptr for a copy/nop step (handled through OpExec). */
-  const tvm::ffi::FunctionObj* kernel = nullptr;
-  /*! \brief Packed arguments (owned by the OpExec). */
+  enum class Mode : uint8_t {
+    /*! \brief Call `function(args...)`: a kernel, or a whole offloaded segment. */
+    kCall,
+    /*! \brief A copy or nop: run the OpExec. */
+    kStep,
+    /*! \brief Part of an offloaded segment already run by the segment's first call. */
+    kSkip,
+  };
+  /*! \brief What Run() does for this step. */
+  Mode mode = Mode::kStep;
+  /*! \brief Whether the step is a call into another process: compute (kernel or segment). */
+  bool remote_compute = false;
+  /*! \brief Whether the step is a copy to or from another process. */
+  bool remote_copy = false;
+  /*! \brief Function to call (kCall). */
+  const tvm::ffi::FunctionObj* function = nullptr;
+  /*! \brief Packed arguments (owned by the OpExec or the offload segment). */
   const tvm::ffi::AnyView* args = nullptr;
   /*! \brief Number of packed arguments. */
   int32_t num_args = 0;
+};
+
+/*! \brief A maximal run of kernel steps on one offload device, executed by one remote call. */
+struct OffloadSegment {
+  /*! \brief Device position. */
+  int device = 0;
+  /*! \brief Steps [begin, end) of GraphRuntime::op_execs_ (all kernels). */
+  uint32_t begin = 0, end = 0;
+  /*! \brief The remote runner's `run_segment`, once attached. */
+  tvm::ffi::Optional<tvm::ffi::Function> runner;
+  /*! \brief Its packed argument: the segment's index on its device. */
+  tvm::ffi::AnyView index_arg;
 };
 
 /*! \brief Consecutive steps on one device; an offload device is entered once per group. */
@@ -67,9 +93,12 @@ class GraphRuntime {
    * \param lib Kernel library; kernels are found by func_name, imports searched.
    * \param devices Devices, indexed by device_index; devices[0] is primary and fallback.
    * \param kind How to read device_index when the graph does not say (docs/graph-format.md).
+   * \param device_libs Optional per-device libraries (e.g. a module loaded on an RPC session for a
+   *        remote device); kernels of nodes on device d come from device_libs[d] when it is set.
    */
   void Init(const std::string& graph_json, tvm::ffi::Module lib, std::vector<DLDevice> devices,
-            DeviceIndexKind kind = DeviceIndexKind::kPosition);
+            DeviceIndexKind kind = DeviceIndexKind::kPosition,
+            std::vector<tvm::ffi::Optional<tvm::ffi::Module>> device_libs = {});
 
   /*! \brief Execute the graph once. */
   void Run();
@@ -96,6 +125,17 @@ class GraphRuntime {
   /*! \brief Use `other`'s memory for the parameters named in `param_bytes` (no copy). */
   void ShareParams(const GraphRuntime& other, const std::string& param_bytes);
 
+  /*!
+   * \brief The kernel segments of `device` as JSON, for building its remote runner:
+   *        {"entries": [eid...], "segments": [[{"func_name": f, "args": [k...]}...]...]} where each
+   *        arg k indexes "entries".
+   */
+  std::string OffloadPlanJSON(int device) const;
+  /*! \brief The tensor of entry `eid` (the runtime's own memory, on its device). */
+  tvm::ffi::Tensor GetEntry(uint32_t eid) const;
+  /*! \brief From now on, run each segment of `device` with one call `run_segment(index)`. */
+  void AttachOffloadRunner(int device, tvm::ffi::Function run_segment);
+
   /*! \brief Counts as JSON: nodes, groups, copies, device switches, storage bytes per device. */
   std::string StatsJSON() const;
   /*! \brief Run `repeat` times timing every node; per-node and per-group times as JSON. */
@@ -110,6 +150,7 @@ class GraphRuntime {
   void SetupStorage();
   void SetupOpExecs();
   void SetupGroups();
+  void SetupOffloadSegments();
   void RunStep(const OpExec& step, tvm::ffi::Any* rv) const;
   /*! \brief Build calls_ from op_execs_. */
   void SetupPreparedCalls();
@@ -121,6 +162,8 @@ class GraphRuntime {
   Graph graph_;
   /*! \brief Kernel library. */
   tvm::ffi::Optional<tvm::ffi::Module> lib_;
+  /*! \brief Per-device kernel libraries overriding lib_ (empty or unset: lib_). */
+  std::vector<tvm::ffi::Optional<tvm::ffi::Module>> device_libs_;
   /*! \brief Devices by position. */
   std::vector<DLDevice> devices_;
   /*! \brief Device position of each node. */
@@ -141,6 +184,12 @@ class GraphRuntime {
   std::vector<PreparedCall> calls_;
   /*! \brief Runs of steps on one device. */
   std::vector<ExecGroup> groups_;
+  /*! \brief Kernel runs on devices of another process (RPC), in step order. */
+  std::vector<OffloadSegment> segments_;
+  /*! \brief Compute calls into other processes by the last Run (remote kernels or segments). */
+  int64_t remote_compute_calls_ = 0;
+  /*! \brief Copies to or from other processes by the last Run. */
+  int64_t remote_copies_ = 0;
   /*! \brief Non-CPU devices to synchronise at the end of Run. */
   std::vector<DLDevice> devices_to_sync_;
 };

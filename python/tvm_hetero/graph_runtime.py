@@ -32,11 +32,16 @@ def _as_device_list(devices: tvm.runtime.Device | Sequence[tvm.runtime.Device]) 
     return devices
 
 
+OFFLOAD_MODES = ("group", "per_op")
+
+
 def create(
     graph_json: str,
     lib: tvm.runtime.Module,
     devices: tvm.runtime.Device | Sequence[tvm.runtime.Device],
     device_index_kind: str = "position",
+    offload: str = "group",
+    remote_timeout: float | None = None,
 ) -> "GraphModule":
     """Create a runtime for ``graph_json`` (docs/graph-format.md).
 
@@ -49,9 +54,16 @@ def create(
         primary/fallback device.
     device_index_kind : how to read ``device_index`` when the graph does not say: ``"position"``
         (tvm-hetero) or ``"device_type"`` (graphs from TVM <= 0.19).
+    offload : for remote devices mixed with local ones, ``"group"`` runs each group of remote
+        kernels with one RPC call (a runner in the remote process holds the prepared calls);
+        ``"per_op"`` calls every remote kernel across the connection (TVM's old behaviour).
+    remote_timeout : seconds a run may take when remote devices are involved; past it the
+        connections are closed and ``run`` raises TimeoutError (a remote device that hangs).
     """
     if not isinstance(graph_json, str):
         raise TypeError(f"graph_json must be a str, got {type(graph_json).__name__}")
+    if offload not in OFFLOAD_MODES:
+        raise ValueError(f"offload must be one of {OFFLOAD_MODES}, got {offload!r}")
     if device_index_kind not in DEVICE_INDEX_KINDS:
         raise ValueError(f"device_index_kind must be one of {DEVICE_INDEX_KINDS}, got {device_index_kind!r}")
     devices = _as_device_list(devices)
@@ -59,9 +71,9 @@ def create(
     if all(remote):
         return _create_remote(graph_json, lib, devices, device_index_kind)
     if any(remote):
-        raise NotImplementedError(
-            "devices mix local and remote devices; use tvm_hetero.offload for mixed execution"
-        )
+        from .offload import create_mixed
+
+        return create_mixed(graph_json, lib, devices, device_index_kind, offload, remote_timeout)
     fcreate = tvm_ffi.get_global_func("tvm_hetero.graph_runtime.create")
     return GraphModule(fcreate(graph_json, lib, device_index_kind, *devices), devices[0])
 
@@ -79,9 +91,13 @@ def _create_remote(graph_json, lib, devices, device_index_kind) -> "GraphModule"
 class GraphModule:
     """A loaded graph: set inputs, run, read outputs (TVM's GraphModule API)."""
 
-    def __init__(self, module: tvm.runtime.Module, primary_device: tvm.runtime.Device):
+    def __init__(self, module: tvm.runtime.Module, primary_device: tvm.runtime.Device, keep_alive: tuple = ()):
         self.module = module
         self.primary_device = primary_device
+        # Sessions, remote libraries and runners this runtime uses; they must outlive it.
+        self._keep_alive = keep_alive
+        # Set for runtimes with remote devices and a remote_timeout (see tvm_hetero.offload).
+        self._watchdog = None
         self._set_input = module["set_input"]
         self._run = module["run"]
         self._get_output = module["get_output"]
@@ -155,7 +171,19 @@ class GraphModule:
         """Set the given inputs by name, then execute the graph once."""
         if inputs:
             self.set_input(**inputs)
-        self._run()
+        if self._watchdog is None:
+            self._run()
+            return
+        with self._watchdog:
+            try:
+                self._run()
+            except Exception as err:
+                if self._watchdog.fired:
+                    raise TimeoutError(
+                        f"a remote device did not answer within {self._watchdog.timeout} s; "
+                        "its connection was closed (create a new runtime after reconnecting)"
+                    ) from err
+                raise
 
     def get_output(self, index: int, out: tvm.runtime.Tensor | None = None) -> tvm.runtime.Tensor:
         """Output ``index``: the runtime's own tensor, or copied into ``out``."""

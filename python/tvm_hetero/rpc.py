@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -94,8 +95,62 @@ def start_local_server(port: int | None = None, threads: int | None = None) -> L
 
 
 def connect(host: str, port: int, key: str = "", session_timeout: float = 0) -> tvm_rpc.RPCSession:
-    """Connect to an RPC server directly."""
-    return tvm_rpc.connect(host, port, key=key, session_timeout=session_timeout)
+    """Connect to an RPC server directly (the session remembers its peer, for run timeouts)."""
+    session = tvm_rpc.connect(host, port, key=key, session_timeout=session_timeout)
+    session._tvm_hetero_peer = (socket.gethostbyname(host), int(port))
+    return session
+
+
+def peer_sockets(peer: tuple[str, int]) -> list[int]:
+    """File descriptors of this process's TCP connections to ``peer`` (Linux /proc)."""
+    fds = []
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        try:
+            if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                continue
+            probe = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            continue
+        try:
+            if probe.family == socket.AF_INET and probe.getpeername()[:2] == peer:
+                fds.append(fd)
+        except OSError:
+            pass
+        finally:
+            probe.close()
+    return fds
+
+
+class RunWatchdog:
+    """Bounds a run that involves remote devices: past ``timeout`` seconds the connections to the
+    remote servers are shut down, so the blocked RPC call returns with an error instead of hanging."""
+
+    def __init__(self, peers: list[tuple[str, int]], timeout: float):
+        self.peers = peers
+        self.timeout = timeout
+        self.fired = False
+        self._timer: threading.Timer | None = None
+
+    def _fire(self) -> None:
+        self.fired = True
+        for peer in self.peers:
+            for fd in peer_sockets(peer):
+                try:
+                    socket.socket(fileno=os.dup(fd)).shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def __enter__(self) -> "RunWatchdog":
+        self.fired = False
+        self._timer = threading.Timer(self.timeout, self._fire)
+        self._timer.daemon = True
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
 
 
 def connect_tracker(host: str, port: int, key: str, priority: int = 1, session_timeout: float = 0):
