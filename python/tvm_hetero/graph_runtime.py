@@ -119,7 +119,7 @@ class GraphModule:
                 return tvm.runtime.tensor(value.numpy(), self.primary_device)
             return value
         try:
-            array = np.ascontiguousarray(value)
+            array = np.asarray(value, order="C")  # keeps 0-d arrays 0-d (ascontiguousarray would not)
         except Exception as err:  # noqa: BLE001
             raise TypeError(f"{what}: cannot convert {type(value).__name__} to a tensor") from err
         if array.dtype == object:

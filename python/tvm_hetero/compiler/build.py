@@ -72,6 +72,8 @@ class BuildReport:
     fallbacks: list[str]
     memory: dict[str, list[int]]
     compile_seconds: float = 0.0
+    # (backend, device, regions, relax ops in them) per external backend; regions are kernel nodes
+    backend_regions: list[tuple[str, int, int, int]] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -87,6 +89,11 @@ class BuildReport:
             f"  device switches between kernels: {self.switches_original} in the original order, "
             f"{self.switches_reordered} after reordering; {len(self.groups)} execution groups with copies"
         )
+        for backend, device, regions, ops in self.backend_regions:
+            lines.append(
+                f"  backend {backend} on device {device} ({self.devices[device]}): {regions} regions "
+                f"holding {ops} relax ops; the rest runs as TVM kernels"
+            )
         lines.append(f"  copies {self.num_copies}, {_size(self.bytes_copied)} copied per inference")
         mem = self.memory
         for d, name in enumerate(self.devices):
@@ -181,6 +188,7 @@ def build(
     reorder: bool = True,
     entry: str = "main",
     progress: Callable[[str], None] | None = None,
+    backends: Sequence[Any] = (),
 ) -> Artifact:
     """Compile ``mod`` for several devices.
 
@@ -195,6 +203,8 @@ def build(
     output_device : device the graph outputs end on (None: where they are produced).
     reorder : reorder nodes to minimise device switches.
     progress : called with a line of text as each step starts (the CLI prints them).
+    backends : external backends (BYOC), e.g. ``["dnnl"]`` or ``[("dnnl", 1)]`` (name, device
+        position): their patterns are offloaded first, as regions on that device (docs/byoc.md).
     """
     say = progress or (lambda _msg: None)
     if not targets:
@@ -209,7 +219,7 @@ def build(
 
     start = time.perf_counter()
     say("placing and lowering Relax ops")
-    lowered = lower_to_graph(mod, placement, len(devices), params, entry)
+    lowered = lower_to_graph(mod, placement, len(devices), params, entry, backends)
     graph = lowered.graph
     switches_original = graph.device_switches()
     if reorder:
@@ -239,6 +249,15 @@ def _make_report(
     ops = [0] * n
     for _info, device in lowered.op_placement:
         ops[device] += 1
+    per_backend: dict[tuple[str, int], list[int]] = {}
+    for node in lowered.graph.nodes:  # per call site: identical regions share one function
+        region = lowered.regions.get(node.func_name)
+        if region is None:
+            continue
+        ops[region.device] += len(region.ops)
+        counts = per_backend.setdefault((region.backend, region.device), [0, 0])
+        counts[0] += 1
+        counts[1] += len(region.ops)
     kernels = [0] * n
     for device in lowered.kernel_devices.values():
         kernels[device] += 1
@@ -258,4 +277,5 @@ def _make_report(
             key: (list(getattr(plan, key)) + [0] * n)[:n]  # the plan lists only devices it saw
             for key in ("planned_bytes", "lower_bound_bytes", "slot_bound_bytes", "unshared_bytes", "input_bytes")
         },
+        backend_regions=[(name, dev, n, k) for (name, dev), (n, k) in per_backend.items()],
     )

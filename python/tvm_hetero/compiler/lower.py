@@ -25,6 +25,12 @@ The steps, in order:
    kernel call in binding order.
 
 Copies between devices are not inserted here; a later pass does that on the graph.
+
+**External backends** (``backends=``, :mod:`tvm_hetero.backends`): before step 1 the entry
+function is partitioned (``partition_for_backends``); each region is a call to a function run
+by a backend on the backend's device. Such calls pass through legalization and fusion untouched
+(fenced like kernels), become graph nodes whose ``func_name`` is the region's symbol, and
+:func:`compile_kernels` imports each backend's codegen module into the kernel library.
 """
 
 from __future__ import annotations
@@ -38,6 +44,8 @@ import tvm
 import tvm_ffi
 from tvm import relax, te
 
+from ..backends import Backend, Region, resolve_backends
+from ..backends.partition import partition_for_backends, region_calls, region_of
 from .graph import Entry, Graph, Node
 from .placement import Fallback, OpInfo, PlacementSpec, resolve_placement
 
@@ -75,6 +83,10 @@ class LoweredGraph:
     num_devices: int
     #: Every Relax op call of the entry function with the device it was given.
     op_placement: list[tuple[OpInfo, int]] = field(default_factory=list)
+    #: Regions of external backends, by symbol (those the graph still calls).
+    regions: dict[str, Region] = field(default_factory=dict)
+    #: The backends that made them.
+    backends: list[Backend] = field(default_factory=list)
 
     def kernel_ops(self, func_name: str) -> list[str]:
         """Relax ops fused into the kernel ``func_name`` (from the first node calling it)."""
@@ -91,6 +103,7 @@ def lower_to_graph(
     num_devices: int,
     params: dict[str, Any] | None = None,
     entry: str = "main",
+    backends: Sequence[Any] = (),
 ) -> LoweredGraph:
     """Lower the Relax function ``entry`` of ``mod`` to a device-placed kernel graph.
 
@@ -98,9 +111,16 @@ def lower_to_graph(
     ``params`` maps function parameter names to values (numpy arrays or TVM tensors); such
     parameters become null nodes with values in :attr:`LoweredGraph.params`, like the ones a
     frontend lists in the function's ``"params"`` attribute (ONNX ``keep_params_in_input``).
-    Constants bound in the IR become named null nodes too.
+    Constants bound in the IR become named null nodes too. ``backends`` (names, ``(name,
+    device)`` pairs or :class:`~tvm_hetero.backends.Backend` objects) partition the function first.
     """
     resolved = resolve_placement(placement, num_devices)
+    backend_list = resolve_backends(backends)
+    for backend in backend_list:
+        if not 0 <= backend.device < num_devices:
+            raise ValueError(
+                f"backend {backend.name!r} is on device {backend.device}, outside [0, {num_devices})"
+            )
     func = _entry_function(mod, entry)
     param_values = _param_values(func, params)
     func = func.without_attr("params") if func.attrs is not None and "params" in func.attrs else func
@@ -109,21 +129,28 @@ def lower_to_graph(
     if _has_non_dataflow_bindings(func):
         mod = relax.transform.ConvertToDataflow(min_size=1)(mod)
         func = mod[entry]
+    regions: dict[str, Region] = {}
+    if backend_list:
+        mod, regions = partition_for_backends(mod, backend_list, entry, frozenset(param_values))
+        func = mod[entry]
 
     annotated = _annotated_devices(mod, entry) if placement is None else {}
     op_placement, op_of_var = _place_ops(func, resolved, annotated)
+    for var, region in region_calls(func, regions):
+        op_of_var[var] = (region.device, region.name)
 
     mod = relax.transform.LegalizeOps()(mod)
     tags = _trace_legalized(mod[entry], op_of_var)
     mod = _specialize_kernels(mod, entry, tags)
-    mod = _fence_devices(mod, entry)
+    mod = _fence_devices(mod, entry, regions)
     mod = relax.transform.AnnotateTIROpPattern()(mod)
     mod = relax.transform.FuseOps()(mod)
     fused_tags = _fused_group_tags(mod)
     mod = relax.transform.FuseTIR()(mod)
 
-    builder = _GraphBuilder(mod, mod[entry], fused_tags, param_values)
+    builder = _GraphBuilder(mod, mod[entry], fused_tags, param_values, regions)
     graph, kernels, kernel_devices = builder.build()
+    called = {n.func_name for n in graph.nodes}
     return LoweredGraph(
         graph=graph,
         kernels=kernels,
@@ -133,6 +160,8 @@ def lower_to_graph(
         fallbacks=list(resolved.fallbacks),
         num_devices=num_devices,
         op_placement=op_placement,
+        regions={name: r for name, r in regions.items() if name in called},
+        backends=backend_list,
     )
 
 
@@ -358,9 +387,15 @@ def _trace_legalized(
                 for var in [*pending, binding.var]:
                     tags[var] = op_of_var[binding.var]
                 pending = []
-            elif isinstance(value, relax.Call) and not _is_alias_op(value):
+            elif isinstance(value, relax.Call) and not _is_alias_op(value) and not _is_static_shape_value(binding):
                 pending.append(binding.var)
-            if isinstance(value, relax.Call) and not _is_call_tir(value) and not _is_alias_op(value):
+            if (
+                isinstance(value, relax.Call)
+                and not _is_call_tir(value)
+                and not _is_alias_op(value)
+                and not _is_region_call(value)
+                and not _is_static_shape_value(binding)
+            ):
                 op = tags.get(binding.var, (None, _call_name(value)))[1]
                 raise LoweringError(
                     f"op {op} '{binding.var.name}' has no TIR lowering (LegalizeOps left {_call_name(value)})"
@@ -419,9 +454,9 @@ def _specialize_kernels(
 
 
 # ---- step 4: fences on device boundaries ----------------------------------------------------
-def _fence_devices(mod: tvm.IRModule, entry: str) -> tvm.IRModule:
+def _fence_devices(mod: tvm.IRModule, entry: str, regions: dict[str, Region] | None = None) -> tvm.IRModule:
     """Route every cross-device dataflow edge through an opaque identity kernel."""
-    return _DeviceFencer(mod).run(entry)
+    return _DeviceFencer(mod, regions or {}).run(entry)
 
 
 def FenceDeviceBoundaries(entry: str = "main") -> tvm.transform.Pass:
@@ -439,8 +474,9 @@ def FenceDeviceBoundaries(entry: str = "main") -> tvm.transform.Pass:
 class _DeviceFencer:
     """Inserts fences in one pass over the bindings, tracking the device each value comes from."""
 
-    def __init__(self, mod: tvm.IRModule) -> None:
+    def __init__(self, mod: tvm.IRModule, regions: dict[str, Region]) -> None:
         self.mod = mod
+        self.regions = regions  # calls to these run on the region's device
         self.builder = relax.BlockBuilder(mod)
         self.device_of: dict[relax.Var, int | None] = {}  # producer device of each bound value
         self.bound: dict[relax.Var, Any] = {}  # original value of each binding
@@ -472,6 +508,11 @@ class _DeviceFencer:
             fields = [self._fenced_for(arg, device) for arg in value.args[1].fields]
             new_args = [value.args[0], relax.Tuple(fields), *value.args[2:]]
             return relax.VarBinding(var, relax.Call(value.op, new_args, value.attrs, value.ty_args))
+        region = region_of(value, self.regions)
+        if region is not None:
+            self.device_of[var] = region.device
+            args = [self._fenced_for(arg, region.device) for arg in value.args]
+            return relax.VarBinding(var, relax.Call(value.op, args, value.attrs, value.ty_args))
         if isinstance(value, relax.Tuple):
             # A tuple may gather values of several devices; FuseOps could join their producers
             # through it, so all but the first device's fields are fenced.
@@ -552,8 +593,10 @@ class _GraphBuilder:
         func: relax.Function,
         fused_tags: dict[str, tuple[int, list[str]]],
         param_values: dict[str, np.ndarray],
+        regions: dict[str, Region] | None = None,
     ) -> None:
         self.mod = mod
+        self.regions = regions or {}
         self.func = func
         self.fused_tags = fused_tags
         self.param_values = param_values
@@ -628,6 +671,10 @@ class _GraphBuilder:
             self.env[var] = self._kernel_call(var, value)
         elif _is_alias_op(value):
             self.env[var] = self._value(value.args[0], var.name)
+        elif region_of(value, self.regions) is not None:
+            region = region_of(value, self.regions)
+            args = [self._value(a, f"argument of '{var.name}'") for a in value.args]
+            self.env[var] = self._add_call(var, region.name, args, region.device, [*region.ops])
         elif isinstance(value, relax.Call):
             raise LoweringError(f"{_call_name(value)} '{var.name}': unsupported after lowering")
         elif isinstance(value, relax.TupleGetItem):
@@ -647,17 +694,19 @@ class _GraphBuilder:
         args = [self._value(a, f"argument of '{var.name}'") for a in call.args[1].fields]
         if gv.name_hint.startswith(FENCE_PREFIX):
             return args[0]
-        inputs = []
-        for arg in args:
-            if not isinstance(arg, Entry):
-                raise LoweringError(
-                    f"kernel call '{var.name}' ({gv.name_hint}) has an argument that is not a tensor"
-                )
-            inputs.append(arg)
         device, ops = self._kernel_tags(gv)
         name = gv.name_hint
         if self.kernels.setdefault(name, (self.mod[gv], device))[1] != device:
             raise LoweringError(f"kernel {name} is used on two devices (internal error)")
+        return self._add_call(var, name, args, device, list(ops))
+
+    def _add_call(self, var: relax.Var, name: str, args: list[Any], device: int, ops: list[str]) -> Any:
+        """A node calling ``name`` (a kernel or a region) on ``device``; returns its entries."""
+        inputs = []
+        for arg in args:
+            if not isinstance(arg, Entry):
+                raise LoweringError(f"call '{var.name}' ({name}) has an argument that is not a tensor")
+            inputs.append(arg)
         out_types = list(var.ty.fields) if isinstance(var.ty, relax.TupleType) else [var.ty]
         shapes, dtypes = zip(*(_tensor_type(t, f"output of '{var.name}'") for t in out_types))
         node_name = _unique(var.name, self.names)
@@ -754,12 +803,21 @@ def compile_kernels(lowered: LoweredGraph, targets: Sequence[Any]) -> tvm.runtim
         target = resolved[devices[0]]
         funcs = {gv: f for gv, f in lowered.kernels.functions.items() if gv.name_hint in names}
         modules.append(_compile_for(tvm.IRModule(funcs), target, devices, lowered))
-    if not modules:  # a graph of inputs only still gets a (kernel-less) library
-        return _build(tvm.IRModule({}), resolved[0])
+    for backend in lowered.backends:
+        regions = [r for r in lowered.regions.values() if r.backend == backend.name]
+        if regions:
+            modules.append(backend.codegen(regions))
+    if not modules or not _is_compiled(modules[0]):  # a host module to import the others into
+        modules.insert(0, _build(tvm.IRModule({}), resolved[0]))
     host = modules[0]
     for other in modules[1:]:
         host.import_module(other)
     return host
+
+
+def _is_compiled(module: tvm.runtime.Module) -> bool:
+    """Whether ``module`` came from ``tvm.compile`` (so export_library can be the host)."""
+    return module.kind in ("llvm", "c", "static_library")
 
 
 def _compile_for(
@@ -801,6 +859,23 @@ def _first_line(error: Exception) -> str:
 # ---- small helpers --------------------------------------------------------------------------
 def _is_call_tir(value: Any) -> bool:
     return isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name == _CALL_TIR
+
+
+def _is_region_call(value: Any) -> bool:
+    """A call to a function of an external backend (it carries the ``Codegen`` attribute)."""
+    return isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.GlobalVar)
+
+
+def _is_static_shape_value(binding: relax.Binding) -> bool:
+    """A binding such as ``R.shape_of(x)`` of a static-shaped tensor: a known shape, not a kernel.
+
+    Frontends leave these behind (ONNX Gather, Size, ...); after legalization nothing reads them
+    at run time, and a kernel graph has no place for them.
+    """
+    ty = getattr(binding.var, "ty", None)
+    return isinstance(ty, relax.ShapeType) and ty.values is not None and all(
+        isinstance(v, tvm.tirx.IntImm) for v in ty.values
+    )
 
 
 def _is_alias_op(value: Any) -> bool:

@@ -1,0 +1,100 @@
+"""Offload over TVM RPC: cross-process calls and latency, per-op vs grouped, original order vs reordered.
+
+Part of the graph (convolutions, matmuls and the elementwise ops around them: the "accelerator's"
+ops) runs on a second process behind a local ``tvm.exec.rpc_server``; the rest stays on the host.
+Three ways to run the same model, side by side in one run:
+
+  (a) per-op:     every remote kernel is its own RPC call (TVM <= 0.19's behaviour)
+  (b) grouped:    one RPC call per remote group, nodes in the original order
+  (c) reordered:  one RPC call per remote group, after reordering for fewer device switches
+
+    python bench/offload.py [--models squeezenet resnet50] [--repeat 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import numpy as np
+import tvm
+
+import tvm_hetero
+from tvm_hetero import models
+from tvm_hetero.rpc import start_local_server
+
+# What the offload device supports: the compute-heavy ops and the elementwise ops fused with them.
+ACCELERATOR_OPS = {"conv2d", "matmul", "dense", "add", "multiply", "subtract", "divide", "relu", "sqrt",
+                   "rsqrt", "power", "clip", "sigmoid", "tanh", "batch_norm"}
+
+
+def offload_placement(info) -> int:
+    return 1 if info.op.split(".")[-1] in ACCELERATOR_OPS else 0
+
+
+def measure(runtime, repeat: int) -> float:
+    runtime.run()
+    samples = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        runtime.run()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def bench_model(name: str, session, repeat: int) -> dict:
+    model = models.light_model(name)
+    inputs = models.model_inputs(model)
+    mod = models.relax_module(model)
+    targets = [(tvm.cpu(0), "llvm"), (tvm.cpu(1), "llvm")]
+    devices = [tvm.cpu(0), session.cpu(0)]
+    variants = {
+        "per_op": (tvm_hetero.build(mod, targets, placement=offload_placement, reorder=False), "per_op"),
+        "grouped": (tvm_hetero.build(mod, targets, placement=offload_placement, reorder=False), "group"),
+        "reordered": (tvm_hetero.build(mod, targets, placement=offload_placement, reorder=True), "group"),
+    }
+    reference = models.onnxruntime_outputs(model, inputs)[0]
+    result = {"model": name}
+    for label, (art, mode) in variants.items():
+        rt = tvm_hetero.graph_runtime.create(art.graph_json, art.lib, devices, offload=mode)
+        rt.load_params(tvm.runtime.save_param_dict(art.params))
+        rt.set_input(**inputs)
+        seconds = measure(rt, repeat)
+        out = rt.get_output(0).numpy()
+        error = float(np.abs(out - reference).max() / np.abs(reference).max())
+        stats = rt.stats()
+        result[label] = {"ms": seconds * 1e3, "remote_compute_calls": stats["remote_compute_calls"],
+                         "remote_copies": stats["remote_copies"], "groups": stats["num_groups"],
+                         "remote_groups": stats["group_devices"].count(1), "rel_error": error}
+    per_op, grouped, reordered = result["per_op"], result["grouped"], result["reordered"]
+    result["calls_per_op_vs_reordered"] = per_op["remote_compute_calls"] / max(reordered["remote_compute_calls"], 1)
+    result["latency_per_op_vs_reordered"] = per_op["ms"] / reordered["ms"]
+    result["latency_grouped_vs_reordered"] = grouped["ms"] / reordered["ms"]
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=["squeezenet", "shufflenet", "resnet50"])
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    with start_local_server() as server:
+        session = server.connect()
+        # Round-trip cost of one empty RPC call, for context.
+        nop = session.get_function("rpc.test.addone") if False else None  # noqa: F841
+        results = [bench_model(name, session, args.repeat) for name in args.models]
+    print(f"{'model':<11} {'variant':<10} {'remote calls':>12} {'copies':>7} {'groups':>7} {'ms':>9}  rel.err")
+    for r in results:
+        for label in ("per_op", "grouped", "reordered"):
+            v = r[label]
+            print(f"{r['model']:<11} {label:<10} {v['remote_compute_calls']:>12} {v['remote_copies']:>7} "
+                  f"{v['groups']:>7} {v['ms']:>9.1f}  {v['rel_error']:.1e}")
+        print(f"{'':<11} calls per-op/reordered {r['calls_per_op_vs_reordered']:.1f}x, latency per-op/reordered "
+              f"{r['latency_per_op_vs_reordered']:.2f}x, grouped/reordered {r['latency_grouped_vs_reordered']:.2f}x")
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()

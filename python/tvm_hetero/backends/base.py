@@ -1,0 +1,79 @@
+"""The interface of an external backend (BYOC) and the region it is given.
+
+A backend says four things: its ``name``; the ``patterns`` it runs (Relax DPL patterns, composites
+such as conv2d+bias+relu included, each with a check); how a matched composite becomes a
+``describe``-d region; and a ``codegen`` that turns the regions of one graph into a runtime module
+whose functions are named by the regions. It runs on the device at position ``device`` of the
+build's targets, so a backend is a placement target like any other: the reorder, copy insertion,
+memory planning and the report see its regions as kernel nodes on that device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import tvm
+
+#: ``is_weight(expr) -> bool``: whether a Relax expression is a weight (a constant, or a function
+#: parameter with a value in ``params``), i.e. the same tensor on every run.
+WeightPredicate = Callable[[Any], bool]
+
+
+@dataclass
+class Region:
+    """One partitioned region: a call in the entry function to a function run by a backend."""
+
+    #: The symbol of the region: the graph's ``func_name`` and the runtime module's function name.
+    name: str
+    #: Name of the backend that runs it.
+    backend: str
+    #: Device position (in the build's targets) it runs on.
+    device: int
+    #: The composite pattern that made it, e.g. ``"dnnl.conv2d_bias_relu"``.
+    pattern: str
+    #: Relax ops inside, in order.
+    ops: list[str]
+    #: What the backend's codegen needs (JSON-able), from :meth:`Backend.describe`.
+    spec: dict = field(default_factory=dict)
+
+
+class Backend:
+    """Base class of external backends; subclasses live one per file in ``tvm_hetero/backends/``."""
+
+    #: Short name; region symbols end with it and patterns are prefixed with it.
+    name: str = ""
+
+    def __init__(self, device: int = 0, min_flops: float = 0.0) -> None:
+        #: Device position the regions run on.
+        self.device = device
+        #: Cost gate: a match doing fewer floating-point operations stays with TVM.
+        self.min_flops = min_flops
+
+    def available(self) -> bool:
+        """Whether the backend can run here (e.g. the library was built with it)."""
+        return True
+
+    def prepare(self, mod: tvm.IRModule, entry: str) -> tvm.IRModule:
+        """Rewrite the module before matching (e.g. fold batch norm into convolutions)."""
+        return mod
+
+    def patterns(self, is_weight: WeightPredicate) -> list[Any]:
+        """``relax.transform.FusionPattern`` list, most specific first; names start with ``<name>.``."""
+        raise NotImplementedError
+
+    def describe(self, composite: Any, pattern: str) -> dict:
+        """The codegen's description of one matched composite function (params = region inputs)."""
+        raise NotImplementedError
+
+    def codegen(self, regions: list[Region]) -> tvm.runtime.Module:
+        """A runtime module with one function per region, named ``region.name``.
+
+        It is imported into the kernel library, so it must be binary-serializable to survive
+        ``export_library``.
+        """
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(device={self.device})"

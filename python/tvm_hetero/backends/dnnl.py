@@ -1,0 +1,401 @@
+"""The oneDNN backend: conv2d, matmul and pooling, each with fused bias / residual sum / ReLU.
+
+- ``prepare`` folds per-channel affine ops into convolutions whose weights are constants:
+  ``batch_norm`` (inference), ``multiply`` and ``add`` by per-channel constants become the
+  convolution's weights and bias (:class:`FoldConvAffine`), and ONNX's two-input ``Sum``
+  (``sum(stack(broadcast_to(a), broadcast_to(b)))``) becomes ``add(a, b)`` so it can be fused as a
+  residual (:class:`SimplifyStackSum`).
+- ``patterns``: ``conv2d [+bias] [+residual] [+relu]`` (NCHW/OIHW, any strides, padding,
+  dilation and groups), ``matmul [+bias] [+relu]`` on 2-D data with a (K, N) or transposed
+  (N, K) weight, ``max_pool2d`` and ``avg_pool2d`` (NCHW, no ceil mode). Weights and biases must
+  be weights (constants or params), so the runtime may keep them reordered.
+- ``codegen``: one ``tvm_hetero_dnnl`` module (src/backends/dnnl_region_module.cc) holding every
+  region's description as JSON; it builds the primitives on first call and is binary-serializable.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.relax.dpl import is_const, is_op, is_tuple, is_tuple_get_item, rewrite_call, wildcard
+from tvm.relax.transform import FusionPattern
+
+from .base import Backend, Region, WeightPredicate
+
+_FORMAT = "tvm-hetero-dnnl/1"
+
+
+class DnnlBackend(Backend):
+    """oneDNN (libdnnl) on the CPU; available when libtvm_hetero was built with it."""
+
+    name = "dnnl"
+
+    def available(self) -> bool:
+        return bool(tvm.get_global_func("tvm_hetero.dnnl.available")())
+
+    def prepare(self, mod: tvm.IRModule, entry: str) -> tvm.IRModule:
+        mod = SimplifyStackSum(entry)(mod)
+        return FoldConvAffine(entry)(mod)
+
+    def patterns(self, is_weight: WeightPredicate) -> list[FusionPattern]:
+        out = []
+        for bias in (True, False):
+            for residual in (True, False):
+                for relu in (True, False):
+                    out.append(self._conv_pattern(bias, residual, relu, is_weight))
+        for bias in (True, False):
+            for relu in (True, False):
+                out.append(self._matmul_pattern(bias, relu, is_weight))
+        for op in ("max_pool2d", "avg_pool2d"):
+            out.append(FusionPattern(f"dnnl.{op}", is_op(f"relax.nn.{op}")(wildcard()), {}, _check_pool))
+        return out
+
+    def describe(self, composite: relax.Function, pattern: str) -> dict:
+        return _describe(composite, pattern)
+
+    def codegen(self, regions: list[Region]) -> tvm.runtime.Module:
+        doc = json.dumps({"format": _FORMAT, "regions": [r.spec for r in regions]})
+        return tvm.get_global_func("tvm_hetero.dnnl.create_module")(doc)
+
+    # -- patterns --
+    def _conv_pattern(
+        self, bias: bool, residual: bool, relu: bool, is_weight: WeightPredicate
+    ) -> FusionPattern:
+        data, weight = wildcard(), wildcard()
+        top = conv = is_op("relax.nn.conv2d")(data, weight)
+        ann = {"conv": conv, "weight": weight}
+        if bias:
+            top, ann["bias_add"], ann["bias"] = _bias_add(top)
+        if residual:
+            res = wildcard()
+            top = ann["residual_add"] = is_op("relax.add")(top, res) | is_op("relax.add")(res, top)
+            ann["residual"] = res
+        if relu:
+            top = is_op("relax.nn.relu")(top)
+        name = "dnnl.conv2d" + "_bias" * bias + "_residual" * residual + "_relu" * relu
+        return FusionPattern(name, top, ann, lambda ctx: self._check_conv(ctx, is_weight))
+
+    def _matmul_pattern(self, bias: bool, relu: bool, is_weight: WeightPredicate) -> FusionPattern:
+        data, weight_src = wildcard(), wildcard()
+        weight = is_op("relax.permute_dims")(weight_src) | weight_src
+        top = mm = is_op("relax.matmul")(data, weight)
+        ann = {"matmul": mm, "weight": weight_src}
+        if bias:
+            top, ann["bias_add"], ann["bias"] = _bias_add(top)
+        if relu:
+            top = is_op("relax.nn.relu")(top)
+        name = "dnnl.matmul" + "_bias" * bias + "_relu" * relu
+        return FusionPattern(name, top, ann, lambda ctx: self._check_matmul(ctx, is_weight))
+
+    def _check_conv(self, ctx: Any, is_weight: WeightPredicate) -> bool:
+        conv = ctx.annotated_expr["conv"]
+        a = conv.attrs
+        if (a.data_layout, a.kernel_layout, a.out_layout) != ("NCHW", "OIHW", "NCHW"):
+            return False
+        if a.out_dtype not in (None, "", "float32") and str(a.out_dtype) not in ("", "float32"):
+            return False
+        if not _all_f32(conv.args[0], conv.args[1], conv) or not is_weight(ctx.annotated_expr["weight"]):
+            return False
+        out = _shape(conv)
+        if out is None or len(out) != 4:
+            return False
+        w = _shape(conv.args[1])
+        flops = 2.0 * np.prod(out) * np.prod(w[1:])
+        if flops < self.min_flops:
+            return False
+        if "bias" in ctx.annotated_expr and not _is_channel_bias(ctx, is_weight, out[1], rank=4):
+            return False
+        if "residual" in ctx.annotated_expr:
+            res = ctx.annotated_expr["residual"]
+            if _shape(res) != out or not _all_f32(res):
+                return False
+        return True
+
+    def _check_matmul(self, ctx: Any, is_weight: WeightPredicate) -> bool:
+        mm = ctx.annotated_expr["matmul"]
+        x, w, out = _shape(mm.args[0]), _shape(mm.args[1]), _shape(mm)
+        if x is None or w is None or len(x) != 2 or len(w) != 2 or not _all_f32(mm.args[0], mm.args[1], mm):
+            return False
+        weight_arg = mm.args[1]
+        if isinstance(weight_arg, relax.Var):
+            bound = ctx.matched_bindings.get(weight_arg)
+            if bound is not None and isinstance(bound, relax.Call) and bound.op.name == "relax.permute_dims":
+                axes = bound.attrs.axes
+                if axes is not None and [int(v) for v in axes] != [1, 0]:
+                    return False
+        if not is_weight(ctx.annotated_expr["weight"]):
+            return False
+        if 2.0 * x[0] * x[1] * w[1] < self.min_flops:
+            return False
+        return "bias" not in ctx.annotated_expr or _is_channel_bias(ctx, is_weight, out[1], rank=2)
+
+
+def set_num_threads(threads: int) -> None:
+    """Threads oneDNN (OpenMP) uses for calls from this thread."""
+    tvm.get_global_func("tvm_hetero.dnnl.set_num_threads")(int(threads))
+
+
+def info() -> dict:
+    """``{"available", "version", "cpu_runtime", "threads"}`` of the oneDNN in libtvm_hetero."""
+    return json.loads(tvm.get_global_func("tvm_hetero.dnnl.info")())
+
+
+# ---- pattern helpers ------------------------------------------------------------------------
+def _bias_add(top: Any) -> tuple[Any, Any, Any]:
+    """``add(top, bias)`` where the bias may be reshaped on the way (ONNX Conv's B)."""
+    src = wildcard()
+    bias = is_op("relax.reshape")(src, wildcard()) | src
+    add = is_op("relax.add")(top, bias)
+    return add, add, src
+
+
+def _is_channel_bias(ctx: Any, is_weight: WeightPredicate, channels: int, rank: int) -> bool:
+    if not is_weight(ctx.annotated_expr["bias"]):
+        return False
+    operand = ctx.annotated_expr["bias_add"].args[1]
+    shape = _shape(operand)
+    if shape is None or len(shape) > rank or not _all_f32(operand):
+        return False
+    padded = (1,) * (rank - len(shape)) + tuple(shape)
+    want = (1, channels) + (1,) * (rank - 2)
+    return padded == want
+
+
+def _check_pool(ctx: Any) -> bool:
+    call = ctx.matched_expr
+    a = call.attrs
+    shape = _shape(call.args[0])
+    return (
+        shape is not None
+        and len(shape) == 4
+        and a.layout == "NCHW"
+        and a.out_layout == "NCHW"
+        and not bool(a.ceil_mode)
+        and _all_f32(call.args[0], call)
+    )
+
+
+def _shape(expr: Any) -> tuple[int, ...] | None:
+    ty = getattr(expr, "ty", None)
+    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
+        return None
+    dims = []
+    for d in ty.shape.values:
+        if not isinstance(d, tvm.tirx.IntImm):
+            return None
+        dims.append(int(d.value))
+    return tuple(dims)
+
+
+def _all_f32(*exprs: Any) -> bool:
+    return all(
+        isinstance(getattr(e, "ty", None), relax.TensorType) and str(e.ty.dtype) == "float32" for e in exprs
+    )
+
+
+# ---- region descriptions --------------------------------------------------------------------
+def _describe(composite: relax.Function, pattern: str) -> dict:
+    """The JSON the C++ module reads (docs/byoc.md): op, attributes, and input index per role."""
+    index = {p: i for i, p in enumerate(composite.params)}
+    bound: dict[relax.Var, Any] = {}
+    spec: dict[str, Any] = {"num_inputs": len(composite.params)}
+    anchor_out = None
+    adds = 0
+    for block in composite.body.blocks:
+        for binding in block.bindings:
+            value = binding.value
+            bound[binding.var] = value
+            op = value.op.name
+            if op in ("relax.nn.conv2d", "relax.matmul", "relax.nn.max_pool2d", "relax.nn.avg_pool2d"):
+                spec["op"] = op.rsplit(".", 1)[1]
+                spec["data"] = _input(value.args[0], index, bound)
+                anchor_out = binding.var
+                a = value.attrs
+                if op == "relax.nn.conv2d":
+                    spec["weight"] = _input(value.args[1], index, bound)
+                    spec.update(_ints(a, "strides", "padding", "dilation"), groups=int(a.groups))
+                elif op == "relax.matmul":
+                    spec["weight"] = _input(value.args[1], index, bound)
+                    w = bound.get(value.args[1])
+                    spec["weight_transposed"] = (
+                        isinstance(w, relax.Call) and w.op.name == "relax.permute_dims"
+                    )
+                else:
+                    spec.update(_ints(a, "strides", "padding", "dilation", "pool_size"))
+                    spec["count_include_pad"] = bool(a.count_include_pad)
+            elif op == "relax.add":
+                other = value.args[1] if _derives_from(value.args[0], anchor_out, bound) else value.args[0]
+                role = "bias" if "_bias" in pattern and adds == 0 else "residual"
+                spec[role] = _input(other, index, bound)
+                adds += 1
+            elif op == "relax.nn.relu":
+                spec["relu"] = True
+    return spec
+
+
+def _ints(attrs: Any, *names: str) -> dict[str, list[int]]:
+    return {n: [int(v) for v in getattr(attrs, n)] for n in names}
+
+
+def _input(expr: Any, index: dict, bound: dict) -> int:
+    """Input position of ``expr``, looking through reshape / permute_dims of an input."""
+    while expr not in index:
+        value = bound.get(expr)
+        if not isinstance(value, relax.Call) or value.op.name not in ("relax.reshape", "relax.permute_dims"):
+            raise ValueError(f"oneDNN region: operand {expr} is not a region input")
+        expr = value.args[0]
+    return index[expr]
+
+
+def _derives_from(expr: Any, root: Any, bound: dict) -> bool:
+    while True:
+        if expr.same_as(root):
+            return True
+        value = bound.get(expr)
+        if not isinstance(value, relax.Call) or not value.args:
+            return False
+        expr = value.args[0]
+
+
+# ---- prepare: module passes -----------------------------------------------------------------
+def SimplifyStackSum(entry: str = "main") -> tvm.transform.Pass:
+    """``sum(stack([broadcast_to(a), broadcast_to(b)]), axis=0)`` with equal shapes -> ``add(a, b)``."""
+    a, b = wildcard(), wildcard()
+    stacked = is_op("relax.stack")(
+        is_tuple([is_op("relax.broadcast_to")(a, wildcard()), is_op("relax.broadcast_to")(b, wildcard())])
+    )
+    pattern = is_op("relax.sum")(stacked)
+
+    def rewrite(orig: relax.Call, m: dict) -> Any:
+        out = _shape(orig)
+        axis = orig.attrs.axis
+        if axis is None or [int(v) for v in axis] != [0] or bool(orig.attrs.keepdims):
+            return orig
+        if int(m[stacked].attrs.axis) != 0 or _shape(m[a]) != out or _shape(m[b]) != out:
+            return orig
+        return relax.op.add(m[a], m[b])
+
+    return _rewrite_pass(pattern, rewrite, entry, "SimplifyStackSum")
+
+
+def FoldConvAffine(entry: str = "main", rounds: int = 3) -> tvm.transform.Pass:
+    """Fold inference batch norm and per-channel multiply/add constants into a conv2d's weights.
+
+    ``conv2d(x, W) [+ b]`` followed by ``batch_norm(...)[0]``, ``* c`` or ``+ c`` (``c`` constant,
+    per output channel or scalar) becomes ``conv2d(x, W') + b'``; repeated ``rounds`` times so
+    chains (batch norm, then multiply, then add) fold whole. Legal because the conv weights are
+    constants; a conv whose output has another user is left alone.
+    """
+    x, w = wildcard(), is_const()
+    conv = is_op("relax.nn.conv2d")(x, w)
+    bias_src = is_const()
+    bias = is_op("relax.reshape")(bias_src, wildcard()) | bias_src
+    with_bias = is_op("relax.add")(conv, bias)
+    base = with_bias | conv
+    bn_call = is_op("relax.nn.batch_norm")(base, *[is_const() for _ in range(4)])
+    bn = is_tuple_get_item(bn_call, 0)
+    scale = is_const()
+    mul = is_op("relax.multiply")(base, scale)
+    shift = is_const()
+    add = is_op("relax.add")(with_bias, shift)
+    pattern = bn | mul | add
+
+    def rewrite(orig: Any, m: dict, uses: dict) -> Any:
+        conv_call = m[conv]
+        if conv_call.attrs.kernel_layout != "OIHW" or conv_call.attrs.data_layout != "NCHW":
+            return orig
+        if uses.get(conv_call, 0) > 1 or (with_bias in m and uses.get(m[with_bias], 0) > 1):
+            return orig
+        weight = conv_call.args[1].value.numpy().astype(np.float64)
+        channels = weight.shape[0]
+        b = (
+            np.zeros(channels)
+            if bias_src not in m
+            else m[bias_src].value.numpy().reshape(-1).astype(np.float64)
+        )
+        if b.size != channels:
+            return orig
+        if isinstance(orig, relax.TupleGetItem):
+            call = m[bn_call]
+            a = call.attrs
+            if bool(a.training) or int(a.axis) != 1:
+                return orig
+            gamma, beta, mean, var = (s.value.numpy().astype(np.float64) for s in call.args[1:5])
+            s = (gamma if bool(a.scale) else 1.0) / np.sqrt(var + float(a.epsilon))
+            new_w, new_b = weight * s[:, None, None, None], (b - mean) * s + (beta if bool(a.center) else 0.0)
+        elif orig.op.name == "relax.multiply":
+            c = _channel_vector(m[scale], channels)
+            if c is None:
+                return orig
+            new_w, new_b = weight * c[:, None, None, None], b * c
+        else:
+            c = _channel_vector(m[shift], channels)
+            if c is None:
+                return orig
+            new_w, new_b = weight, b + c
+        new_conv = relax.Call(
+            conv_call.op, [conv_call.args[0], relax.const(new_w.astype(np.float32))], conv_call.attrs
+        )
+        return relax.op.add(new_conv, relax.const(new_b.astype(np.float32).reshape(1, channels, 1, 1)))
+
+    def fold(mod: tvm.IRModule, _ctx: Any) -> tvm.IRModule:
+        for _ in range(rounds):
+            uses = _use_counts(mod[entry])
+            mod = _rewrite(mod, entry, pattern, lambda o, m, uses=uses: rewrite(o, m, uses))
+        return mod
+
+    return tvm.transform.module_pass(fold, opt_level=0, name="FoldConvAffine")
+
+
+def _channel_vector(const: tvm.ir.Constant, channels: int) -> np.ndarray | None:
+    """A per-output-channel (or scalar) constant of an NCHW tensor as a length-C vector."""
+    value = const.value.numpy().astype(np.float64)
+    if value.ndim > 4:
+        return None
+    padded = value.reshape((1,) * (4 - value.ndim) + value.shape)
+    if padded.shape == (1, 1, 1, 1):
+        return np.full(channels, padded.item())
+    if padded.shape == (1, channels, 1, 1):
+        return padded.reshape(-1)
+    return None
+
+
+def _use_counts(func: relax.Function) -> dict[Any, int]:
+    """Number of uses of each bound value (keyed by the value, as DPL matches return values)."""
+    value_of = {b.var: b.value for block in func.body.blocks for b in block.bindings}
+    counts: dict[Any, int] = {}
+
+    def visit(expr: Any) -> None:
+        if isinstance(expr, relax.Var) and expr in value_of:
+            key = value_of[expr]
+            counts[key] = counts.get(key, 0) + 1
+        elif isinstance(expr, relax.Call):
+            for arg in expr.args:
+                visit(arg)
+        elif isinstance(expr, relax.Tuple):
+            for f in expr.fields:
+                visit(f)
+        elif isinstance(expr, relax.TupleGetItem):
+            visit(expr.tuple_value)
+
+    for value in value_of.values():
+        visit(value)
+    visit(func.body.body)
+    return counts
+
+
+def _rewrite(mod: tvm.IRModule, entry: str, pattern: Any, rewriter: Any) -> tvm.IRModule:
+    func = rewrite_call(pattern, rewriter, mod[entry])
+    mod = mod.clone()
+    mod[entry] = func
+    return relax.transform.DeadCodeElimination([entry])(mod)
+
+
+def _rewrite_pass(pattern: Any, rewriter: Any, entry: str, name: str) -> tvm.transform.Pass:
+    return tvm.transform.module_pass(
+        lambda mod, _ctx: _rewrite(mod, entry, pattern, rewriter), opt_level=0, name=name
+    )

@@ -1,0 +1,132 @@
+"""Partitioning: the entry function's op calls that a backend runs become calls to regions.
+
+For each backend in order (the first gets the first pick): ``backend.prepare`` rewrites the
+module (e.g. folds batch norm), then ``FuseOpsByPattern(annotate_codegen=True,
+bind_constants=False)`` turns every match of its patterns into a call to a function with the
+``Codegen`` attribute; weights stay arguments of that call, so they become graph parameters. A
+pattern's check applies the backend's legality rules and its cost gate (``min_flops``); what no
+pattern takes stays a Relax op and is lowered to TVM kernels (the fallback). Each region is one
+composite (an anchor op and its fused post-ops); regions are not merged further.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import tvm
+from tvm import relax
+
+from .base import Backend, Region
+
+CODEGEN_ATTR = "Codegen"
+COMPOSITE_ATTR = "Composite"
+
+
+def partition_for_backends(
+    mod: tvm.IRModule, backends: Sequence[Backend], entry: str = "main", weights: frozenset[str] = frozenset()
+) -> tuple[tvm.IRModule, dict[str, Region]]:
+    """Partition ``entry`` for ``backends``; returns the module and its regions by symbol.
+
+    ``weights`` names the function parameters whose values are given at build time; they and
+    constants are what a backend may treat as weights.
+    """
+    regions: dict[str, Region] = {}
+    for backend in backends:
+        if not backend.available():
+            raise RuntimeError(
+                f"backend {backend.name!r} is not available: libtvm_hetero was built without it "
+                "(for dnnl: apt-get install libdnnl-dev, then rebuild)"
+            )
+        mod = backend.prepare(mod, entry)
+        patterns = backend.patterns(lambda expr: _is_weight(expr, weights))
+        mod = relax.transform.FuseOpsByPattern(
+            patterns, bind_constants=False, annotate_codegen=True, entry_functions=[entry]
+        )(mod)
+        regions.update(_collect_regions(mod, backend, set(regions)))
+    return mod, regions
+
+
+def PartitionForBackends(backends: Sequence[Backend], entry: str = "main") -> tvm.transform.Pass:
+    """:func:`partition_for_backends` as a TVM module pass (the regions are in the module's functions)."""
+    return tvm.transform.module_pass(
+        lambda mod, _ctx: partition_for_backends(mod, backends, entry)[0],
+        opt_level=0,
+        name="PartitionForBackends",
+    )
+
+
+def region_calls(func: relax.Function, regions: dict[str, Region]) -> list[tuple[relax.Var, Region]]:
+    """The bindings of ``func`` that call a region, in order."""
+    out = []
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            region = region_of(binding.value, regions)
+            if region is not None:
+                out.append((binding.var, region))
+    return out
+
+
+def region_of(value: Any, regions: dict[str, Region]) -> Region | None:
+    """The region a binding value calls, or None."""
+    if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.GlobalVar):
+        return regions.get(value.op.name_hint)
+    return None
+
+
+def _collect_regions(mod: tvm.IRModule, backend: Backend, known: set[str]) -> dict[str, Region]:
+    found: dict[str, Region] = {}
+    for gv, func in mod.functions.items():
+        name = gv.name_hint
+        if name in known or not isinstance(func, relax.Function) or func.attrs is None:
+            continue
+        if CODEGEN_ATTR not in func.attrs or str(func.attrs[CODEGEN_ATTR]) != backend.name:
+            continue
+        composite, pattern = _composite_of(func)
+        spec = backend.describe(composite, pattern)
+        spec["name"] = name
+        found[name] = Region(
+            name=name,
+            backend=backend.name,
+            device=backend.device,
+            pattern=pattern,
+            ops=_ops_of(composite),
+            spec=spec,
+        )
+    return found
+
+
+def _composite_of(func: relax.Function) -> tuple[relax.Function, str]:
+    """The composite function a Codegen function wraps; its params are the region's inputs."""
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            value = binding.value
+            if (
+                isinstance(value, relax.Function)
+                and value.attrs is not None
+                and COMPOSITE_ATTR in value.attrs
+            ):
+                return value, str(value.attrs[COMPOSITE_ATTR])
+            if isinstance(value, relax.Call) and isinstance(value.op, relax.Function):
+                inner = value.op
+                if inner.attrs is not None and COMPOSITE_ATTR in inner.attrs:
+                    return inner, str(inner.attrs[COMPOSITE_ATTR])
+    raise ValueError(f"codegen function has no composite inside:\n{func}")
+
+
+def _ops_of(func: relax.Function) -> list[str]:
+    return [
+        b.value.op.name
+        for block in func.body.blocks
+        for b in block.bindings
+        if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op)
+    ]
+
+
+def _is_weight(expr: Any, weights: frozenset[str]) -> bool:
+    if isinstance(expr, tvm.ir.Constant):
+        return True
+    # Function parameters are the only non-dataflow vars a match can see.
+    return (
+        isinstance(expr, relax.Var) and not isinstance(expr, relax.DataflowVar) and expr.name_hint in weights
+    )

@@ -1,0 +1,1 @@
+"""Test harnesses shared by ``tests/python`` and ``bench/`` (ONNX node-test parity)."""
