@@ -18,9 +18,8 @@ import time
 import numpy as np
 import tvm
 import tvm_ffi
-from tvm import relax, te
-
 import tvm_hetero
+from tvm import relax, te
 from tvm_hetero.compiler.graph import Entry, Graph, Node
 
 

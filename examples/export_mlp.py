@@ -5,10 +5,9 @@ import sys
 
 import numpy as np
 import tvm
+import tvm_hetero
 from tvm.script import ir as I
 from tvm.script import relax as R
-
-import tvm_hetero
 
 
 @I.ir_module

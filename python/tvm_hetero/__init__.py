@@ -4,8 +4,10 @@
 Importing the package loads the runtime library (libtvm_hetero.so).
 """
 
-from . import _lib  # noqa: F401
-from . import graph_runtime
+from . import (
+    _lib,  # noqa: F401
+    graph_runtime,
+)
 from .compiler.build import Artifact, BuildReport, build, load
 from .compiler.placement import Capabilities, OpInfo
 

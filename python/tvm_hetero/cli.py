@@ -12,8 +12,8 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -67,7 +67,7 @@ def count_ops(mod) -> int:
 
     @relax.expr_functor.visitor
     class _Counter(relax.PyExprVisitor):
-        def visit_call_(self, call):  # noqa: N802 (TVM's naming)
+        def visit_call_(self, call):
             nonlocal count
             if isinstance(call.op, __import__("tvm").ir.Op):
                 count += 1
@@ -106,7 +106,22 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(artifact.report())
 
     inputs = models.model_inputs(model)
-    runtime = artifact.create()
+    server = None
+    if args.remote:
+        from tvm_hetero import rpc
+
+        if args.remote == "local":
+            say("starting a local RPC server (a second process) for the offload device")
+            server = rpc.start_local_server()
+            session = server.connect()
+        else:
+            host, _, port = args.remote.rpartition(":")
+            session = rpc.connect(host, int(port))
+        say(f"offloading device {len(devices) - 1} to the RPC session (one call per remote group)")
+        run_devices = [artifact.devices[0], *artifact.devices[1:-1], session.cpu(0)]
+        runtime = artifact.create(run_devices)
+    else:
+        runtime = artifact.create()
     say("running")
     runtime.run(**inputs)
     ours = runtime.get_output(0).numpy()
@@ -124,8 +139,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"  groups {stats['num_groups']}, copies {stats['num_copies']}, device switches {stats['device_switches']}")
     for device, us in sorted(profile["device_time_us"].items()):
         print(f"  {stats['devices'][device]:<8} busy {us / 1e3:8.1f} ms ({us / profile['total_us']:.0%})")
+    if args.remote:
+        print(f"  remote compute calls per run {stats['remote_compute_calls']} "
+              f"(remote groups {stats['offload_segments']}), remote copies {stats['remote_copies']}")
     ok = error < 1e-4
     print(f"  logits vs onnxruntime: max relative error {error:.2e} -> {'OK' if ok else 'MISMATCH'}")
+    if server is not None:
+        server.stop()
     return 0 if ok else 1
 
 
@@ -242,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--model", default="resnet50", help="light ONNX model (resnet50, shufflenet, ...)")
     demo.add_argument("--split", type=float, default=0.5, help="fraction of ops (in order) on the last device")
     demo.add_argument("--repeat", type=int, default=3)
+    demo.add_argument("--remote", metavar="local|HOST:PORT",
+                      help="run the last device in an RPC server: 'local' starts one, or give a running one")
     placement_flags(demo)
     demo.set_defaults(fn=cmd_demo)
 

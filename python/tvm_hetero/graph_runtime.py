@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import tvm
@@ -42,7 +43,7 @@ def create(
     device_index_kind: str = "position",
     offload: str = "group",
     remote_timeout: float | None = None,
-) -> "GraphModule":
+) -> GraphModule:
     """Create a runtime for ``graph_json`` (docs/graph-format.md).
 
     Parameters
@@ -78,7 +79,7 @@ def create(
     return GraphModule(fcreate(graph_json, lib, device_index_kind, *devices), devices[0])
 
 
-def _create_remote(graph_json, lib, devices, device_index_kind) -> "GraphModule":
+def _create_remote(graph_json, lib, devices, device_index_kind) -> GraphModule:
     """Every device is on one RPC session: the whole runtime runs in the remote process."""
     session = getattr(devices[0], "_rpc_sess", None)
     if session is None or any(getattr(d, "_rpc_sess", None) is not session for d in devices):
@@ -120,7 +121,7 @@ class GraphModule:
             return value
         try:
             array = np.asarray(value, order="C")  # keeps 0-d arrays 0-d (ascontiguousarray would not)
-        except Exception as err:  # noqa: BLE001
+        except Exception as err:
             raise TypeError(f"{what}: cannot convert {type(value).__name__} to a tensor") from err
         if array.dtype == object:
             raise TypeError(f"{what}: cannot convert {type(value).__name__} to a tensor")
@@ -200,7 +201,7 @@ class GraphModule:
         """Set parameters from ``tvm.runtime.save_param_dict`` bytes."""
         self._load_params(bytes(param_bytes))
 
-    def share_params(self, other: "GraphModule", param_bytes: bytes | bytearray) -> None:
+    def share_params(self, other: GraphModule, param_bytes: bytes | bytearray) -> None:
         """Use ``other``'s parameter memory (the names in ``param_bytes``) instead of copying."""
         self._share_params(other.module, bytes(param_bytes))
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Sequence
+from collections.abc import Sequence
 
 import tvm
 import tvm_ffi
@@ -96,4 +96,4 @@ def _attach_runner(module, position: int, session, remote_lib):
     return runner
 
 
-__all__ = ["create_mixed", "RPC_SESS_MASK"]
+__all__ = ["RPC_SESS_MASK", "create_mixed"]

@@ -41,7 +41,7 @@ class LocalServer:
         env = dict(os.environ)
         if threads is not None:
             env["TVM_NUM_THREADS"] = str(threads)
-        self._log = tempfile.TemporaryFile()
+        self._log = tempfile.TemporaryFile()  # noqa: SIM115 (lives as long as the server; closed in stop)
         cmd = [sys.executable, "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1", "--port", str(self.port),
                "--port-end", str(self.port + 1), "--load-library", str(Path(library_path()).resolve())]
         # The server forks a worker per session: a new process group lets stop() end them all.
@@ -82,7 +82,7 @@ class LocalServer:
             self.kill()
         self._log.close()
 
-    def __enter__(self) -> "LocalServer":
+    def __enter__(self) -> LocalServer:  # noqa: PYI034
         return self
 
     def __exit__(self, *exc) -> None:
@@ -141,7 +141,7 @@ class RunWatchdog:
                 except OSError:
                     pass
 
-    def __enter__(self) -> "RunWatchdog":
+    def __enter__(self) -> RunWatchdog:  # noqa: PYI034
         self.fired = False
         self._timer = threading.Timer(self.timeout, self._fire)
         self._timer.daemon = True

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import tvm
 from tvm import te
-
 from tvm_hetero.compiler.graph import COPY_FUNC, Entry, Graph, Node
 
 SHAPE = (4,)

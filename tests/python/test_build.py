@@ -7,11 +7,10 @@ import json
 import numpy as np
 import pytest
 import tvm
+import tvm_hetero
 from tvm import relax
 from tvm.script import ir as I
 from tvm.script import relax as R
-
-import tvm_hetero
 from tvm_hetero import cli
 
 TWO_CPUS = [(tvm.cpu(0), "llvm"), (tvm.cpu(1), "llvm")]

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import tvm
 from conftest import SHAPE, duplex_graph, simplex_graph
-
 from tvm_hetero import graph_runtime
 
 DEVICES = [tvm.cpu(0), tvm.cpu(1)]

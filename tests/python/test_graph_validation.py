@@ -11,7 +11,6 @@ import tvm
 from conftest import simplex_graph
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from tvm_hetero import graph_runtime
 
 DEVICES = [tvm.cpu(0), tvm.cpu(1)]

@@ -10,7 +10,6 @@ import pytest
 import tvm
 from conftest import duplex_graph, simplex_graph
 from tvm import te
-
 from tvm_hetero import graph_runtime
 from tvm_hetero.compiler.graph import COPY_FUNC, Entry, Graph, Node
 from tvm_hetero.rpc import start_local_server

@@ -8,9 +8,11 @@ hand-made graph. :meth:`Graph.to_json` writes the format described in ``docs/gra
 from __future__ import annotations
 
 import copy
+import itertools
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
@@ -67,7 +69,7 @@ class Graph:
     nodes: list[Node]
     heads: list[Entry]
 
-    def copy(self) -> "Graph":
+    def copy(self) -> Graph:
         return copy.deepcopy(self)
 
     # ---- structure -------------------------------------------------------------------------
@@ -97,7 +99,7 @@ class Graph:
             if not 0 <= e.node < len(self.nodes):
                 raise ValueError(f"head {tuple(e)} refers to no node")
 
-    def permuted(self, order: Iterable[int]) -> "Graph":
+    def permuted(self, order: Iterable[int]) -> Graph:
         """The same graph with nodes in ``order`` (old ids); ``order`` must be topological."""
         order = list(order)
         if sorted(order) != list(range(len(self.nodes))):
@@ -115,7 +117,7 @@ class Graph:
     def device_switches(self) -> int:
         """Number of times consecutive kernel nodes change device (inputs do not count)."""
         devices = [n.device for n in self.nodes if not n.is_input]
-        return sum(1 for a, b in zip(devices, devices[1:]) if a != b)
+        return sum(1 for a, b in itertools.pairwise(devices) if a != b)
 
     def groups(self) -> list[tuple[int, list[int]]]:
         """Runs of consecutive kernel nodes on one device: ``[(device, [node ids])]``."""
