@@ -17,6 +17,30 @@ LIGHT_MODELS = ("resnet50", "shufflenet", "squeezenet", "inception_v1", "incepti
                 "vgg19", "bvlc_alexnet", "zfnet512")
 
 
+def mlp(seed: int = 0):
+    """A two-layer MLP in TVMScript, ``y = relu(x @ w1 + b1) @ w2`` with x: float32[4, 16], and
+    seeded weights: ``(IRModule, params)``. Small enough for tests and examples."""
+    from tvm.script import ir as I
+    from tvm.script import relax as R
+
+    @I.ir_module
+    class MLP:
+        @R.function
+        def main(x: R.Tensor((4, 16), "float32"), w1: R.Tensor((16, 32), "float32"),
+                 b1: R.Tensor((32,), "float32"), w2: R.Tensor((32, 8), "float32")):
+            with R.dataflow():
+                h = R.nn.relu(R.add(R.matmul(x, w1), b1))
+                y = R.matmul(h, w2)
+                R.output(y)
+            return y
+
+    rng = np.random.default_rng(seed)
+    params = {"w1": rng.standard_normal((16, 32)).astype("float32"),
+              "b1": rng.standard_normal(32).astype("float32"),
+              "w2": rng.standard_normal((32, 8)).astype("float32")}
+    return MLP, params
+
+
 def light_model_dir() -> Path:
     import onnx
 

@@ -9,28 +9,13 @@ import pytest
 import tvm
 import tvm_hetero
 from tvm import relax
-from tvm.script import ir as I
-from tvm.script import relax as R
-from tvm_hetero import cli
+from tvm_hetero import cli, models
 
 TWO_CPUS = [(tvm.cpu(0), "llvm"), (tvm.cpu(1), "llvm")]
 
 
-@I.ir_module
-class MLP:
-    @R.function
-    def main(x: R.Tensor((4, 16), "float32"), w1: R.Tensor((16, 32), "float32"),
-             b1: R.Tensor((32,), "float32"), w2: R.Tensor((32, 8), "float32")):
-        with R.dataflow():
-            h = R.nn.relu(R.add(R.matmul(x, w1), b1))
-            y = R.matmul(h, w2)
-            R.output(y)
-        return y
-
-
+MLP, PARAMS = models.mlp()
 rng = np.random.default_rng(0)
-PARAMS = {"w1": rng.standard_normal((16, 32)).astype("float32"), "b1": rng.standard_normal(32).astype("float32"),
-          "w2": rng.standard_normal((32, 8)).astype("float32")}
 X = rng.standard_normal((4, 16)).astype("float32")
 
 
