@@ -133,13 +133,14 @@ void GraphRuntime::SetupPreparedCalls() {
   for (const OpExec& step : op_execs_) {
     PreparedCall call;
     if (step.kind == OpExec::Kind::kKernel) {
-      call.mode = PreparedCall::Mode::kCall;
+      bool remote = IsRemote(devices_[node_device_[step.node_id]]);
+      call.mode = remote ? PreparedCall::Mode::kRemoteCall : PreparedCall::Mode::kCall;
       call.function = static_cast<const ffi::FunctionObj*>(step.kernel.get());
       call.args = step.args.data();
       call.num_args = static_cast<int32_t>(step.args.size());
-      call.remote_compute = IsRemote(devices_[node_device_[step.node_id]]);
-    } else if (step.kind == OpExec::Kind::kCopy) {
-      call.remote_copy = IsRemote(step.copy_from->device) || IsRemote(step.copy_to->device);
+    } else if (step.kind == OpExec::Kind::kCopy &&
+               (IsRemote(step.copy_from->device) || IsRemote(step.copy_to->device))) {
+      call.mode = PreparedCall::Mode::kRemoteStep;
     }
     calls_.push_back(call);
   }
@@ -147,12 +148,12 @@ void GraphRuntime::SetupPreparedCalls() {
   for (const OffloadSegment& segment : segments_) {
     if (!segment.runner.has_value()) continue;
     PreparedCall& first = calls_[segment.begin];
+    first.mode = PreparedCall::Mode::kRemoteCall;
     first.function = static_cast<const ffi::FunctionObj*>(segment.runner.value().get());
     first.args = &segment.index_arg;
     first.num_args = 1;
     for (uint32_t i = segment.begin + 1; i < segment.end; ++i) {
       calls_[i].mode = PreparedCall::Mode::kSkip;
-      calls_[i].remote_compute = false;
     }
   }
 }
@@ -317,17 +318,10 @@ void GraphRuntime::Run() {
     for (const ExecGroup& group : groups_) {
       for (i = group.begin; i < group.end; ++i) {
         const PreparedCall& call = calls_[i];
-        remote_compute_calls_ += call.remote_compute;
-        remote_copies_ += call.remote_copy;
-        switch (call.mode) {
-          case PreparedCall::Mode::kCall:
-            call.function->CallPacked(call.args, call.num_args, &rv);
-            break;
-          case PreparedCall::Mode::kStep:
-            RunStep(op_execs_[i], &rv);
-            break;
-          case PreparedCall::Mode::kSkip:
-            break;
+        if (call.mode == PreparedCall::Mode::kCall) {
+          call.function->CallPacked(call.args, call.num_args, &rv);
+        } else {
+          RunOtherStep(i, &rv);
         }
       }
     }
@@ -337,8 +331,7 @@ void GraphRuntime::Run() {
     std::ostringstream where;
     if (i < op_execs_.size()) {
       uint32_t nid = op_execs_[i].node_id;
-      bool segment = calls_[i].mode == PreparedCall::Mode::kCall && calls_[i].num_args == 1 &&
-                     op_execs_[i].args.size() != 1;
+      bool segment = calls_[i].mode == PreparedCall::Mode::kRemoteCall && calls_[i].args != op_execs_[i].args.data();
       where << "while running " << (segment ? "the offloaded group starting at " : "") << graph_.describe_node(nid)
             << " on device " << node_device_[nid] << " (" << DeviceName(devices_[node_device_[nid]]) << "): ";
     } else {
@@ -349,6 +342,26 @@ void GraphRuntime::Run() {
       message = "the connection to the remote device was lost (server gone or connection closed): " + message;
     }
     throw ffi::Error(err.kind(), where.str() + message, err.backtrace());
+  }
+}
+
+void GraphRuntime::RunOtherStep(uint32_t index, ffi::Any* rv) {
+  const PreparedCall& call = calls_[index];
+  switch (call.mode) {
+    case PreparedCall::Mode::kCall:
+    case PreparedCall::Mode::kRemoteCall:
+      remote_compute_calls_ += call.mode == PreparedCall::Mode::kRemoteCall;
+      call.function->CallPacked(call.args, call.num_args, rv);
+      break;
+    case PreparedCall::Mode::kRemoteStep:
+      ++remote_copies_;
+      RunStep(op_execs_[index], rv);
+      break;
+    case PreparedCall::Mode::kStep:
+      RunStep(op_execs_[index], rv);
+      break;
+    case PreparedCall::Mode::kSkip:
+      break;
   }
 }
 

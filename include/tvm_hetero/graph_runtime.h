@@ -43,25 +43,25 @@ struct OpExec {
 /*! \brief The hot-loop view of an OpExec: only what Run() touches, packed densely. */
 struct PreparedCall {
   enum class Mode : uint8_t {
-    /*! \brief Call `function(args...)`: a kernel, or a whole offloaded segment. */
+    /*! \brief Call `function(args...)`: a local kernel (the hot path). */
     kCall,
+    /*! \brief Call `function(args...)` in another process: a remote kernel or a whole segment. */
+    kRemoteCall,
     /*! \brief A copy or nop: run the OpExec. */
     kStep,
+    /*! \brief A copy to or from another process. */
+    kRemoteStep,
     /*! \brief Part of an offloaded segment already run by the segment's first call. */
     kSkip,
   };
-  /*! \brief What Run() does for this step. */
-  Mode mode = Mode::kStep;
-  /*! \brief Whether the step is a call into another process: compute (kernel or segment). */
-  bool remote_compute = false;
-  /*! \brief Whether the step is a copy to or from another process. */
-  bool remote_copy = false;
-  /*! \brief Function to call (kCall). */
+  /*! \brief Function to call (kCall, kRemoteCall). */
   const tvm::ffi::FunctionObj* function = nullptr;
   /*! \brief Packed arguments (owned by the OpExec or the offload segment). */
   const tvm::ffi::AnyView* args = nullptr;
   /*! \brief Number of packed arguments. */
   int32_t num_args = 0;
+  /*! \brief What Run() does for this step (last, so the struct packs into 24 bytes). */
+  Mode mode = Mode::kStep;
 };
 
 /*! \brief A maximal run of kernel steps on one offload device, executed by one remote call. */
@@ -152,6 +152,8 @@ class GraphRuntime {
   void SetupGroups();
   void SetupOffloadSegments();
   void RunStep(const OpExec& step, tvm::ffi::Any* rv) const;
+  /*! \brief Everything but a local kernel call: remote calls (counted), copies, skips. */
+  void RunOtherStep(uint32_t index, tvm::ffi::Any* rv);
   /*! \brief Build calls_ from op_execs_. */
   void SetupPreparedCalls();
   int CheckedInputIndex(int index, const char* what) const;
