@@ -315,14 +315,16 @@ void GraphRuntime::Run() {
   uint32_t i = 0; // the step in flight, named in the error if it fails
   remote_compute_calls_ = remote_copies_ = 0;
   try {
-    for (const ExecGroup& group : groups_) {
-      for (i = group.begin; i < group.end; ++i) {
-        const PreparedCall& call = calls_[i];
-        if (call.mode == PreparedCall::Mode::kCall) {
-          call.function->CallPacked(call.args, call.num_args, &rv);
-        } else {
-          RunOtherStep(i, &rv);
-        }
+    // Groups partition the steps in order, so one flat loop runs them group by group; a remote
+    // group's segment is a single kRemoteCall step (see SetupPreparedCalls).
+    const PreparedCall* calls = calls_.data();
+    const uint32_t num_steps = static_cast<uint32_t>(calls_.size());
+    for (i = 0; i < num_steps; ++i) {
+      const PreparedCall& call = calls[i];
+      if (call.mode == PreparedCall::Mode::kCall) {
+        call.function->CallPacked(call.args, call.num_args, &rv);
+      } else {
+        RunOtherStep(i, &rv);
       }
     }
     i = static_cast<uint32_t>(op_execs_.size());
