@@ -7,8 +7,9 @@ Importing the package loads the runtime library (libtvm_hetero.so).
 from . import (
     _lib,  # noqa: F401
     graph_runtime,
+    pipeline,
 )
 from .compiler.build import Artifact, BuildReport, build, load
 from .compiler.placement import Capabilities, OpInfo
 
-__all__ = ["Artifact", "BuildReport", "Capabilities", "OpInfo", "build", "graph_runtime", "load"]
+__all__ = ["Artifact", "BuildReport", "Capabilities", "OpInfo", "build", "graph_runtime", "load", "pipeline"]
