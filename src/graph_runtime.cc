@@ -126,6 +126,34 @@ void GraphRuntime::Init(const std::string& graph_json, ffi::Module lib, std::vec
   SetupGroups();
   SetupOffloadSegments();
   SetupPreparedCalls();
+  SetupCacheHooks();
+  InvalidateCaches();  // a library reused after another runtime may hold caches of freed memory
+}
+
+void GraphRuntime::SetupCacheHooks() {
+  invalidate_caches_.clear();
+  std::vector<const ffi::ModuleObj*> seen;
+  auto visit = [&](const ffi::Module& root) {
+    std::vector<ffi::Module> stack{root};
+    while (!stack.empty()) {
+      ffi::Module mod = stack.back();
+      stack.pop_back();
+      if (std::find(seen.begin(), seen.end(), mod.get()) != seen.end()) continue;
+      seen.push_back(mod.get());
+      if (auto hook = mod->GetFunction(kInvalidateCachesFunction, /*query_imports=*/false)) {
+        invalidate_caches_.push_back(*hook);
+      }
+      for (const ffi::Any& imported : mod->imports()) stack.push_back(imported.cast<ffi::Module>());
+    }
+  };
+  if (lib_.has_value()) visit(*lib_);
+  for (const auto& lib : device_libs_) {
+    if (lib.has_value()) visit(*lib);
+  }
+}
+
+void GraphRuntime::InvalidateCaches() const {
+  for (const ffi::Function& hook : invalidate_caches_) hook();
 }
 
 void GraphRuntime::SetupPreparedCalls() {
@@ -453,6 +481,7 @@ void GraphRuntime::SetParams(const ffi::Map<ffi::String, ffi::Tensor>& params) {
     if (index < 0) TVM_FFI_THROW(KeyError) << "parameter '" << name << "' is not an input of the graph";
     SetInput(index, value.GetDLTensorPtr());
   }
+  InvalidateCaches();
 }
 
 void GraphRuntime::LoadParams(const std::string& param_bytes) {
@@ -481,6 +510,7 @@ void GraphRuntime::ShareParams(const GraphRuntime& other, const std::string& par
   }
   SetupOpExecs();  // re-pack argument pointers to the shared tensors
   SetupPreparedCalls();
+  InvalidateCaches();
 }
 
 std::string GraphRuntime::StatsJSON() const {

@@ -40,6 +40,13 @@ struct OpExec {
   tvm::ffi::Tensor staging;
 };
 
+/*!
+ * \brief Name of the optional function a kernel library (or an import) provides to drop caches
+ *        derived from parameter values, e.g. weights reordered by an external backend. The runtime
+ *        calls every one it finds at Init and whenever parameters are loaded, set or shared.
+ */
+inline constexpr const char* kInvalidateCachesFunction = "__tvm_hetero_invalidate_caches";
+
 /*! \brief The hot-loop view of an OpExec: only what Run() touches, packed densely. */
 struct PreparedCall {
   enum class Mode : uint8_t {
@@ -151,6 +158,10 @@ class GraphRuntime {
   void SetupOpExecs();
   void SetupGroups();
   void SetupOffloadSegments();
+  /*! \brief Find the libraries' cache-invalidation hooks. */
+  void SetupCacheHooks();
+  /*! \brief Parameter values changed: call every cache-invalidation hook. */
+  void InvalidateCaches() const;
   void RunStep(const OpExec& step, tvm::ffi::Any* rv) const;
   /*! \brief Everything but a local kernel call: remote calls (counted), copies, skips. */
   void RunOtherStep(uint32_t index, tvm::ffi::Any* rv);
@@ -186,6 +197,8 @@ class GraphRuntime {
   std::vector<PreparedCall> calls_;
   /*! \brief Runs of steps on one device. */
   std::vector<ExecGroup> groups_;
+  /*! \brief Cache-invalidation hooks of the libraries (kInvalidateCachesFunction). */
+  std::vector<tvm::ffi::Function> invalidate_caches_;
   /*! \brief Kernel runs on devices of another process (RPC), in step order. */
   std::vector<OffloadSegment> segments_;
   /*! \brief Compute calls into other processes by the last Run (remote kernels or segments). */

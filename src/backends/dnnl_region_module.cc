@@ -18,6 +18,7 @@
 #include <tvm/ffi/extra/json.h>
 #include <tvm/ffi/reflection/registry.h>
 #include <tvm_hetero/backends/dnnl_region.h>
+#include <tvm_hetero/graph_runtime.h>
 
 #include <cstring>
 #include <mutex>
@@ -285,6 +286,15 @@ class RegionExec {
     s.wait();
   }
 
+
+ public:
+  /*! \brief Drop reordered weights: the graph's weights changed (params loaded, new runtime). */
+  void ForgetWeights() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    weights_.clear();
+  }
+
+ private:
   /*! \brief The weights at `w` in the primitive's layout, reordered on first sight. */
   memory ReorderedWeights(void* w) {
     auto it = weights_.find(w);
@@ -348,6 +358,7 @@ bool DnnlAvailable() { return false; }
 class RegionExec {
  public:
   explicit RegionExec(RegionSpec spec) : spec_(std::move(spec)) {}
+  void ForgetWeights() {}
   void Run(ffi::PackedArgs) {
     TVM_FFI_THROW(RuntimeError) << "oneDNN region '" << spec_.name
                                 << "': libtvm_hetero was built without oneDNN (install libdnnl-dev and rebuild)";
@@ -374,6 +385,12 @@ DnnlRegionModule::DnnlRegionModule(std::string json_text) : json_text_(std::move
 DnnlRegionModule::~DnnlRegionModule() = default;
 
 ffi::Optional<ffi::Function> DnnlRegionModule::GetFunction(const ffi::String& name) {
+  if (name == kInvalidateCachesFunction) {
+    ffi::ObjectPtr<ffi::Object> self = ffi::GetObjectPtr<ffi::Object>(static_cast<ffi::Object*>(this));
+    return ffi::Function::FromTyped([self, this]() {
+      for (auto& [region_name, region] : regions_) region->ForgetWeights();
+    });
+  }
   auto it = regions_.find(std::string(name));
   if (it == regions_.end()) return std::nullopt;
   // The closure holds the module so the region outlives the module handle.

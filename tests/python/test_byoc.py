@@ -225,3 +225,36 @@ def test_export_and_load_keep_the_regions(tmp_path):
     expected = models.onnxruntime_outputs(model, inputs)[0]
     np.testing.assert_allclose(rt.get_output(0).numpy(), expected, rtol=1e-4, atol=1e-4)
     assert loaded.build_report.backend_regions
+
+
+@needs_dnnl
+def test_new_params_after_a_run_are_used_not_stale_cached_weights():
+    # The region caches weights reordered into oneDNN's (blocked) conv layout; loading params must
+    # drop that cache. Doubling every parameter doubles conv+bias+relu's output.
+    model = conv_model()
+    inputs = models.model_inputs(model)
+    art = tvm_hetero.build(models.relax_module(model), CPU, backends=["dnnl"])
+    assert region_nodes(art), "the matmul should be a oneDNN region"
+    rt = art.create()
+    rt.run(**inputs)
+    first = rt.get_output(0).numpy().copy()
+    doubled = {name: value * 2 for name, value in art.params.items()}
+    rt.load_params(tvm.runtime.save_param_dict(doubled))
+    rt.run()
+    np.testing.assert_allclose(rt.get_output(0).numpy(), 2 * first, rtol=1e-5, atol=1e-5)
+    # A runtime made after another is gone must not see the other's cached weights either.
+    del rt
+    again = art.create()
+    again.run(**inputs)
+    np.testing.assert_allclose(again.get_output(0).numpy(), first, rtol=1e-5, atol=1e-5)
+
+
+@needs_dnnl
+def test_matmul_weight_given_as_a_function_parameter():
+    mlp, params = models.mlp()
+    art = tvm_hetero.build(mlp, CPU, params=params, backends=["dnnl"])
+    rt = art.create()
+    x = np.random.default_rng(0).standard_normal((4, 16)).astype("float32")
+    rt.run(x=x)
+    expected = np.maximum(x @ params["w1"] + params["b1"], 0) @ params["w2"]
+    np.testing.assert_allclose(rt.get_output(0).numpy(), expected, rtol=1e-4, atol=1e-4)

@@ -128,5 +128,5 @@ def _is_weight(expr: Any, weights: frozenset[str]) -> bool:
         return True
     # Function parameters are the only non-dataflow vars a match can see.
     return (
-        isinstance(expr, relax.Var) and not isinstance(expr, relax.DataflowVar) and expr.name_hint in weights
+        isinstance(expr, relax.Var) and not isinstance(expr, relax.DataflowVar) and expr.name in weights
     )
