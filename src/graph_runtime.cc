@@ -215,14 +215,14 @@ std::string GraphRuntime::OffloadPlanJSON(int device) const {
   }
   std::unordered_map<uint32_t, int64_t> position;  // entry id -> index into "entries"
   json::Array entries, segments;
+  std::unordered_map<const DLTensor*, uint32_t> eid_of;  // kernel args point at data entries
+  for (uint32_t eid = 0; eid < data_entry_.size(); ++eid) eid_of.emplace(data_entry_[eid].GetDLTensorPtr(), eid);
   auto entry_index = [&](const DLTensor* tensor) -> int64_t {
-    for (uint32_t eid = 0; eid < data_entry_.size(); ++eid) {
-      if (data_entry_[eid].GetDLTensorPtr() != tensor) continue;
-      auto [it, inserted] = position.emplace(eid, static_cast<int64_t>(entries.size()));
-      if (inserted) entries.push_back(int64_t(eid));
-      return it->second;
-    }
-    TVM_FFI_THROW(InternalError) << "argument is not a data entry";
+    auto found = eid_of.find(tensor);
+    if (found == eid_of.end()) TVM_FFI_THROW(InternalError) << "argument is not a data entry";
+    auto [it, inserted] = position.emplace(found->second, static_cast<int64_t>(entries.size()));
+    if (inserted) entries.push_back(int64_t(found->second));
+    return it->second;
   };
   for (const OffloadSegment& segment : segments_) {
     if (segment.device != device) continue;
