@@ -118,26 +118,25 @@ std::vector<NamedParam> ReadParamBlob(const std::string& bytes, const std::strin
                                 << int(dtype.bits) << " bits, " << dtype.lanes << " lanes)";
     }
     std::vector<int64_t> shape(ndim);
-    // Elements fit in the bytes present: checked per dimension so the product cannot overflow.
-    uint64_t elements = 1;
+    // The element count saturates instead of overflowing; the data is then checked against the
+    // bytes present (Take) before anything is allocated.
     const uint64_t element_bytes = uint64_t(dtype.bits / 8) * dtype.lanes;
-    const uint64_t max_elements = bytes.size() / element_bytes;
+    const uint64_t max_elements = std::numeric_limits<uint64_t>::max() / element_bytes;
+    uint64_t elements = 1;
+    bool too_large = false;
     for (int32_t d = 0; d < ndim; ++d) {
       shape[d] = in.Read<int64_t>(field);
       if (shape[d] < 0) TVM_FFI_THROW(ValueError) << what << ": " << field << ": negative dimension " << shape[d];
-      if (shape[d] != 0 && elements > max_elements / uint64_t(shape[d])) {
-        elements = max_elements + 1;
-      } else {
-        elements *= uint64_t(shape[d]);
-      }
+      if (shape[d] != 0 && elements > max_elements / uint64_t(shape[d])) too_large = true;
+      if (!too_large) elements *= uint64_t(shape[d]);
     }
     uint64_t data_size = in.Read<uint64_t>(field);
-    if (elements > max_elements || data_size != elements * element_bytes) {
+    if (too_large || data_size != elements * element_bytes) {
       std::ostringstream shape_text;
       for (int32_t d = 0; d < ndim; ++d) shape_text << (d ? ", " : "") << shape[d];
-      TVM_FFI_THROW(ValueError) << what << ": " << field << ": shape (" << shape_text.str() << ") of "
-                                << ffi::DLDataTypeToString(dtype) << " does not match its " << data_size
-                                << " data bytes, or does not fit in the " << bytes.size() << "-byte file";
+      TVM_FFI_THROW(ValueError) << what << ": " << field << ": corrupt: shape (" << shape_text.str() << ") of "
+                                << ffi::DLDataTypeToString(dtype) << " does not match its data size "
+                                << data_size;
     }
     const char* data = in.Take(data_size, field + " data");
     param.value = ffi::Tensor::FromNDAlloc(HostAlloc(), ffi::Shape(shape), dtype, DLDevice{kDLCPU, 0});
