@@ -7,6 +7,7 @@
 #include <tvm/runtime/device_api.h>
 #include <tvm_hetero/device_assignment.h>
 #include <tvm_hetero/graph_runtime.h>
+#include <tvm_hetero/param_blob.h>
 
 #include <algorithm>
 #include <chrono>
@@ -46,12 +47,32 @@ struct PoolAlloc {
   }
 };
 
-/*! \brief A typed view of a pool slot; holding `base` keeps the slot alive. */
+/*! \brief A typed view at `offset` bytes into a pool slot; holding `base` keeps the slot alive. */
 struct ViewAlloc {
   ffi::Tensor base;
-  void AllocData(DLTensor* t) { t->data = base.data_ptr(); }
+  size_t offset = 0;
+  void AllocData(DLTensor* t) { t->data = static_cast<char*>(base.data_ptr()) + offset; }
   void FreeData(DLTensor*) {}
 };
+
+/*!
+ * \brief Whether a pointer plus a byte offset is a valid data pointer on `dev`. Kernels reject a
+ *        nonzero DLTensor::byte_offset, so a view inside an allocation needs this; elsewhere (OpenCL,
+ *        Vulkan, Metal handles; remote memory handles) storage offsets are kept apart (storage_plan.h).
+ */
+bool OffsetsUsable(DLDevice dev) {
+  switch (dev.device_type) {
+    case kDLCPU:
+    case kDLCUDA:
+    case kDLCUDAHost:
+    case kDLCUDAManaged:
+    case kDLROCM:
+    case kDLROCMHost:
+      return true;
+    default:
+      return false;
+  }
+}
 
 std::string DeviceName(DLDevice dev) {
   std::ostringstream os;
@@ -72,6 +93,26 @@ std::string ShapeString(const int64_t* shape, int ndim) {
 }
 
 }  // namespace
+
+/*! \brief One call at a time per runtime: a second raises instead of corrupting shared buffers
+ *         (a flag, not a lock, so nothing is held or waited on across kernels). */
+class GraphRuntime::ExclusiveUse {
+ public:
+  ExclusiveUse(const GraphRuntime* rt, const char* call) : rt_(const_cast<GraphRuntime*>(rt)) {
+    if (rt_->in_use_.exchange(true, std::memory_order_acquire)) {
+      TVM_FFI_THROW(RuntimeError) << "runtime is busy: " << call
+                                  << " was called while another call (run, set_input, set_params, load_params, "
+                                     "get_output into a tensor, profile) is in progress on this runtime; use one "
+                                     "runtime per thread (share_params lets them share weights)";
+    }
+  }
+  ~ExclusiveUse() { rt_->in_use_.store(false, std::memory_order_release); }
+  ExclusiveUse(const ExclusiveUse&) = delete;
+  ExclusiveUse& operator=(const ExclusiveUse&) = delete;
+
+ private:
+  GraphRuntime* rt_;
+};
 
 bool CopyNeedsStaging(DLDevice from, DLDevice to) {
   return from.device_type != to.device_type && !IsHost(from) && !IsHost(to);
@@ -115,6 +156,9 @@ void GraphRuntime::Init(const std::string& graph_json, ffi::Module lib, std::vec
     }
     input_nodes_.push_back(nid);
   }
+  input_set_.assign(input_nodes_.size(), 0);
+  input_is_param_.assign(input_nodes_.size(), 0);
+  num_inputs_unset_ = static_cast<int>(input_nodes_.size());
   for (const DLDevice& dev : devices_) {
     bool seen = std::any_of(devices_to_sync_.begin(), devices_to_sync_.end(), [&](const DLDevice& d) {
       return d.device_type == dev.device_type && d.device_id == dev.device_id;
@@ -247,6 +291,7 @@ ffi::Tensor GraphRuntime::GetEntry(uint32_t eid) const {
 }
 
 void GraphRuntime::AttachOffloadRunner(int device, ffi::Function run_segment) {
+  ExclusiveUse use(this, "attach_offload_runner");
   bool any = false;
   for (OffloadSegment& segment : segments_) {
     if (segment.device != device) continue;
@@ -258,7 +303,9 @@ void GraphRuntime::AttachOffloadRunner(int device, ffi::Function run_segment) {
 }
 
 void GraphRuntime::SetupStorage() {
-  storage_plan_ = PlanStorage(graph_, node_device_);
+  std::vector<bool> offsets_usable;
+  for (const DLDevice& dev : devices_) offsets_usable.push_back(OffsetsUsable(dev));
+  storage_plan_ = PlanStorage(graph_, node_device_, offsets_usable);
   pool_.clear();
   for (const StorageSlot& slot : storage_plan_.slots) {
     int64_t nbytes = static_cast<int64_t>(std::max<size_t>(slot.nbytes, 1));
@@ -268,7 +315,8 @@ void GraphRuntime::SetupStorage() {
   data_entry_.clear();
   for (size_t eid = 0; eid < graph_.num_entries(); ++eid) {
     const ffi::Tensor& base = pool_[storage_plan_.entry_slot[eid]];
-    data_entry_.push_back(ffi::Tensor::FromNDAlloc(ViewAlloc{base}, ffi::Shape(graph_.shapes[eid]),
+    ViewAlloc view{base, storage_plan_.entry_offset[eid]};
+    data_entry_.push_back(ffi::Tensor::FromNDAlloc(view, ffi::Shape(graph_.shapes[eid]),
                                                    graph_.dtypes[eid], base.device()));
   }
 }
@@ -339,6 +387,8 @@ void GraphRuntime::RunStep(const OpExec& step, ffi::Any* rv) const {
 }
 
 void GraphRuntime::Run() {
+  ExclusiveUse use(this, "run");
+  if (num_inputs_unset_ != 0) ThrowUnsetInputs();
   ffi::Any rv;    // kernels return nothing; one slot serves every call
   uint32_t i = 0; // the step in flight, named in the error if it fails
   remote_compute_calls_ = remote_copies_ = 0;
@@ -373,6 +423,17 @@ void GraphRuntime::Run() {
     }
     throw ffi::Error(err.kind(), where.str() + message, err.backtrace());
   }
+}
+
+void GraphRuntime::ThrowUnsetInputs() const {
+  std::ostringstream names;
+  int listed = 0;
+  for (size_t i = 0; i < input_set_.size(); ++i) {
+    if (input_set_[i]) continue;
+    names << (listed++ ? ", " : "") << "'" << graph_.nodes[input_nodes_[i]].name << "'";
+  }
+  TVM_FFI_THROW(ValueError) << "run: " << num_inputs_unset_ << " input(s) never set: " << names.str()
+                            << " (set them with set_input, or load the parameters, before run)";
 }
 
 void GraphRuntime::RunOtherStep(uint32_t index, ffi::Any* rv) {
@@ -437,10 +498,14 @@ void GraphRuntime::CheckCompatible(uint32_t eid, const DLTensor* value, const st
   }
 }
 
-void GraphRuntime::SetInput(int index, const DLTensor* value) {
+void GraphRuntime::CheckInputValue(int index, const DLTensor* value, const std::string& what) const {
   CheckedInputIndex(index, "input");
+  CheckCompatible(graph_.entry_id(input_nodes_[index], 0), value, what);
+}
+
+void GraphRuntime::WriteInput(int index, const DLTensor* value, const std::string& what) {
+  CheckInputValue(index, value, what);
   uint32_t eid = graph_.entry_id(input_nodes_[index], 0);
-  CheckCompatible(eid, value, "input '" + GetInputName(index) + "'");
   DLTensor* dst = MutableTensor(data_entry_[eid]);
   if (CopyNeedsStaging(value->device, dst->device)) {
     ffi::Tensor staging = ffi::Tensor::FromNDAlloc(PoolAlloc(), ffi::Shape(graph_.shapes[eid]), dst->dtype,
@@ -449,6 +514,23 @@ void GraphRuntime::SetInput(int index, const DLTensor* value) {
   } else {
     CopyAcrossDevices(value, dst);
   }
+  MarkInputSet(index);
+}
+
+void GraphRuntime::MarkInputSet(int index) {
+  CheckedInputIndex(index, "input");
+  if (!input_set_[index]) {
+    input_set_[index] = 1;
+    --num_inputs_unset_;
+  }
+}
+
+void GraphRuntime::SetInput(int index, const DLTensor* value) {
+  ExclusiveUse use(this, "set_input");
+  CheckedInputIndex(index, "input");
+  WriteInput(index, value, "input '" + GetInputName(index) + "'");
+  // A parameter written through set_input must not leave weights derived from its old value.
+  if (input_is_param_[index]) InvalidateCaches();
 }
 
 ffi::Tensor GraphRuntime::GetInput(int index) const {
@@ -462,6 +544,7 @@ ffi::Tensor GraphRuntime::GetOutput(int index) const {
 }
 
 void GraphRuntime::CopyOutputTo(int index, DLTensor* out) const {
+  ExclusiveUse use(this, "get_output");
   CheckedInputIndex(index, "output");
   uint32_t eid = graph_.entry_id(graph_.heads[index]);
   CheckCompatible(eid, out, "output " + std::to_string(index) + " destination");
@@ -475,38 +558,76 @@ void GraphRuntime::CopyOutputTo(int index, DLTensor* out) const {
   }
 }
 
-void GraphRuntime::SetParams(const ffi::Map<ffi::String, ffi::Tensor>& params) {
-  for (const auto& [name, value] : params) {
-    int index = GetInputIndex(std::string(name));
-    if (index < 0) TVM_FFI_THROW(KeyError) << "parameter '" << name << "' is not an input of the graph";
-    SetInput(index, value.GetDLTensorPtr());
+void GraphRuntime::BindParams(const std::vector<std::pair<int, const DLTensor*>>& params) {
+  for (const auto& [index, value] : params) {
+    WriteInput(index, value, "parameter '" + GetInputName(index) + "'");
+    input_is_param_[index] = 1;
   }
   InvalidateCaches();
 }
 
-void GraphRuntime::LoadParams(const std::string& param_bytes) {
-  static const ffi::Function load = *ffi::Function::GetGlobal("runtime.LoadParams");
-  SetParams(load(ffi::Bytes(param_bytes)).cast<ffi::Map<ffi::String, ffi::Tensor>>());
+void GraphRuntime::SetParam(int index, const DLTensor* value) {
+  ExclusiveUse use(this, "set_params");
+  CheckInputValue(index, value, "parameter '" + GetInputName(index) + "'");
+  BindParams({{index, value}});
+}
+
+void GraphRuntime::SetParams(const ffi::Map<ffi::String, ffi::Tensor>& params) {
+  ExclusiveUse use(this, "set_params");
+  std::vector<std::pair<int, const DLTensor*>> checked;
+  for (const auto& [name, value] : params) {
+    int index = GetInputIndex(std::string(name));
+    if (index < 0) TVM_FFI_THROW(KeyError) << "set_params: parameter '" << name << "' is not an input of the graph";
+    CheckInputValue(index, value.GetDLTensorPtr(), "set_params: parameter '" + std::string(name) + "'");
+    checked.emplace_back(index, value.GetDLTensorPtr());
+  }
+  BindParams(checked);
+}
+
+void GraphRuntime::LoadParams(const std::string& param_bytes, const std::string& what) {
+  ExclusiveUse use(this, "load_params");
+  std::vector<NamedParam> params = ReadParamBlob(param_bytes, what);
+  std::vector<std::pair<int, const DLTensor*>> checked;
+  for (const NamedParam& p : params) {
+    int index = GetInputIndex(p.name);
+    if (index < 0) {
+      TVM_FFI_THROW(KeyError) << what << ": parameter '" << p.name << "' is not an input of the graph";
+    }
+    CheckInputValue(index, p.value.GetDLTensorPtr(), what + ": parameter '" + p.name + "'");
+    checked.emplace_back(index, p.value.GetDLTensorPtr());
+  }
+  BindParams(checked);
 }
 
 void GraphRuntime::ShareParams(const GraphRuntime& other, const std::string& param_bytes) {
-  static const ffi::Function load = *ffi::Function::GetGlobal("runtime.LoadParams");
-  auto params = load(ffi::Bytes(param_bytes)).cast<ffi::Map<ffi::String, ffi::Tensor>>();
-  for (const auto& [name, value] : params) {
-    int index = GetInputIndex(std::string(name));
-    int other_index = other.GetInputIndex(std::string(name));
+  ExclusiveUse use(this, "share_params");
+  std::vector<std::pair<uint32_t, ffi::Tensor>> shares;  // (entry, the other runtime's tensor)
+  std::vector<int> indices;
+  for (const NamedParam& p : ReadParamBlob(param_bytes, "share_params")) {
+    const std::string& name = p.name;
+    int index = GetInputIndex(name);
+    int other_index = other.GetInputIndex(name);
     if (index < 0 || other_index < 0) {
       TVM_FFI_THROW(KeyError) << "share_params: parameter '" << name << "' is not an input of both graphs";
     }
     uint32_t eid = graph_.entry_id(input_nodes_[index], 0);
     const ffi::Tensor& shared = other.GetInput(other_index);
-    CheckCompatible(eid, shared.GetDLTensorPtr(), "share_params '" + std::string(name) + "'");
+    CheckCompatible(eid, shared.GetDLTensorPtr(), "share_params '" + name + "'");
     DLDevice have = shared.device(), need = data_entry_[eid].device();
     if (have.device_type != need.device_type || have.device_id != need.device_id) {
       TVM_FFI_THROW(ValueError) << "share_params '" << name << "': the other runtime holds it on "
                                 << DeviceName(have) << ", this one needs it on " << DeviceName(need);
     }
-    data_entry_[eid] = shared;
+    if (!other.input_set_[other_index]) {
+      TVM_FFI_THROW(ValueError) << "share_params '" << name << "': the other runtime never set it";
+    }
+    shares.emplace_back(eid, shared);
+    indices.push_back(index);
+  }
+  for (const auto& [eid, shared] : shares) data_entry_[eid] = shared;
+  for (int index : indices) {
+    MarkInputSet(index);
+    input_is_param_[index] = 1;
   }
   SetupOpExecs();  // re-pack argument pointers to the shared tensors
   SetupPreparedCalls();
@@ -542,6 +663,8 @@ std::string GraphRuntime::StatsJSON() const {
 std::string GraphRuntime::ProfileJSON(int repeat) {
   namespace json = ffi::json;
   using Clock = std::chrono::steady_clock;
+  ExclusiveUse use(this, "profile");
+  if (num_inputs_unset_ != 0) ThrowUnsetInputs();
   repeat = std::max(repeat, 1);
   std::vector<double> node_us(op_execs_.size(), 0.0);
   for (int r = 0; r < repeat; ++r) {

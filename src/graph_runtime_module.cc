@@ -59,7 +59,11 @@ ffi::Optional<ffi::Function> GraphRuntimeModule::GetFunction(const ffi::String& 
   if (n == "get_num_inputs") return ffi::Function::FromTyped([self, rt]() { return rt->NumInputs(); });
   if (n == "get_num_outputs") return ffi::Function::FromTyped([self, rt]() { return rt->NumOutputs(); });
   if (n == "load_params") {
-    return ffi::Function::FromTyped([self, rt](ffi::Bytes bytes) { rt->LoadParams(std::string(bytes)); });
+    // load_params(bytes[, what]): `what` (e.g. the file) is named in errors.
+    return ffi::Function::FromPacked([self, rt](ffi::PackedArgs args, ffi::Any*) {
+      std::string what = args.size() > 1 ? args[1].cast<std::string>() : "load_params";
+      rt->LoadParams(std::string(args[0].cast<ffi::Bytes>()), what);
+    });
   }
   if (n == "set_params") {
     return ffi::Function::FromTyped(

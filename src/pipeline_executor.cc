@@ -12,6 +12,7 @@
 #include <sched.h>
 #include <tvm/ffi/extra/json.h>
 #include <tvm/runtime/device_api.h>
+#include <tvm_hetero/param_blob.h>
 #include <tvm_hetero/pipeline_executor.h>
 #include <unistd.h>
 
@@ -348,6 +349,7 @@ void PipelineExecutor::SetupWiring(const PipelineConfig& config) {
         feed.staging = Empty(dst->shape, dst->ndim, dst->dtype, DLDevice{kDLCPU, 0});
       }
       stage.feeds.push_back(std::move(feed));
+      stage.runtime->MarkInputSet(index);  // written by the feed copy before every Run
     }
     for (const std::string& name : stage.params) {
       int index = rt.GetInputIndex(name);
@@ -741,7 +743,7 @@ void PipelineExecutor::SetParam(int s, const std::string& name, const DLTensor* 
   int index = CheckedParamIndex(s, name);
   std::lock_guard<std::mutex> lock(mu_);
   CheckIdleLocked();
-  stages_[s].runtime->SetInput(index, value);
+  stages_[s].runtime->SetParam(index, value);
 }
 
 void PipelineExecutor::SetParams(int s, const ffi::Map<ffi::String, ffi::Tensor>& params) {
@@ -764,14 +766,21 @@ void PipelineExecutor::SetParams(int s, const ffi::Map<ffi::String, ffi::Tensor>
     }
     if (sets.size() == before) TVM_FFI_THROW(KeyError) << "'" << n << "' is a parameter of no stage";
   }
+  for (const auto& [k, index, value] : sets) {
+    stages_[k].runtime->CheckInputValue(index, value.GetDLTensorPtr(),
+                                        "stage " + std::to_string(k) + " '" + stages_[k].name + "': parameter '" +
+                                            stages_[k].runtime->GetInputName(index) + "'");
+  }
   std::lock_guard<std::mutex> lock(mu_);
   CheckIdleLocked();
-  for (const auto& [k, index, value] : sets) stages_[k].runtime->SetInput(index, value.GetDLTensorPtr());
+  // Through the runtime's parameter path, so caches derived from the old values are dropped.
+  for (const auto& [k, index, value] : sets) stages_[k].runtime->SetParam(index, value.GetDLTensorPtr());
 }
 
 void PipelineExecutor::LoadParams(int s, const std::string& param_bytes) {
-  static const ffi::Function load = *ffi::Function::GetGlobal("runtime.LoadParams");
-  SetParams(s, load(ffi::Bytes(param_bytes)).cast<ffi::Map<ffi::String, ffi::Tensor>>());
+  ffi::Map<ffi::String, ffi::Tensor> params;
+  for (NamedParam& p : ReadParamBlob(param_bytes, "load_params")) params.Set(p.name, p.value);
+  SetParams(s, params);
 }
 
 // ---- stats -----------------------------------------------------------------------------------

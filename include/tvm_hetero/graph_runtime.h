@@ -16,6 +16,7 @@
 #include <tvm_hetero/graph.h>
 #include <tvm_hetero/storage_plan.h>
 
+#include <atomic>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -107,13 +108,25 @@ class GraphRuntime {
             DeviceIndexKind kind = DeviceIndexKind::kPosition,
             std::vector<tvm::ffi::Optional<tvm::ffi::Module>> device_libs = {});
 
-  /*! \brief Execute the graph once. */
+  /*!
+   * \brief Execute the graph once.
+   *
+   * Rules checked here (docs/runtime.md): every input must have been set (parameters count once
+   * loaded or set), else an error names those never set; one call at a time per runtime: Run,
+   * SetInput, SetParam(s), LoadParams, ShareParams, CopyOutputTo and ProfileJSON raise "runtime is
+   * busy" instead of waiting while another thread is inside one of them on this runtime.
+   */
   void Run();
 
   /*! \brief Index of the input (or parameter) named `name`, or -1. */
   int GetInputIndex(const std::string& name) const;
-  /*! \brief Copy `value` into input `index`; shape and dtype must match. */
+  /*! \brief Copy `value` into input `index`; shape and dtype must match. Writing an input that
+   *         is a parameter (bound by SetParam(s)/LoadParams/ShareParams) invalidates caches. */
   void SetInput(int index, const DLTensor* value);
+  /*! \brief Throw naming `what` unless `value` fits input `index` (shape, dtype, contiguity). */
+  void CheckInputValue(int index, const DLTensor* value, const std::string& what) const;
+  /*! \brief The caller writes input `index` itself (through GetInput's memory) before every Run. */
+  void MarkInputSet(int index);
   /*! \brief The input's tensor (the runtime's own memory). */
   tvm::ffi::Tensor GetInput(int index) const;
   /*! \brief The output's tensor (the runtime's own memory; valid until the next Run). */
@@ -125,10 +138,16 @@ class GraphRuntime {
   /*! \brief Name of input `index`. */
   const std::string& GetInputName(int index) const;
 
-  /*! \brief Set parameters from `tvm.runtime.save_param_dict` bytes. */
-  void LoadParams(const std::string& param_bytes);
-  /*! \brief Set parameters by name. */
+  /*!
+   * \brief Set parameters from `tvm.runtime.save_param_dict` bytes. The whole blob is validated
+   *        (sizes against the bytes present, names, shapes and dtypes against the graph) before
+   *        anything is written; errors name `what` (e.g. the file) and the parameter.
+   */
+  void LoadParams(const std::string& param_bytes, const std::string& what = "load_params");
+  /*! \brief Set parameters by name; all are checked before any is written. */
   void SetParams(const tvm::ffi::Map<tvm::ffi::String, tvm::ffi::Tensor>& params);
+  /*! \brief Set one parameter by input index. */
+  void SetParam(int index, const DLTensor* value);
   /*! \brief Use `other`'s memory for the parameters named in `param_bytes` (no copy). */
   void ShareParams(const GraphRuntime& other, const std::string& param_bytes);
 
@@ -170,6 +189,14 @@ class GraphRuntime {
   int CheckedInputIndex(int index, const char* what) const;
   /*! \brief Throw naming the input unless `value` matches its shape and dtype. */
   void CheckCompatible(uint32_t eid, const DLTensor* value, const std::string& what) const;
+  /*! \brief Copy into input `index` (checked) and count it as set. */
+  void WriteInput(int index, const DLTensor* value, const std::string& what);
+  /*! \brief Write checked parameters, mark them parameters, invalidate caches once. */
+  void BindParams(const std::vector<std::pair<int, const DLTensor*>>& params);
+  /*! \brief Throw naming every input never set. */
+  [[noreturn]] void ThrowUnsetInputs() const;
+  /*! \brief Marks the runtime in use for one call; another call meanwhile raises "busy". */
+  class ExclusiveUse;
 
   /*! \brief The validated graph. */
   Graph graph_;
@@ -207,6 +234,14 @@ class GraphRuntime {
   int64_t remote_copies_ = 0;
   /*! \brief Non-CPU devices to synchronise at the end of Run. */
   std::vector<DLDevice> devices_to_sync_;
+  /*! \brief Per input: written at least once (SetInput, a parameter path, or MarkInputSet). */
+  std::vector<uint8_t> input_set_;
+  /*! \brief Inputs not yet written: Run refuses to start while it is not zero. */
+  int num_inputs_unset_ = 0;
+  /*! \brief Per input: bound as a parameter, so writing it invalidates derived caches. */
+  std::vector<uint8_t> input_is_param_;
+  /*! \brief A call that uses the runtime's memory is in progress (see Run). */
+  std::atomic<bool> in_use_{false};
 };
 
 /*! \brief True when copying between these devices needs a host buffer in between. */

@@ -159,7 +159,16 @@ def cmd_compile(args: argparse.Namespace) -> int:
     say = _progress(start)
     devices = parse_device_specs(args.device) if args.device else default_devices()
     say(f"importing {args.model}")
-    model = onnx.load(args.model)
+    if not Path(args.model).is_file():
+        raise FileNotFoundError(f"model {args.model}: no such file")
+    if Path(args.model).stat().st_size == 0:
+        raise ValueError(f"model {args.model}: the file is empty")
+    if Path(args.output).exists() and not Path(args.output).is_dir():
+        raise FileExistsError(f"-o {args.output}: exists and is not a directory")
+    try:
+        model = onnx.load(args.model)
+    except Exception as err:  # noqa: BLE001 (protobuf raises several kinds for a file that is not ONNX)
+        raise ValueError(f"model {args.model}: not an ONNX model ({error_line(err)})") from None
     mod = models.relax_module(model)
     placement = parse_placement(args.place, args.split, len(devices), count_ops(mod) if args.split else None)
     artifact = tvm_hetero.build(mod, devices, placement=placement, progress=say)
@@ -171,9 +180,12 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 def _load_input(spec: str) -> tuple[str, np.ndarray]:
     name, sep, path = spec.partition("=")
-    if not sep:
-        raise SystemExit(f"--input {spec!r}: expected NAME=FILE.npy")
-    return name, np.load(path)
+    if not sep or not name or not path:
+        raise ValueError(f"--input {spec!r}: expected NAME=FILE.npy")
+    try:
+        return name, np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"--input {name}: cannot read {path} as a .npy array ({error_line(err)})") from None
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -182,6 +194,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     artifact = tvm_hetero.load(args.artifact)
     runtime = artifact.create()
     inputs = dict(_load_input(s) for s in args.input)
+    unknown = [n for n in inputs if n not in artifact.input_names]
+    if unknown:
+        raise ValueError(f"--input {unknown[0]}: the model has no input of that name (inputs: {artifact.input_names})")
     missing = [n for n in artifact.input_names if n not in inputs]
     if missing:
         rng = np.random.default_rng(0)
@@ -253,6 +268,10 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
+    def debug_flag(p):
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="on error, show the Python traceback")
+
     def placement_flags(p):
         p.add_argument("--device", action="append", default=[], metavar="DEV=TARGET",
                        help="device and its target, primary first (default: cpu:0=llvm, then cuda:0 or cpu:1)")
@@ -265,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--remote", metavar="local|HOST:PORT",
                       help="run the last device in an RPC server: 'local' starts one, or give a running one")
     placement_flags(demo)
+    debug_flag(demo)
     demo.set_defaults(fn=cmd_demo)
 
     comp = sub.add_parser("compile", help="compile an ONNX model to an artifact directory")
@@ -272,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     comp.add_argument("-o", "--output", required=True)
     comp.add_argument("--split", type=float, default=None)
     placement_flags(comp)
+    debug_flag(comp)
     comp.set_defaults(fn=cmd_compile)
 
     run = sub.add_parser("run", help="run an artifact directory")
@@ -279,15 +300,38 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy")
     run.add_argument("--repeat", type=int, default=5)
     run.add_argument("--save", metavar="DIR", help="save outputs as .npy here")
+    debug_flag(run)
     run.set_defaults(fn=cmd_run)
 
     insp = sub.add_parser("inspect", help="placement, groups, copies and memory of an artifact")
     insp.add_argument("artifact")
     insp.add_argument("--dot", metavar="FILE", help="write a Graphviz picture coloured by device")
+    debug_flag(insp)
     insp.set_defaults(fn=cmd_inspect)
 
+    parser.add_argument("--debug", action="store_true", help="on error, show the Python traceback")
     args = parser.parse_args(argv)
-    return args.fn(args)
+    try:
+        return args.fn(args)
+    except KeyboardInterrupt:
+        print("tvm-hetero: interrupted", file=sys.stderr)
+        return 130
+    except SystemExit:
+        raise
+    except Exception as err:  # the one top-level handler: one line, not a traceback
+        if args.debug:
+            raise
+        print(f"tvm-hetero {args.command}: error: {error_line(err)}", file=sys.stderr)
+        return 1
+
+
+def error_line(err: BaseException) -> str:
+    """The message of ``err`` on one line: its last non-empty line (TVM errors end with the reason)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    text = lines[-1] if lines else ""
+    if isinstance(err, KeyError) and text.startswith(("'", '"')) and text.endswith(("'", '"')):
+        text = text[1:-1]
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
 if __name__ == "__main__":

@@ -36,6 +36,25 @@ def _as_device_list(devices: tvm.runtime.Device | Sequence[tvm.runtime.Device]) 
 OFFLOAD_MODES = ("group", "per_op")
 
 
+def as_tensor(value: Any, what: str, device: tvm.runtime.Device | None = None) -> tvm.runtime.Tensor:
+    """``value`` as a contiguous TVM tensor (the one input conversion of every runtime API).
+
+    A TVM tensor is kept (copied to ``device`` when that is remote and the tensor is not); anything
+    array-like is copied into a new tensor on ``device`` (default cpu:0). 0-d stays 0-d.
+    """
+    if isinstance(value, tvm.runtime.Tensor):
+        if device is not None and is_remote(device) and not is_remote(value.device):
+            return tvm.runtime.tensor(value.numpy(), device)
+        return value
+    try:
+        array = np.asarray(value, order="C")  # keeps 0-d arrays 0-d (ascontiguousarray would not)
+    except Exception as err:
+        raise TypeError(f"{what}: cannot convert {type(value).__name__} to a tensor") from err
+    if array.dtype == object:
+        raise TypeError(f"{what}: cannot convert {type(value).__name__} to a tensor")
+    return tvm.runtime.tensor(array, device if device is not None else tvm.cpu(0))
+
+
 def create(
     graph_json: str,
     lib: tvm.runtime.Module,
@@ -43,6 +62,7 @@ def create(
     device_index_kind: str = "position",
     offload: str = "group",
     remote_timeout: float | None = None,
+    remote_library: Any = None,
 ) -> GraphModule:
     """Create a runtime for ``graph_json`` (docs/graph-format.md).
 
@@ -58,8 +78,12 @@ def create(
     offload : for remote devices mixed with local ones, ``"group"`` runs each group of remote
         kernels with one RPC call (a runner in the remote process holds the prepared calls);
         ``"per_op"`` calls every remote kernel across the connection (TVM's old behaviour).
-    remote_timeout : seconds a run may take when remote devices are involved; past it the
-        connections are closed and ``run`` raises TimeoutError (a remote device that hangs).
+    remote_timeout : seconds that set-up (kernel upload, runtime creation) and each run may take
+        when remote devices are involved; past it the connections are closed and TimeoutError
+        names the servers (a remote device that hangs or was stopped). Needs sessions from
+        ``tvm_hetero.rpc.connect`` or ``connect_tracker``.
+    remote_library : ``device -> path or None``: the exported kernel library a remote device
+        uploads (an artifact's lib.so); None, or a None answer, exports ``lib`` on the fly.
     """
     if not isinstance(graph_json, str):
         raise TypeError(f"graph_json must be a str, got {type(graph_json).__name__}")
@@ -74,7 +98,7 @@ def create(
     if any(remote):
         from .offload import create_mixed
 
-        return create_mixed(graph_json, lib, devices, device_index_kind, offload, remote_timeout)
+        return create_mixed(graph_json, lib, devices, device_index_kind, offload, remote_timeout, remote_library)
     fcreate = tvm_ffi.get_global_func("tvm_hetero.graph_runtime.create")
     return GraphModule(fcreate(graph_json, lib, device_index_kind, *devices), devices[0])
 
@@ -92,13 +116,19 @@ def _create_remote(graph_json, lib, devices, device_index_kind) -> GraphModule:
 class GraphModule:
     """A loaded graph: set inputs, run, read outputs (TVM's GraphModule API)."""
 
-    def __init__(self, module: tvm.runtime.Module, primary_device: tvm.runtime.Device, keep_alive: tuple = ()):
+    def __init__(
+        self,
+        module: tvm.runtime.Module,
+        primary_device: tvm.runtime.Device,
+        keep_alive: tuple = (),
+        watchdog: Any = None,
+    ):
         self.module = module
         self.primary_device = primary_device
         # Sessions, remote libraries and runners this runtime uses; they must outlive it.
         self._keep_alive = keep_alive
-        # Set for runtimes with remote devices and a remote_timeout (see tvm_hetero.offload).
-        self._watchdog = None
+        # Bounds each run when remote devices are involved (tvm_hetero.rpc.RunWatchdog), or None.
+        self._watchdog = watchdog
         self._set_input = module["set_input"]
         self._run = module["run"]
         self._get_output = module["get_output"]
@@ -115,18 +145,7 @@ class GraphModule:
 
     # ---- inputs ----------------------------------------------------------------------------
     def _to_tensor(self, value: Any, what: str) -> tvm.runtime.Tensor:
-        if isinstance(value, tvm.runtime.Tensor):
-            if is_remote(self.primary_device) and not is_remote(value.device):
-                return tvm.runtime.tensor(value.numpy(), self.primary_device)
-            return value
-        try:
-            array = np.asarray(value, order="C")  # keeps 0-d arrays 0-d (ascontiguousarray would not)
-        except Exception as err:
-            raise TypeError(f"{what}: cannot convert {type(value).__name__} to a tensor") from err
-        if array.dtype == object:
-            raise TypeError(f"{what}: cannot convert {type(value).__name__} to a tensor")
-        device = self.primary_device if is_remote(self.primary_device) else tvm.cpu(0)
-        return tvm.runtime.tensor(array, device)
+        return as_tensor(value, what, self.primary_device if is_remote(self.primary_device) else None)
 
     def set_input(self, key: int | str | None = None, value: Any = None, **params: Any) -> None:
         """Set one input by name or index (numpy array or TVM tensor), and/or several by keyword."""
@@ -169,7 +188,13 @@ class GraphModule:
 
     # ---- execution -------------------------------------------------------------------------
     def run(self, **inputs: Any) -> None:
-        """Set the given inputs by name, then execute the graph once."""
+        """Set the given inputs by name, then execute the graph once.
+
+        Every input must have been set (parameters count once loaded), else ValueError names those
+        never set. One call at a time per runtime: while another thread is in ``run`` (or
+        ``set_input``, ``set_params``, ``load_params``, ``get_output(i, out)``) on this runtime, the
+        call raises RuntimeError "runtime is busy" instead of corrupting shared buffers.
+        """
         if inputs:
             self.set_input(**inputs)
         if self._watchdog is None:
@@ -181,8 +206,8 @@ class GraphModule:
             except Exception as err:
                 if self._watchdog.fired:
                     raise TimeoutError(
-                        f"a remote device did not answer within {self._watchdog.timeout} s; "
-                        "its connection was closed (create a new runtime after reconnecting)"
+                        f"{self._watchdog.address} did not answer within {self._watchdog.timeout} s during run; "
+                        "the connection was closed (create a new runtime after reconnecting)"
                     ) from err
                 raise
 
@@ -194,12 +219,17 @@ class GraphModule:
 
     # ---- parameters ------------------------------------------------------------------------
     def set_params(self, params: dict[str, Any]) -> None:
-        for name, value in params.items():
-            self._set_one(name, value)
+        """Bind parameters by name: all are checked before any is written, and caches derived from
+        the old values (e.g. an external backend's reordered weights) are dropped."""
+        for name in params:
+            if not isinstance(name, str) or self._get_input_index(name) < 0:
+                raise KeyError(f"set_params: the graph has no input named {name!r}")
+        self._set_params({name: self._to_tensor(value, f"parameter {name!r}") for name, value in params.items()})
 
-    def load_params(self, param_bytes: bytes | bytearray) -> None:
-        """Set parameters from ``tvm.runtime.save_param_dict`` bytes."""
-        self._load_params(bytes(param_bytes))
+    def load_params(self, param_bytes: bytes | bytearray, what: str = "load_params") -> None:
+        """Set parameters from ``tvm.runtime.save_param_dict`` bytes; the whole blob is validated
+        (sizes, names, shapes, dtypes) before anything is written. ``what`` is named in errors."""
+        self._load_params(bytes(param_bytes), what)
 
     def share_params(self, other: GraphModule, param_bytes: bytes | bytearray) -> None:
         """Use ``other``'s parameter memory (the names in ``param_bytes``) instead of copying."""

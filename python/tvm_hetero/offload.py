@@ -10,9 +10,11 @@ cross only through the graph's ``__copy`` nodes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import tvm
 import tvm_ffi
@@ -27,15 +29,20 @@ def _session_of(device: tvm.runtime.Device):
     return session
 
 
-def _remote_library(session, lib: tvm.runtime.Module, cache: dict) -> tvm.runtime.Module:
-    """The kernel library loaded in the remote process (exported and uploaded once per session)."""
+def _remote_library(session, lib: tvm.runtime.Module, cache: dict, library_file=None) -> tvm.runtime.Module:
+    """The kernel library loaded in the remote process (uploaded once per session)."""
     from .rpc import upload_library
 
     key = id(session)
     if key not in cache:
         # A fresh name each time: overwriting a library the remote process has mapped would crash it.
-        cache[key] = upload_library(session, lib, name=f"tvm_hetero_kernels_{uuid.uuid4().hex}.so")
+        name = f"tvm_hetero_kernels_{uuid.uuid4().hex}.so"
+        cache[key] = upload_library(session, lib, name=name, library_file=library_file)
     return cache[key]
+
+
+def _address(session) -> str:
+    return getattr(session, "address", None) or "the RPC server"
 
 
 def create_mixed(
@@ -45,44 +52,67 @@ def create_mixed(
     device_index_kind: str,
     offload: str,
     remote_timeout: float | None = None,
+    remote_library: Callable[[tvm.runtime.Device], Any] | None = None,
 ) -> GraphModule:
     """A runtime over local and remote devices; see the module docstring.
 
-    With ``remote_timeout`` (seconds), a run that has not finished in time closes the connections to
-    the remote servers and raises TimeoutError instead of waiting forever on a hung device.
+    With ``remote_timeout`` (seconds), set-up (kernel upload, runtime and runner creation) and every
+    run are bounded: past it the connections to the remote servers are closed and TimeoutError names
+    them, instead of waiting forever on a hung or stopped server. ``remote_library(device)`` gives
+    the exported library file a remote device uploads (None: ``lib`` exported on the fly).
     """
-    remote_libs: dict = {}
-    libs, sessions = [], []
-    for dev in devices:
-        if is_remote(dev):
-            session = _session_of(dev)
-            sessions.append(session)
-            libs.append(_remote_library(session, lib, remote_libs))
-        else:
-            libs.append(lib)
-    fcreate = tvm_ffi.get_global_func("tvm_hetero.graph_runtime.create")
-    module = fcreate(graph_json, libs, device_index_kind, *devices)
-    runners = []
-    if offload == "group":
-        for position, dev in enumerate(devices):
-            if is_remote(dev):
-                runner = _attach_runner(module, position, _session_of(dev), libs[position])
-                if runner is not None:
-                    runners.append(runner)
+    sessions = list(dict.fromkeys(_session_of(dev) for dev in devices if is_remote(dev)))
     watchdog = None
     if remote_timeout is not None:
-        from .rpc import RunWatchdog
+        from .rpc import RemoteSession, RunWatchdog
 
-        peers = []
-        for session in dict.fromkeys(sessions):
-            peer = getattr(session, "_tvm_hetero_peer", None)
-            if peer is None:
-                raise ValueError("remote_timeout needs sessions opened with tvm_hetero.rpc.connect (or LocalServer)")
-            peers.append(peer)
-        watchdog = RunWatchdog(peers, remote_timeout)
-    rt = GraphModule(module, devices[0], keep_alive=(tuple(sessions), tuple(libs), tuple(runners)))
-    rt._watchdog = watchdog
-    return rt
+        if not all(isinstance(s, RemoteSession) for s in sessions):
+            raise ValueError(
+                "remote_timeout needs sessions from tvm_hetero.rpc.connect, connect_tracker or LocalServer.connect"
+            )
+        watchdog = RunWatchdog([s.peer for s in sessions], remote_timeout, ", ".join(s.address for s in sessions))
+    stage = "uploading the kernel library"
+    try:
+        with watchdog if watchdog is not None else contextlib.nullcontext():
+            remote_libs: dict = {}
+            libs = []
+            for dev in devices:
+                if is_remote(dev):
+                    library_file = remote_library(dev) if remote_library is not None else None
+                    libs.append(_remote_library(_session_of(dev), lib, remote_libs, library_file))
+                else:
+                    libs.append(lib)
+            stage = "creating the runtime"
+            fcreate = tvm_ffi.get_global_func("tvm_hetero.graph_runtime.create")
+            module = fcreate(graph_json, libs, device_index_kind, *devices)
+            runners = []
+            if offload == "group":
+                stage = "creating the remote runners"
+                for position, dev in enumerate(devices):
+                    if is_remote(dev):
+                        runner = _attach_runner(module, position, _session_of(dev), libs[position])
+                        if runner is not None:
+                            runners.append(runner)
+    except (OSError, RuntimeError, ValueError) as err:
+        servers = ", ".join(_address(s) for s in sessions)
+        if watchdog is not None and watchdog.fired:
+            raise TimeoutError(
+                f"{servers} did not answer within {remote_timeout} s while {stage}; the connection was closed"
+            ) from None
+        if isinstance(err, ValueError) and not _connection_lost(err):
+            raise
+        raise ConnectionError(
+            f"{servers}: the connection was lost while {stage} (server stopped or gone?): "
+            f"{str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__}"
+        ) from None
+    return GraphModule(
+        module, devices[0], keep_alive=(tuple(sessions), tuple(libs), tuple(runners)), watchdog=watchdog
+    )
+
+
+def _connection_lost(err: BaseException) -> bool:
+    text = str(err)
+    return any(sign in text for sign in ("kShutdown", "RPCCode", "Broken pipe", "Connection reset", "socket"))
 
 
 def _attach_runner(module, position: int, session, remote_lib):

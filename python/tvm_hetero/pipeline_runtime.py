@@ -206,13 +206,5 @@ class PipelineModule:
 
 
 def _as_tensor(value: Any, what: str) -> Any:
-    """A TVM tensor as-is; anything array-like as a zero-copy view of a contiguous numpy array."""
-    if isinstance(value, tvm.runtime.Tensor):
-        return value
-    try:
-        array = np.ascontiguousarray(value)
-    except Exception as err:
-        raise TypeError(f"{what}: cannot convert {type(value).__name__} to a tensor") from err
-    if array.dtype == object:
-        raise TypeError(f"{what}: cannot convert {type(value).__name__} to a tensor")
-    return tvm_ffi.from_dlpack(array)
+    """The graph runtime's input conversion (0-d stays 0-d), so both APIs accept the same values."""
+    return graph_runtime.as_tensor(value, what)

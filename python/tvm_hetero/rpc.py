@@ -22,6 +22,9 @@ from tvm import rpc as tvm_rpc
 
 from ._lib import library_path
 
+#: Seconds :func:`connect` waits for a server's handshake by default (None: forever).
+DEFAULT_CONNECT_TIMEOUT = 60.0
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -62,8 +65,10 @@ class LocalServer:
         self.stop()
         raise TimeoutError(f"RPC server did not listen on port {self.port} within {timeout} s")
 
-    def connect(self, session_timeout: float = 0) -> tvm_rpc.RPCSession:
-        return connect("127.0.0.1", self.port, session_timeout=session_timeout)
+    def connect(
+        self, session_timeout: float = 0, connect_timeout: float | None = DEFAULT_CONNECT_TIMEOUT
+    ) -> RemoteSession:
+        return connect("127.0.0.1", self.port, session_timeout=session_timeout, connect_timeout=connect_timeout)
 
     def log(self) -> str:
         self._log.seek(0)
@@ -94,11 +99,77 @@ def start_local_server(port: int | None = None, threads: int | None = None) -> L
     return LocalServer(port=port, threads=threads)
 
 
-def connect(host: str, port: int, key: str = "", session_timeout: float = 0) -> tvm_rpc.RPCSession:
-    """Connect to an RPC server directly (the session remembers its peer, for run timeouts)."""
-    session = tvm_rpc.connect(host, port, key=key, session_timeout=session_timeout)
-    session._tvm_hetero_peer = (socket.gethostbyname(host), int(port))
-    return session
+class RemoteSession(tvm_rpc.RPCSession):
+    """A TVM RPC session that knows its server's address, so set-up and runs can be bounded in
+    time (``remote_timeout``) and errors can name the server."""
+
+    def __init__(self, session: tvm_rpc.RPCSession, peer: tuple[str, int], address: str):
+        super().__init__(session._sess)
+        #: (IP, port) of the server's end of the connection.
+        self.peer = peer
+        #: ``host:port`` as given, for messages.
+        self.address = address
+
+
+def connect(
+    host: str,
+    port: int,
+    key: str = "",
+    session_timeout: float = 0,
+    connect_timeout: float | None = DEFAULT_CONNECT_TIMEOUT,
+) -> RemoteSession:
+    """Connect to an RPC server directly.
+
+    ``connect_timeout`` bounds the handshake: a server that accepts and never answers (or is
+    stopped) gives TimeoutError naming host and port; one that answers junk gives ConnectionError.
+    """
+    address = f"{host}:{port}"
+    try:
+        peer = (socket.gethostbyname(host), int(port))
+    except (OSError, ValueError) as err:
+        raise ConnectionError(f"RPC server {address}: cannot resolve the address ({err})") from None
+    watchdog = RunWatchdog([peer], connect_timeout, address) if connect_timeout is not None else None
+    try:
+        if watchdog is None:
+            session = tvm_rpc.connect(host, port, key=key, session_timeout=session_timeout)
+        else:
+            with watchdog:
+                session = tvm_rpc.connect(host, port, key=key, session_timeout=session_timeout)
+    except Exception as err:  # noqa: BLE001 (whatever the handshake raised, the connection failed)
+        if watchdog is not None and watchdog.fired:
+            raise TimeoutError(
+                f"RPC server {address} did not complete the handshake within {connect_timeout} s"
+            ) from None
+        raise ConnectionError(
+            f"RPC server {address}: connection failed (not a TVM RPC server, wrong key, or it closed): "
+            f"{_last_line(err)}"
+        ) from None
+    return RemoteSession(session, peer, address)
+
+
+def _last_line(err: BaseException) -> str:
+    lines = [line for line in str(err).splitlines() if line.strip()]
+    return lines[-1] if lines else type(err).__name__
+
+
+def _inet_peers() -> set[tuple[str, int]]:
+    """Peers of this process's IPv4 TCP connections (Linux /proc)."""
+    peers = set()
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if not os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+                continue
+            probe = socket.socket(fileno=os.dup(int(name)))
+        except OSError:
+            continue
+        try:
+            if probe.family == socket.AF_INET:
+                peers.add(probe.getpeername()[:2])
+        except OSError:
+            pass
+        finally:
+            probe.close()
+    return peers
 
 
 def peer_sockets(peer: tuple[str, int]) -> list[int]:
@@ -123,12 +194,15 @@ def peer_sockets(peer: tuple[str, int]) -> list[int]:
 
 
 class RunWatchdog:
-    """Bounds a run that involves remote devices: past ``timeout`` seconds the connections to the
-    remote servers are shut down, so the blocked RPC call returns with an error instead of hanging."""
+    """Bounds a call that involves remote devices (connect, set-up, run): past ``timeout`` seconds
+    the connections to the remote servers are shut down, so the blocked RPC call returns with an
+    error instead of hanging."""
 
-    def __init__(self, peers: list[tuple[str, int]], timeout: float):
+    def __init__(self, peers: list[tuple[str, int]], timeout: float, address: str | None = None):
         self.peers = peers
         self.timeout = timeout
+        #: The servers, ``host:port``, for messages.
+        self.address = address or ", ".join(f"{h}:{p}" for h, p in peers)
         self.fired = False
         self._timer: threading.Timer | None = None
 
@@ -153,14 +227,32 @@ class RunWatchdog:
             self._timer.cancel()
 
 
-def connect_tracker(host: str, port: int, key: str, priority: int = 1, session_timeout: float = 0):
-    """Ask a tracker for a server registered under ``key`` (a board's name)."""
+def connect_tracker(host: str, port: int, key: str, priority: int = 1, session_timeout: float = 0) -> RemoteSession:
+    """Ask a tracker for a server registered under ``key`` (a board's name).
+
+    The session knows its server's address (the one connection it opened), so ``remote_timeout``
+    works for it as for :func:`connect`.
+    """
     tracker = tvm_rpc.connect_tracker(host, port)
-    return tracker.request(key, priority=priority, session_timeout=session_timeout)
+    before = _inet_peers()
+    session = tracker.request(key, priority=priority, session_timeout=session_timeout)
+    opened = _inet_peers() - before
+    if len(opened) != 1:
+        raise ConnectionError(
+            f"tracker {host}:{port}: cannot tell which connection is the session for {key!r} ({len(opened)} opened)"
+        )
+    peer = opened.pop()
+    return RemoteSession(session, peer, f"{peer[0]}:{peer[1]}")
 
 
-def upload_library(session: tvm_rpc.RPCSession, lib: tvm.runtime.Module, name: str = "kernels.so"):
-    """Export ``lib`` as a shared library, send it to the remote and load it there."""
+def upload_library(
+    session: tvm_rpc.RPCSession, lib: tvm.runtime.Module, name: str = "kernels.so", library_file: str | None = None
+):
+    """Send a kernel library to the remote and load it there: ``library_file`` (an exported
+    library, e.g. an artifact's lib.so) as it is, else ``lib`` exported on the fly."""
+    if library_file is not None:
+        session.upload(str(library_file), target=name)
+        return session.load_module(name)
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, name)
         lib.export_library(path)

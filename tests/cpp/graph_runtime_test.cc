@@ -51,6 +51,16 @@ class TestKernels : public ffi::ModuleObj {
   CallLog* log_;
 };
 
+template <typename F>
+void ExpectThrows(F f, const std::string& text) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one containing: " << text;
+  } catch (const tvm::ffi::Error& err) {
+    EXPECT_NE(err.message().find(text), std::string::npos) << err.message();
+  }
+}
+
 class GraphRuntimeTest : public ::testing::Test {
  protected:
   void SetUp() override { lib_ = ffi::Module(ffi::make_object<TestKernels>(&log_)); }
@@ -68,6 +78,22 @@ class GraphRuntimeTest : public ::testing::Test {
   ffi::Optional<ffi::Module> lib_;
   int64_t shape_[1] = {4};
 };
+
+TEST_F(GraphRuntimeTest, EntriesAtOffsetsOfOneStorageIdDoNotClobberEachOther) {
+  // Per device, every entry in one storage id at its own offset; all are live together.
+  GraphRuntime rt;
+  rt.Init(SimplexJSON("[0, 0, 2, 0, 2, 2]", "[1, 1, 0, 1, 0, 0]", "[0, 64, 0, 128, 64, 128]"), *lib_,
+          {{kDLCPU, 0}, {kDLCPU, 1}});
+  EXPECT_EQ(rt.storage_plan().slots.size(), 2u);
+  const char* base = static_cast<const char*>(rt.GetEntry(0).data_ptr());
+  EXPECT_EQ(static_cast<const char*>(rt.GetEntry(1).data_ptr()), base + 64);
+  EXPECT_EQ(static_cast<const char*>(rt.GetEntry(3).data_ptr()), base + 128);
+  SetFloat(rt, "A", {1, 2, 3, 4});
+  SetFloat(rt, "B", {10, 20, 30, 40});
+  SetFloat(rt, "C", {1, 1, 1, 1});
+  rt.Run();
+  EXPECT_EQ(Output(rt), (std::vector<float>{10, 21, 32, 43}));
+}
 
 TEST_F(GraphRuntimeTest, SimplexRunsAcrossTwoCPUDevices) {
   GraphRuntime rt;
@@ -100,6 +126,7 @@ TEST_F(GraphRuntimeTest, MissingCopyIsCaughtByTheKernelAndNamesTheNode) {
   json.replace(json.find("[[4, 0, 0], [2, 0, 0]]"), 22, "[[3, 0, 0], [2, 0, 0]]");
   GraphRuntime rt;
   rt.Init(json, *lib_, {{kDLCPU, 0}, {kDLCPU, 1}});
+  for (const char* name : {"A", "B", "C"}) SetFloat(rt, name, {1, 2, 3, 4});
   try {
     rt.Run();
     FAIL() << "no error";
@@ -137,6 +164,66 @@ TEST_F(GraphRuntimeTest, StatsCountGroupsCopiesAndBytes) {
   EXPECT_NE(stats.find("\"num_groups\":2"), std::string::npos) << stats;
   EXPECT_NE(stats.find("\"num_copies\":1"), std::string::npos) << stats;
   EXPECT_NE(stats.find("\"storage_bytes\":[48,48]"), std::string::npos) << stats;
+}
+
+/*! \brief Bytes in `tvm.runtime.save_param_dict` layout, for float32 1-d tensors. */
+std::string ParamBlob(const std::vector<std::pair<std::string, std::vector<float>>>& params,
+                      int64_t claimed_length = -1) {
+  std::string out;
+  auto put = [&](const auto& v) { out.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+  put(uint64_t{0xF7E58D4F05049CB7ULL});
+  put(uint64_t{0});
+  put(uint64_t(params.size()));
+  for (const auto& [name, values] : params) {
+    put(uint64_t(name.size()));
+    out += name;
+  }
+  put(uint64_t(params.size()));
+  for (const auto& [name, values] : params) {
+    put(uint64_t{0xDD5E40F096B4A13FULL});
+    put(uint64_t{0});
+    put(int32_t{kDLCPU});
+    put(int32_t{0});
+    put(int32_t{1});
+    put(uint8_t{kDLFloat});
+    put(uint8_t{32});
+    put(uint16_t{1});
+    int64_t length = claimed_length >= 0 ? claimed_length : int64_t(values.size());
+    put(length);
+    put(int64_t(length * 4));
+    out.append(reinterpret_cast<const char*>(values.data()), values.size() * 4);
+  }
+  return out;
+}
+
+TEST_F(GraphRuntimeTest, RunNamesTheInputsNeverSet) {
+  GraphRuntime rt;
+  rt.Init(SimplexJSON(), *lib_, {{kDLCPU, 0}, {kDLCPU, 1}});
+  SetFloat(rt, "B", {1, 2, 3, 4});
+  ExpectThrows([&] { rt.Run(); }, "run: 2 input(s) never set: 'A', 'C'");
+  EXPECT_TRUE(log_.device_ids.empty());  // no kernel saw the unset inputs
+  rt.LoadParams(ParamBlob({{"A", {1, 1, 1, 1}}, {"C", {0, 0, 0, 0}}}));
+  rt.Run();
+  EXPECT_EQ(Output(rt), (std::vector<float>{2, 3, 4, 5}));
+}
+
+TEST_F(GraphRuntimeTest, LoadParamsValidatesTheWholeBlobBeforeWriting) {
+  GraphRuntime rt;
+  rt.Init(SimplexJSON(), *lib_, {{kDLCPU, 0}, {kDLCPU, 1}});
+  std::string blob = ParamBlob({{"A", {1, 2, 3, 4}}, {"C", {5, 6, 7, 8}}});
+  ExpectThrows([&] { rt.LoadParams(blob.substr(0, blob.size() - 3), "params.bin"); },
+               "params.bin: truncated or corrupt: parameter 'C' data needs 16 bytes");
+  ExpectThrows([&] { rt.LoadParams(ParamBlob({{"A", {1, 2, 3, 4}}, {"Z", {1, 2, 3, 4}}})); },
+               "load_params: parameter 'Z' is not an input of the graph");
+  ExpectThrows([&] { rt.LoadParams(ParamBlob({{"A", {1, 2, 3, 4}}, {"C", {1, 2}}})); },
+               "parameter 'C': expected shape (4,), got (2,)");
+  // A header claiming 2^40 elements is an error, not an allocation.
+  ExpectThrows([&] { rt.LoadParams(ParamBlob({{"A", {1, 2, 3, 4}}}, int64_t{1} << 40)); },
+               "parameter 'A' data needs 4398046511104 bytes");
+  // Nothing was written by the failed loads: 'A' is still unset.
+  SetFloat(rt, "B", {1, 2, 3, 4});
+  SetFloat(rt, "C", {1, 2, 3, 4});
+  ExpectThrows([&] { rt.Run(); }, "never set: 'A'");
 }
 
 }  // namespace

@@ -521,6 +521,7 @@ TEST_F(PipelineExecutorTest, DestructionWithBlockedProducersDoesNotHang) {
   pipeline->Init(TwoStages());
   auto inputs = RandomInputs(1, 2, 7);
   DLTensor x = View(inputs[0][0]), y = View(inputs[0][1]);
+  pipeline->SetParam(1, "W", &x);
   std::string producer_error;
   // Nothing collects: workers block pushing into full queues, and the producer blocks in Run.
   std::thread producer([&] {
@@ -577,6 +578,7 @@ TEST_F(PipelineExecutorTest, RunChecksInputsAndParamsAreChecked) {
   ExpectError([&] { pipeline.SetParam(2, "W", &x); }, "there is no stage 2");
   ffi::Map<ffi::String, ffi::Tensor> params{{ffi::String("nope"), some_runtime->GetInput(0)}};
   ExpectError([&] { pipeline.SetParams(-1, params); }, "'nope' is a parameter of no stage");
+  pipeline.SetParam(1, "W", &x);
   ASSERT_TRUE(pipeline.Run({&x, &x}));
   ExpectError([&] { pipeline.SetParam(1, "W", &x); }, "only while no inference is in flight (1 are)");
   EXPECT_TRUE(pipeline.GetOutput(true).has_value());

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import tvm
 
+from . import artifact_files
 from .copies import copy_stats, insert_copies
 from .graph import Graph
 from .lower import LoweredGraph, compile_kernels, lower_to_graph
@@ -122,15 +123,31 @@ class Artifact:
     devices: list[tvm.runtime.Device]
     input_names: list[str] = field(default_factory=list)
     build_report: BuildReport | None = None
+    #: The directory it was loaded from (None: built in this process).
+    source_dir: Path | None = None
+    #: The manifest it was loaded with (None: built in this process).
+    manifest: dict | None = None
 
-    def create(self, devices: Sequence[tvm.runtime.Device] | None = None):
-        """A runtime with the parameters loaded; ``devices`` defaults to the build's devices."""
+    def create(self, devices: Sequence[tvm.runtime.Device] | None = None, **options: Any):
+        """A runtime with the parameters loaded; ``devices`` defaults to the build's devices.
+
+        ``options`` are those of :func:`tvm_hetero.graph_runtime.create` (``offload``,
+        ``remote_timeout``, ...). Remote devices load :meth:`library_file_for` when the artifact
+        was loaded from disk, else the library exported on the fly.
+        """
         from ..graph_runtime import create
 
-        module = create(self.graph_json, self.lib, list(devices) if devices is not None else self.devices)
+        options.setdefault("remote_library", self.library_file_for)
+        module = create(self.graph_json, self.lib, list(devices) if devices is not None else self.devices, **options)
         if self.params:
-            module.load_params(tvm.runtime.save_param_dict(self.params))
+            module.set_params(self.params)
         return module
+
+    def library_file_for(self, device: tvm.runtime.Device) -> Path | None:
+        """The exported kernel library file a remote ``device`` uploads; None: export :attr:`lib`."""
+        if self.source_dir is None:
+            return None
+        return artifact_files.library_file_for(self.source_dir, self.manifest or {}, device)
 
     def report(self) -> str:
         return str(self.build_report) if self.build_report else "(no build report: artifact was loaded)"
@@ -150,32 +167,50 @@ class Artifact:
         self.lib.export_library(str(out / LIB_FILE))
         (out / PARAMS_FILE).write_bytes(bytes(tvm.runtime.save_param_dict(self.params)))
         manifest = {
-            "format": "tvm-hetero-artifact/1",
+            "format": artifact_files.FORMAT,
             "devices": [[d.dlpack_device_type(), d.index] for d in self.devices],
             "device_names": [device_name(d) for d in self.devices],
             "inputs": self.input_names,
+            "params_format": artifact_files.PARAMS_FORMAT,
+            "params": artifact_files.param_table(self.params),
             "report": self.build_report.to_dict() if self.build_report else None,
         }
+        artifact_files.seal(manifest, out, [GRAPH_FILE, LIB_FILE, PARAMS_FILE])
         (out / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1))
         return out
 
 
 def load(path: str | os.PathLike) -> Artifact:
-    """Load an artifact written by :meth:`Artifact.export`."""
+    """Load an artifact written by :meth:`Artifact.export`, checking every file first.
+
+    A damaged, truncated or mismatched file (checksums, manifest format, parameters against the
+    graph) is a ValueError naming it; nothing is loaded from it (see compiler/artifact_files.py).
+    """
     src = Path(path)
     missing = [f for f in (GRAPH_FILE, LIB_FILE, PARAMS_FILE, MANIFEST_FILE) if not (src / f).is_file()]
     if missing:
         raise FileNotFoundError(f"{src} is not a tvm-hetero artifact: missing {', '.join(missing)}")
-    manifest = json.loads((src / MANIFEST_FILE).read_text())
-    params = {k: v.numpy() for k, v in tvm.runtime.load_param_dict((src / PARAMS_FILE).read_bytes()).items()}
-    report = BuildReport(**manifest["report"]) if manifest.get("report") else None
+    manifest = artifact_files.read_manifest(src / MANIFEST_FILE)
+    artifact_files.verify_files(src, manifest)
+    graph_json = artifact_files.read_text(src / GRAPH_FILE)
+    graph = artifact_files.read_json(src / GRAPH_FILE)
+    params = artifact_files.read_params((src / PARAMS_FILE).read_bytes(), str(src / PARAMS_FILE))
+    try:
+        input_names = list(manifest.get("inputs", []))
+        devices = [tvm.runtime.device(int(t), int(i)) for t, i in manifest["devices"]]
+        report = BuildReport(**manifest["report"]) if manifest.get("report") else None
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"{src / MANIFEST_FILE}: malformed ({type(err).__name__}: {err})") from None
+    artifact_files.check_params(params, graph, input_names, manifest, str(src / PARAMS_FILE))
     return Artifact(
-        graph_json=(src / GRAPH_FILE).read_text(),
+        graph_json=graph_json,
         lib=tvm.runtime.load_module(str(src / LIB_FILE)),
         params=params,
-        devices=[tvm.runtime.device(t, i) for t, i in manifest["devices"]],
-        input_names=manifest.get("inputs", []),
+        devices=devices,
+        input_names=input_names,
         build_report=report,
+        source_dir=src,
+        manifest=manifest,
     )
 
 
@@ -208,6 +243,9 @@ def build(
         position): their patterns are offloaded first, as regions on that device (docs/byoc.md).
     """
     say = progress or (lambda _msg: None)
+    if not isinstance(mod, tvm.IRModule):
+        hint = " (import ONNX first: tvm.relax.frontend.onnx.from_onnx(model))" if type(mod).__name__ == "ModelProto" else ""
+        raise TypeError(f"build: mod must be a Relax tvm.IRModule, got {type(mod).__name__}{hint}")
     if not targets:
         raise ValueError("targets: at least one (device, target) pair is needed")
     try:
@@ -234,7 +272,7 @@ def build(
     report = _make_report(lowered, graph, plan, devices, target_list, (switches_original, switches_reordered))
     report.compile_seconds = time.perf_counter() - start
     return Artifact(
-        graph_json=graph.to_json(plan.storage_ids),
+        graph_json=graph.to_json(plan.storage_ids, plan.storage_offsets),
         lib=lib,
         params=lowered.params,
         devices=devices,
