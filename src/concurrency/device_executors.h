@@ -29,19 +29,11 @@
 #include <thread>
 #include <vector>
 
+#include <tvm_hetero/execution.h>
+
 #include "step_schedule.h"
 
 namespace tvm_hetero {
-
-/*! \brief How a device's executor runs (a CPU cluster: its cores and its TVM thread pool size). */
-struct ExecutorOptions {
-  /*! \brief Cores the executor thread (and its thread pool) may run on; empty: no pinning. */
-  std::vector<int> cores;
-  /*! \brief TVM thread-pool threads for kernels run by this executor; 0: TVM's default. */
-  int num_threads = 0;
-
-  bool empty() const { return cores.empty() && num_threads == 0; }
-};
 
 /*! \brief Runs one step; throws to stop the run. */
 using StepFunction = void (*)(void* context, uint32_t step);
