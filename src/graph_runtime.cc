@@ -412,6 +412,15 @@ void GraphRuntime::SetupOpExecs() {
     op_execs_.push_back(std::move(step));
     concurrency_->access.push_back(std::move(access));
   }
+  // Outputs are read on the primary device; one made on a device sharing its memory is shown there.
+  output_views_.clear();
+  for (const EntryRef& head : graph_.heads) {
+    const ffi::Tensor& entry = data_entry_[graph_.entry_id(head)];
+    bool view = !SameDevice(entry.device(), devices_[0]) && SharesMemory(entry.device(), devices_[0]);
+    output_views_.push_back(view ? ffi::Tensor::FromNDAlloc(ViewAlloc{entry, 0}, entry.shape(), entry.dtype(),
+                                                            devices_[0])
+                                 : entry);
+  }
 }
 
 void GraphRuntime::SetupGroups() {
@@ -756,7 +765,7 @@ ffi::Tensor GraphRuntime::GetInput(int index) const {
 
 ffi::Tensor GraphRuntime::GetOutput(int index) const {
   CheckedInputIndex(index, "output");
-  return data_entry_[graph_.entry_id(graph_.heads[index])];
+  return output_views_[index];
 }
 
 void GraphRuntime::CopyOutputTo(int index, DLTensor* out) const {

@@ -286,6 +286,8 @@ class GraphRuntime {
    *         and that the graph does not copy itself (a graph compiled for two CPUs, run with one of
    *         them remote). Indexed after the graph's entries in GetEntry / OffloadPlanJSON. */
   std::vector<tvm::ffi::Tensor> implicit_copies_;
+  /*! \brief Each output as the caller sees it: the entry, or a view on the primary device. */
+  std::vector<tvm::ffi::Tensor> output_views_;
   /*! \brief Bytes moved by copy steps per Run (graph copies and implicit ones). */
   int64_t bytes_copied_per_run_ = 0;
   std::unique_ptr<Concurrency> concurrency_;

@@ -245,7 +245,8 @@ DEVICE_COLOURS = ["#9ecae1", "#fdae6b", "#a1d99b", "#bcbddc", "#fc9272", "#d9d9d
 
 
 def to_dot(graph: dict) -> str:
-    """Graphviz source of the graph, nodes coloured by device, copies as diamonds."""
+    """Graphviz source of the graph, nodes coloured by device, copies as diamonds, and tensors
+    another device reads in place (shared memory) as dashed edges."""
     devices = graph["attrs"]["device_index"][1]
     lines = ["digraph tvm_hetero {", "  rankdir=TB; node [style=filled, fontsize=10];"]
     for nid, node in enumerate(graph["nodes"]):
@@ -258,7 +259,8 @@ def to_dot(graph: dict) -> str:
             shape, label = "box", node["attrs"]["func_name"]
         lines.append(f'  n{nid} [label="{label}", shape={shape}, fillcolor="{colour}"];')
         for src in node["inputs"]:
-            lines.append(f"  n{src[0]} -> n{nid};")
+            in_place = node["op"] != "null" and devices[src[0]] != devices[nid] and shape != "diamond"
+            lines.append(f'  n{src[0]} -> n{nid} [style=dashed, label="in place"];' if in_place else f"  n{src[0]} -> n{nid};")
     lines.append("}")
     return "\n".join(lines)
 
