@@ -6,7 +6,6 @@ import math
 import random
 
 import pytest
-
 from tvm_hetero.compiler.autoplace.solver import exhaustive, single_device_placements, solve
 from tvm_hetero.compiler.schedule_model import CostModel, simulate
 

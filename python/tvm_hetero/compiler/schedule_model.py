@@ -150,7 +150,6 @@ class Timeline:
 
     def place(self, d: int) -> None:
         """Run the next kernel on device ``d``."""
-        k = len(self.placement)
         start, finish, new_copies, self.group_entered[d], called = self._timing(d)
         self.remote_calls += called
         for p, landed in new_copies:
