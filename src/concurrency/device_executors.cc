@@ -113,6 +113,8 @@ void DeviceExecutors::WorkerLoop(int d) {
   }
   uint64_t seen = 0;
   while (true) {
+    // Back-to-back runs are common (a serving loop): spin a little before sleeping on the next run.
+    for (int i = 0; i < kSpinsBeforeSleep && run_.load(std::memory_order_acquire) == seen; ++i) CpuRelax();
     {
       std::unique_lock<std::mutex> lock(mutex_);
       work_cv_.wait(lock, [&] { return shutting_down_.load() || run_.load() != seen; });
@@ -138,6 +140,7 @@ void DeviceExecutors::Run() {
   }
   work_cv_.notify_all();
   if (inline_device_ >= 0) RunDeviceSteps(inline_device_, run);
+  for (int i = 0; i < kSpinsBeforeSleep && busy_workers_.load(std::memory_order_acquire) != 0; ++i) CpuRelax();
   {
     std::unique_lock<std::mutex> lock(mutex_);
     done_cv_.wait(lock, [&] { return busy_workers_.load() == 0; });
