@@ -124,12 +124,13 @@ def test_a_real_process_prints_one_line_and_debug_shows_the_traceback(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(tvm_hetero.__file__).parents[1]),
                                                         os.environ.get("PYTHONPATH", "")])}
     command = [sys.executable, "-m", "tvm_hetero.cli", "run", str(tmp_path)]
-    plain = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+    plain = subprocess.run(command, check=False, capture_output=True, text=True, env=env, timeout=120)
     assert plain.returncode == 1
-    assert plain.stderr.strip().splitlines() == [
+    expected = (
         f"tvm-hetero run: error: FileNotFoundError: {tmp_path} is not a tvm-hetero artifact: "
         "missing graph.json, lib.so, params.bin, manifest.json"
-    ]
-    debug = subprocess.run([*command, "--debug"], capture_output=True, text=True, env=env, timeout=120)
+    )
+    assert plain.stderr.strip().splitlines() == [expected]
+    debug = subprocess.run([*command, "--debug"], check=False, capture_output=True, text=True, env=env, timeout=120)
     assert debug.returncode != 0
     assert "Traceback (most recent call last)" in debug.stderr
