@@ -12,11 +12,13 @@
 #include <tvm/ffi/extra/module.h>
 #include <tvm/ffi/function.h>
 #include <tvm_hetero/graph_runtime.h>
+#include <tvm_hetero/param_blob.h>
 
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -64,11 +66,13 @@ int main(int argc, char** argv) {
     tvm_hetero::GraphRuntime runtime;
     runtime.Init(ReadFile(dir + "/graph.json"), lib, devices);
     std::string params = ReadFile(dir + "/params.bin");
-    runtime.LoadParams(params);
+    runtime.LoadParams(params, dir + "/params.bin");  // validated whole; errors name the file
 
     // Which inputs are parameters: those named in params.bin.
-    auto load = ffi::Function::GetGlobal("runtime.LoadParams");
-    auto named = (*load)(ffi::Bytes(params)).cast<ffi::Map<ffi::String, ffi::Tensor>>();
+    std::set<std::string> named;
+    for (const tvm_hetero::NamedParam& p : tvm_hetero::ReadParamBlob(params, dir + "/params.bin")) {
+      named.insert(p.name);
+    }
     const tvm_hetero::Graph& graph = runtime.graph();
     for (int i = 0; i < runtime.NumInputs(); ++i) {
       const std::string& name = runtime.GetInputName(i);

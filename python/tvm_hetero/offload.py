@@ -99,7 +99,7 @@ def create_mixed(
             raise TimeoutError(
                 f"{servers} did not answer within {remote_timeout} s while {stage}; the connection was closed"
             ) from None
-        if isinstance(err, ValueError) and not _connection_lost(err):
+        if not _connection_lost(err):
             raise
         raise ConnectionError(
             f"{servers}: the connection was lost while {stage} (server stopped or gone?): "
@@ -111,8 +111,11 @@ def create_mixed(
 
 
 def _connection_lost(err: BaseException) -> bool:
+    """Whether a set-up error is the connection failing (TVM reports it only in the message)."""
+    if isinstance(err, (ConnectionError, BrokenPipeError)):
+        return True
     text = str(err)
-    return any(sign in text for sign in ("kShutdown", "RPCCode", "Broken pipe", "Connection reset", "socket"))
+    return any(sign in text for sign in ("kShutdown", "RPCCode", "Broken pipe", "Connection reset", "Socket", "socket"))
 
 
 def _attach_runner(module, position: int, session, remote_lib):

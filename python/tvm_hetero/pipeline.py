@@ -53,6 +53,7 @@ import tvm
 import tvm_ffi
 
 from . import pipeline_runtime
+from .compiler import artifact_files
 from .compiler.build import LIB_FILE, PARAMS_FILE, Artifact, _size, device_name, parse_device
 from .compiler.copies import insert_copies
 from .compiler.graph import Entry, Graph, Node
@@ -885,19 +886,21 @@ def load(path: str | os.PathLike) -> PipelineArtifact:
     src = Path(path)
     if not (src / MANIFEST_FILE).is_file():
         raise FileNotFoundError(f"{src} is not a tvm-hetero pipeline: missing {MANIFEST_FILE}")
-    manifest = json.loads((src / MANIFEST_FILE).read_text())
-    if manifest.get("format") != FORMAT:
-        raise ValueError(f"{src / MANIFEST_FILE}: format {manifest.get('format')!r}, expected {FORMAT!r}")
+    manifest = artifact_files.read_json(src / MANIFEST_FILE)
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        found = manifest.get("format") if isinstance(manifest, dict) else None
+        raise ValueError(f"{src / MANIFEST_FILE}: format {found!r}, expected {FORMAT!r}")
     needed = [*manifest["stage_graphs"], LIB_FILE, PARAMS_FILE] + (
         [manifest["unsplit_graph"]] if manifest["unsplit_graph"] else []
     )
     missing = [f for f in needed if not (src / f).is_file()]
     if missing:
         raise FileNotFoundError(f"{src} is not a complete tvm-hetero pipeline: missing {', '.join(missing)}")
-    params = {k: v.numpy() for k, v in tvm.runtime.load_param_dict((src / PARAMS_FILE).read_bytes()).items()}
+    # Every size in params.bin checked against the bytes present; errors name the file.
+    params = artifact_files.read_params((src / PARAMS_FILE).read_bytes(), str(src / PARAMS_FILE))
     unsplit = manifest["unsplit_graph"]
     return PipelineArtifact(
-        stage_graph_jsons=[(src / f).read_text() for f in manifest["stage_graphs"]],
+        stage_graph_jsons=[artifact_files.read_text(src / f) for f in manifest["stage_graphs"]],
         lib=tvm.runtime.load_module(str(src / LIB_FILE)),
         params=params,
         wiring=manifest["wiring"],

@@ -39,7 +39,14 @@ class LocalServer:
     or call :meth:`stop`.
     """
 
-    def __init__(self, port: int | None = None, threads: int | None = None, startup_timeout: float = 60.0):
+    def __init__(
+        self,
+        port: int | None = None,
+        threads: int | None = None,
+        startup_timeout: float = 60.0,
+        tracker: tuple[str, int] | None = None,
+        key: str = "",
+    ):
         self.port = port or _free_port()
         env = dict(os.environ)
         if threads is not None:
@@ -47,6 +54,8 @@ class LocalServer:
         self._log = tempfile.TemporaryFile()  # noqa: SIM115 (lives as long as the server; closed in stop)
         cmd = [sys.executable, "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1", "--port", str(self.port),
                "--port-end", str(self.port + 1), "--load-library", str(Path(library_path()).resolve())]
+        if tracker is not None:  # register with a tracker under `key`, as a board would
+            cmd += ["--tracker", f"{tracker[0]}:{tracker[1]}", "--key", key]
         # The server forks a worker per session: a new process group lets stop() end them all.
         self.process = subprocess.Popen(cmd, env=env, stdout=self._log, stderr=subprocess.STDOUT,
                                         start_new_session=True)

@@ -7,6 +7,9 @@
 #include <tvm/ffi/extra/module.h>
 #include <tvm_hetero/graph_runtime.h>
 
+#include <atomic>
+#include <functional>
+#include <thread>
 #include <vector>
 
 #include "test_graphs.h"
@@ -20,6 +23,8 @@ using testing::SimplexJSON;
 /*! \brief Counts kernel calls per device, to check placement. */
 struct CallLog {
   std::vector<int> device_ids;
+  /*! \brief Called at the start of every kernel, if set (to hold a run in progress). */
+  std::function<void()> on_call;
 };
 
 /*! \brief A kernel library: elementwise float32 add and sub, checking that all args share a device. */
@@ -41,6 +46,7 @@ class TestKernels : public ffi::ModuleObj {
       if (a->device.device_id != out->device.device_id || b->device.device_id != out->device.device_id) {
         TVM_FFI_THROW(ValueError) << "arguments on different devices";
       }
+      if (log->on_call) log->on_call();
       log->device_ids.push_back(out->device.device_id);
       const float* x = static_cast<const float*>(a->data);
       const float* y = static_cast<const float*>(b->data);
@@ -224,6 +230,31 @@ TEST_F(GraphRuntimeTest, LoadParamsValidatesTheWholeBlobBeforeWriting) {
   SetFloat(rt, "B", {1, 2, 3, 4});
   SetFloat(rt, "C", {1, 2, 3, 4});
   ExpectThrows([&] { rt.Run(); }, "never set: 'A'");
+}
+
+TEST_F(GraphRuntimeTest, CallsDuringARunAreBusyAndCorruptNothing) {
+  GraphRuntime rt;
+  rt.Init(SimplexJSON(), *lib_, {{kDLCPU, 0}, {kDLCPU, 1}});
+  SetFloat(rt, "A", {1, 2, 3, 4});
+  SetFloat(rt, "B", {10, 20, 30, 40});
+  SetFloat(rt, "C", {1, 1, 1, 1});
+  std::atomic<bool> entered{false}, release{false};
+  log_.on_call = [&] {
+    entered = true;
+    while (!release) std::this_thread::yield();
+  };
+  std::thread runner([&] { rt.Run(); });
+  while (!entered) std::this_thread::yield();
+  ExpectThrows([&] { rt.Run(); }, "runtime is busy: run was called while another call");
+  ExpectThrows([&] { SetFloat(rt, "A", {0, 0, 0, 0}); }, "runtime is busy: set_input");
+  ExpectThrows([&] { Output(rt); }, "runtime is busy: get_output");
+  ExpectThrows([&] { rt.LoadParams(ParamBlob({{"C", {0, 0, 0, 0}}})); }, "runtime is busy: load_params");
+  release = true;
+  runner.join();
+  log_.on_call = nullptr;
+  EXPECT_EQ(Output(rt), (std::vector<float>{10, 21, 32, 43}));  // the refused calls changed nothing
+  rt.Run();
+  EXPECT_EQ(Output(rt), (std::vector<float>{10, 21, 32, 43}));
 }
 
 }  // namespace

@@ -168,7 +168,7 @@ def test_a_flipped_bit_in_params_is_rejected(artifact_dir):
 
 # ---- fuzzing: truncations and bit flips of a real artifact's files ---------------------------------
 
-FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 
 
 def damage(data: bytes, kind: str, position: float, bit: int) -> bytes:
