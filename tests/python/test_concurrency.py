@@ -153,3 +153,20 @@ def test_trace_has_a_track_per_device_with_kernels_and_waits(tmp_path, race_kern
     summary = rt.timeline()
     assert [d["name"] for d in summary["devices"]] == ["cpu:0", "cpu:1"]
     assert summary["devices"][1]["busy_us"] > 0 and summary["total_us"] >= summary["devices"][1]["busy_us"]
+
+
+def test_cli_runs_on_clusters_writes_a_trace_and_draws_a_timeline(tmp_path, capsys):
+    from tvm_hetero import cli
+
+    mod, params = models.mlp()
+    art = build(mod, [(tvm.cpu(0), "llvm"), (tvm.cpu(1), "llvm")], params=params, placement={"matmul": 1})
+    art.export(tmp_path / "a")
+    trace = tmp_path / "run.json"
+    assert cli.main(["run", str(tmp_path / "a"), "--cluster", "0=0", "--cluster", "1=1:1", "--trace", str(trace)]) == 0
+    tracks = {e["tid"] for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X" and e["cat"] == "kernel"}
+    assert tracks == {0, 1}
+    picture = tmp_path / "timeline.png"
+    assert cli.main(["inspect", str(tmp_path / "a"), "--timeline", str(picture)]) == 0
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert cli.main(["run", str(tmp_path / "a"), "--cluster", "7=0"]) == 1
+    assert "device 7 is out of range" in capsys.readouterr().err
