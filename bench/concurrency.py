@@ -171,6 +171,65 @@ def other_load() -> float:
     return os.getloadavg()[0]
 
 
+def bench_model(name: str, args: argparse.Namespace) -> bool:
+    """Measure one model (a table row); False if its concurrent output differs from serial."""
+    import numpy as np
+    import tvm
+    import tvm_hetero
+
+    backends = [] if args.backend == "none" else [args.backend]
+    two = [(tvm.cpu(0), "llvm"), (tvm.cpu(1), "llvm")]
+    one = [(tvm.cpu(0), "llvm")]
+    clusters = [{"cores": [0], "num_threads": 1}, {"cores": [1], "num_threads": 1}]
+    mod, params, inputs, onnx_model = two_tower() if name == "two_tower" else light(name)
+    placement = branch_placement(mod, params, backends)
+    split = tvm_hetero.build(mod, two, placement=placement, params=params, backends=backends)
+    single = tvm_hetero.build(mod, one, params=params, backends=backends)
+    concurrent = split.create(execution="concurrent", device_options=clusters)
+    serial = split.create(execution="serial")
+    single_rt = single.create()
+    for rt in (concurrent, serial, single_rt):
+        rt.set_input(**inputs)
+    reference = in_thread(lambda: (serial.run(), serial.get_output(0).numpy())[1], [0], 1)
+    concurrent.run()
+    if not np.array_equal(concurrent.get_output(0).numpy(), reference):
+        print(f"{name}: concurrent output differs from serial", file=sys.stderr)
+    return False
+    bound = in_thread(lambda: critical_path_bound(serial, split.graph), [0], 1)
+    ort = None
+    if onnx_model is not None:
+        import onnxruntime as ort_lib
+
+        options = ort_lib.SessionOptions()
+        options.intra_op_num_threads, options.inter_op_num_threads = 2, 1
+        ort = ort_lib.InferenceSession(onnx_model.SerializeToString(), options,
+                                       providers=["CPUExecutionProvider"])
+    one_iter = max(1, int(args.seconds / max(timed(concurrent.run, 2), 1e-6)))
+    configs = {
+        "concurrent": lambda: timed(concurrent.run, one_iter),
+        "serial": lambda: in_thread(lambda: timed(serial.run, one_iter), [0], 1),
+        "1dev 1thr": lambda: in_thread(lambda: timed(single_rt.run, one_iter), [0], 1),
+        "1dev 2thr": lambda: in_thread(lambda: timed(single_rt.run, one_iter), [0, 1], 2),
+    }
+    if ort is not None:
+        configs["ort 2thr"] = lambda: timed(lambda: ort.run(None, inputs), one_iter)
+    samples: dict[str, list[float]] = {k: [] for k in configs}
+    for _ in range(args.rounds):
+        for key, measure in configs.items():
+            samples[key].append(measure())
+    med = {k: statistics.median(v) * 1e3 for k, v in samples.items()}
+    ort_ms = med.get("ort 2thr", float("nan"))
+    print(f"{name:<13} {med['concurrent']:9.2f}ms {med['serial']:7.2f}ms {bound * 1e3:7.2f}ms "
+          f"{med['1dev 1thr']:8.2f}ms {med['1dev 2thr']:8.2f}ms {ort_ms:7.2f}ms | "
+          f"{med['serial'] / med['concurrent']:10.2f}x {med['concurrent'] / (bound * 1e3):9.2f}x "
+          f"{med['1dev 1thr'] / med['concurrent']:8.2f}x {ort_ms / med['concurrent']:7.2f}x")
+    stats = concurrent.stats()
+    print(f"{'':13} ops per device {split.build_report.ops_per_device}, groups {stats['num_groups']}, "
+          f"cross-device waits {stats['cross_device_waits']}, read in place {stats['shared_edges']}, "
+          f"bytes copied {stats['bytes_copied']}; load average {other_load():.2f}")
+    return True
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=",".join(MODELS))
@@ -179,69 +238,16 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=0.4, help="time per configuration per round")
     args = parser.parse_args()
     os.environ["OMP_NUM_THREADS"] = "1"
-    import numpy as np
-    import tvm
-    import tvm_hetero
-    from tvm_hetero import models
-
     if len(os.sched_getaffinity(0)) < 2:
         print("needs two CPU cores", file=sys.stderr)
         return 1
-    backends = [] if args.backend == "none" else [args.backend]
-    two = [(tvm.cpu(0), "llvm"), (tvm.cpu(1), "llvm")]
-    one = [(tvm.cpu(0), "llvm")]
-    clusters = [{"cores": [0], "num_threads": 1}, {"cores": [1], "num_threads": 1}]
     print(f"setup A: cpu:0 on core 0, cpu:1 on core 1, one thread each; backend {args.backend}; "
           f"load average at start {other_load():.2f}")
     print(f"{'model':<13} {'concurrent':>11} {'serial':>9} {'bound':>9} {'1dev 1thr':>10} {'1dev 2thr':>10} "
           f"{'ort 2thr':>9} | {'serial/conc':>11} {'conc/bound':>10} {'1thr/conc':>9} {'ort/conc':>8}")
     for name in args.models.split(","):
-        mod, params, inputs, onnx_model = two_tower() if name == "two_tower" else light(name)
-        placement = branch_placement(mod, params, backends)
-        split = tvm_hetero.build(mod, two, placement=placement, params=params, backends=backends)
-        single = tvm_hetero.build(mod, one, params=params, backends=backends)
-        concurrent = split.create(execution="concurrent", device_options=clusters)
-        serial = split.create(execution="serial")
-        single_rt = single.create()
-        for rt in (concurrent, serial, single_rt):
-            rt.set_input(**inputs)
-        reference = in_thread(lambda: (serial.run(), serial.get_output(0).numpy())[1], [0], 1)
-        concurrent.run()
-        if not np.array_equal(concurrent.get_output(0).numpy(), reference):
-            print(f"{name}: concurrent output differs from serial", file=sys.stderr)
+        if not bench_model(name, args):
             return 1
-        bound = in_thread(lambda: critical_path_bound(serial, split.graph), [0], 1)
-        ort = None
-        if onnx_model is not None:
-            import onnxruntime as ort_lib
-
-            options = ort_lib.SessionOptions()
-            options.intra_op_num_threads, options.inter_op_num_threads = 2, 1
-            ort = ort_lib.InferenceSession(onnx_model.SerializeToString(), options,
-                                           providers=["CPUExecutionProvider"])
-        one_iter = max(1, int(args.seconds / max(timed(concurrent.run, 2), 1e-6)))
-        configs = {
-            "concurrent": lambda: timed(concurrent.run, one_iter),
-            "serial": lambda: in_thread(lambda: timed(serial.run, one_iter), [0], 1),
-            "1dev 1thr": lambda: in_thread(lambda: timed(single_rt.run, one_iter), [0], 1),
-            "1dev 2thr": lambda: in_thread(lambda: timed(single_rt.run, one_iter), [0, 1], 2),
-        }
-        if ort is not None:
-            configs["ort 2thr"] = lambda: timed(lambda: ort.run(None, inputs), one_iter)
-        samples: dict[str, list[float]] = {k: [] for k in configs}
-        for _ in range(args.rounds):
-            for key, measure in configs.items():
-                samples[key].append(measure())
-        med = {k: statistics.median(v) * 1e3 for k, v in samples.items()}
-        ort_ms = med.get("ort 2thr", float("nan"))
-        print(f"{name:<13} {med['concurrent']:9.2f}ms {med['serial']:7.2f}ms {bound * 1e3:7.2f}ms "
-              f"{med['1dev 1thr']:8.2f}ms {med['1dev 2thr']:8.2f}ms {ort_ms:7.2f}ms | "
-              f"{med['serial'] / med['concurrent']:10.2f}x {med['concurrent'] / (bound * 1e3):9.2f}x "
-              f"{med['1dev 1thr'] / med['concurrent']:8.2f}x {ort_ms / med['concurrent']:7.2f}x")
-        stats = concurrent.stats()
-        print(f"{'':13} ops per device {split.build_report.ops_per_device}, groups {stats['num_groups']}, "
-              f"cross-device waits {stats['cross_device_waits']}, read in place {stats['shared_edges']}, "
-              f"bytes copied {stats['bytes_copied']}; load average {other_load():.2f}")
     return 0
 
 
