@@ -114,8 +114,11 @@ def branch_placement(mod, params, backends):
 
     preds = [sorted(p for p in producers(info.call, set()) if p < info.index) for info in infos]
     cost = [op_cost(info) for info in infos]
+    # A cross-device edge costs a wait (a wake-up, ~tens of microseconds): charged as a fixed
+    # "copy" of 1% of the model's work so that the split does not ping-pong between devices.
+    wait = 0.01 * sum(cost)
     model = CostModel(kernel_cost=[[c, c] for c in cost], preds=preds, out_bytes=[0] * len(infos),
-                      shares_memory=[[True, True], [True, True]])
+                      copy_latency=[[0.0, wait], [wait, 0.0]], shares_memory=[[True, False], [False, True]])
     placement = solve(model, max_window=4, pair_limit=0).placement
     return lambda info: placement[info.index] if info.index < len(placement) else 0
 
@@ -194,7 +197,7 @@ def bench_model(name: str, args: argparse.Namespace) -> bool:
     concurrent.run()
     if not np.array_equal(concurrent.get_output(0).numpy(), reference):
         print(f"{name}: concurrent output differs from serial", file=sys.stderr)
-    return False
+        return False
     bound = in_thread(lambda: critical_path_bound(serial, split.graph), [0], 1)
     ort = None
     if onnx_model is not None:
