@@ -59,8 +59,7 @@ def check_offset_plan(graph: Graph, plan: MemoryPlan) -> None:
     slots = slot_plan(graph)
     for dev, planned in enumerate(plan.planned_bytes):
         assert plan.lower_bound_bytes[dev] <= planned
-        # Never worse than the storage-id plan, up to rounding each slot to the alignment.
-        assert planned <= slots.planned_bytes[dev] + ALIGNMENT * len(slots.storage_bytes)
+        assert planned <= slots.planned_bytes[dev]  # never worse than the storage-id plan
         sids = {s for s, d in enumerate(plan.storage_device) if d == dev}
         kernel_sids = {
             plan.storage_ids[e] for e, (_, _, n) in enumerate(entry_table(graph)) if not n.is_input
