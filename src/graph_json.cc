@@ -242,6 +242,21 @@ Graph ParseGraphJSON(const std::string& text) {
     g.storage_ids.push_back(sid);
   }
 
+  g.storage_offsets.assign(num_entries, 0);
+  if (auto column = Find(attrs, "storage_offset")) {
+    json::Array offsets = ParseColumn(*column, "storage_offset", "list_int");
+    CheckColumnLength(offsets, num_entries, "storage_offset");
+    for (size_t e = 0; e < num_entries; ++e) {
+      std::string where = "attrs.storage_offset[" + std::to_string(e) + "]";
+      int64_t offset = AsInt(offsets[e], where);
+      if (offset < 0 || offset % kStorageOffsetAlignment != 0) {
+        Fail(where, std::to_string(offset) + " is not a non-negative multiple of " +
+                        std::to_string(kStorageOffsetAlignment) + " bytes");
+      }
+      g.storage_offsets[e] = offset;
+    }
+  }
+
   if (auto column = Find(attrs, "device_index")) {
     json::Array values = ParseColumn(*column, "device_index", "list_int");
     // Per node (tvm-hetero) or per entry (legacy); per-entry values must agree within a node.

@@ -47,12 +47,32 @@ struct PoolAlloc {
   }
 };
 
-/*! \brief A typed view of a pool slot; holding `base` keeps the slot alive. */
+/*! \brief A typed view at `offset` bytes into a pool slot; holding `base` keeps the slot alive. */
 struct ViewAlloc {
   ffi::Tensor base;
-  void AllocData(DLTensor* t) { t->data = base.data_ptr(); }
+  size_t offset = 0;
+  void AllocData(DLTensor* t) { t->data = static_cast<char*>(base.data_ptr()) + offset; }
   void FreeData(DLTensor*) {}
 };
+
+/*!
+ * \brief Whether a pointer plus a byte offset is a valid data pointer on `dev`. Kernels reject a
+ *        nonzero DLTensor::byte_offset, so a view inside an allocation needs this; elsewhere (OpenCL,
+ *        Vulkan, Metal handles; remote memory handles) storage offsets are kept apart (storage_plan.h).
+ */
+bool OffsetsUsable(DLDevice dev) {
+  switch (dev.device_type) {
+    case kDLCPU:
+    case kDLCUDA:
+    case kDLCUDAHost:
+    case kDLCUDAManaged:
+    case kDLROCM:
+    case kDLROCMHost:
+      return true;
+    default:
+      return false;
+  }
+}
 
 std::string DeviceName(DLDevice dev) {
   std::ostringstream os;
@@ -283,7 +303,9 @@ void GraphRuntime::AttachOffloadRunner(int device, ffi::Function run_segment) {
 }
 
 void GraphRuntime::SetupStorage() {
-  storage_plan_ = PlanStorage(graph_, node_device_);
+  std::vector<bool> offsets_usable;
+  for (const DLDevice& dev : devices_) offsets_usable.push_back(OffsetsUsable(dev));
+  storage_plan_ = PlanStorage(graph_, node_device_, offsets_usable);
   pool_.clear();
   for (const StorageSlot& slot : storage_plan_.slots) {
     int64_t nbytes = static_cast<int64_t>(std::max<size_t>(slot.nbytes, 1));
@@ -293,7 +315,8 @@ void GraphRuntime::SetupStorage() {
   data_entry_.clear();
   for (size_t eid = 0; eid < graph_.num_entries(); ++eid) {
     const ffi::Tensor& base = pool_[storage_plan_.entry_slot[eid]];
-    data_entry_.push_back(ffi::Tensor::FromNDAlloc(ViewAlloc{base}, ffi::Shape(graph_.shapes[eid]),
+    ViewAlloc view{base, storage_plan_.entry_offset[eid]};
+    data_entry_.push_back(ffi::Tensor::FromNDAlloc(view, ffi::Shape(graph_.shapes[eid]),
                                                    graph_.dtypes[eid], base.device()));
   }
 }

@@ -1,12 +1,13 @@
 /*!
  * \file storage_plan.cc
- * \brief Pool slots from storage ids; rejects a storage id shared across devices.
+ * \brief Pool slots from storage ids and offsets; rejects a storage id shared across devices.
  */
 #include <tvm/ffi/error.h>
 #include <tvm_hetero/storage_plan.h>
 
 #include <limits>
-#include <unordered_map>
+#include <map>
+#include <utility>
 
 namespace tvm_hetero {
 
@@ -28,29 +29,40 @@ std::vector<size_t> StoragePlan::BytesPerDevice(size_t num_devices) const {
   return total;
 }
 
-StoragePlan PlanStorage(const Graph& graph, const std::vector<int>& node_device) {
+StoragePlan PlanStorage(const Graph& graph, const std::vector<int>& node_device,
+                        const std::vector<bool>& offsets_usable) {
   StoragePlan plan;
   plan.entry_slot.resize(graph.num_entries());
+  plan.entry_offset.resize(graph.num_entries());
   plan.entry_device.resize(graph.num_entries());
-  // storage id -> (slot index, first node that used it)
-  std::unordered_map<int64_t, std::pair<uint32_t, uint32_t>> slot_of_sid;
+  // (storage id, offset kept apart or -1) -> (slot index, first node that used it)
+  std::map<std::pair<int64_t, int64_t>, std::pair<uint32_t, uint32_t>> slot_of_sid;
   for (uint32_t nid = 0; nid < graph.nodes.size(); ++nid) {
+    int device = node_device[nid];
+    bool usable = offsets_usable.empty() || (device < static_cast<int>(offsets_usable.size()) && offsets_usable[device]);
     for (uint32_t k = 0; k < graph.nodes[nid].num_outputs; ++k) {
       uint32_t eid = graph.entry_id(nid, k);
       int64_t sid = graph.storage_ids[eid];
+      size_t offset = graph.storage_offsets.empty() ? 0 : static_cast<size_t>(graph.storage_offsets[eid]);
       size_t nbytes = EntryBytes(graph.shapes[eid], graph.dtypes[eid]);
-      auto [it, inserted] = slot_of_sid.emplace(sid, std::make_pair(uint32_t(plan.slots.size()), nid));
-      if (inserted) plan.slots.push_back(StorageSlot{node_device[nid], 0});
+      std::pair<int64_t, int64_t> key{sid, usable ? -1 : static_cast<int64_t>(offset)};
+      if (!usable) offset = 0;
+      auto [it, inserted] = slot_of_sid.emplace(key, std::make_pair(uint32_t(plan.slots.size()), nid));
+      if (inserted) plan.slots.push_back(StorageSlot{device, 0});
       StorageSlot& slot = plan.slots[it->second.first];
-      if (slot.device != node_device[nid]) {
+      if (slot.device != device) {
         uint32_t other = it->second.second;
         TVM_FFI_THROW(ValueError) << "storage_id " << sid << " is shared across devices: "
                                   << graph.describe_node(other) << " on device " << slot.device << " and "
-                                  << graph.describe_node(nid) << " on device " << node_device[nid];
+                                  << graph.describe_node(nid) << " on device " << device;
       }
-      slot.nbytes = std::max(slot.nbytes, nbytes);
+      if (nbytes > std::numeric_limits<size_t>::max() - offset) {
+        TVM_FFI_THROW(ValueError) << graph.describe_node(nid) << ": storage_offset " << offset << " overflows";
+      }
+      slot.nbytes = std::max(slot.nbytes, offset + nbytes);
       plan.entry_slot[eid] = it->second.first;
-      plan.entry_device[eid] = node_device[nid];
+      plan.entry_offset[eid] = offset;
+      plan.entry_device[eid] = device;
     }
   }
   return plan;

@@ -14,6 +14,9 @@
 
 namespace tvm_hetero {
 
+/*! \brief Every `storage_offset` is a multiple of this (the pool's alignment; kernels may assume it). */
+inline constexpr int64_t kStorageOffsetAlignment = 64;
+
 /*! \brief One output of one node. */
 struct EntryRef {
   /*! \brief Producing node. */
@@ -62,6 +65,8 @@ struct Graph {
   std::vector<DLDataType> dtypes;
   /*! \brief Storage slot of each entry. */
   std::vector<int64_t> storage_ids;
+  /*! \brief Byte offset of each entry within its storage slot (all 0 when the column is absent). */
+  std::vector<int64_t> storage_offsets;
   /*! \brief Raw `device_index` value of each node; empty when the column is absent. */
   std::vector<int64_t> node_device_values;
   /*! \brief The graph's own `device_index_kind` attribute, if it has one. */

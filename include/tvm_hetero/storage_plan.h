@@ -1,7 +1,7 @@
 /*!
  * \file tvm_hetero/storage_plan.h
- * \brief From the graph's storage ids to pool slots: one slot per storage id, on one device,
- *        sized by its largest user.
+ * \brief From the graph's storage ids and offsets to pool slots: one slot per storage id, on one
+ *        device, sized to hold every user at its offset.
  */
 #ifndef TVM_HETERO_STORAGE_PLAN_H_
 #define TVM_HETERO_STORAGE_PLAN_H_
@@ -17,7 +17,7 @@ namespace tvm_hetero {
 struct StorageSlot {
   /*! \brief Device position it lives on. */
   int device = 0;
-  /*! \brief Bytes: the largest entry that uses it. */
+  /*! \brief Bytes: the largest offset + size among the entries that use it. */
   size_t nbytes = 0;
 };
 
@@ -27,6 +27,8 @@ struct StoragePlan {
   std::vector<StorageSlot> slots;
   /*! \brief Slot of each entry. */
   std::vector<uint32_t> entry_slot;
+  /*! \brief Byte offset of each entry within its slot. */
+  std::vector<size_t> entry_offset;
   /*! \brief Device position of each entry (its node's). */
   std::vector<int> entry_device;
 
@@ -40,9 +42,14 @@ size_t EntryBytes(const std::vector<int64_t>& shape, DLDataType dtype);
 /*!
  * \brief Build the pool.
  * \param node_device Device position of each node (from AssignDevices).
+ * \param offsets_usable Per device position: whether a view may start inside an allocation (a
+ *        pointer plus an offset is a valid data pointer there). Where it may not, each distinct
+ *        (storage id, offset) gets a slot of its own -- safe, as entries at one offset never live
+ *        at once, but without the savings. Empty: usable everywhere.
  * \throws tvm::ffi::Error (ValueError) naming both nodes when a storage id is used on two devices.
  */
-StoragePlan PlanStorage(const Graph& graph, const std::vector<int>& node_device);
+StoragePlan PlanStorage(const Graph& graph, const std::vector<int>& node_device,
+                        const std::vector<bool>& offsets_usable = {});
 
 }  // namespace tvm_hetero
 

@@ -58,7 +58,7 @@ from .compiler.build import LIB_FILE, PARAMS_FILE, Artifact, _size, device_name,
 from .compiler.copies import insert_copies
 from .compiler.graph import Entry, Graph, Node
 from .compiler.lower import LoweredGraph, compile_kernels, lower_to_graph
-from .compiler.memory import plan_memory
+from .compiler.memory import planned_json
 from .compiler.reorder import reorder_for_devices
 from .pipeline_runtime import PipelineModule
 
@@ -550,7 +550,7 @@ def auto_split(
     lowered, graph = _lower(mod, params, entry, backends)
     kernels = _kernel_order(graph)
     model = _SegmentModel(len(kernels), _tensors(graph, kernels))
-    graph_json = graph.to_json(plan_memory(graph).storage_ids)
+    graph_json = planned_json(graph)
     libs: dict[str, tvm.runtime.Module] = {}
     measured: dict[tuple, list[float]] = {}
     stage_costs = []
@@ -753,7 +753,7 @@ def build(
     for stage_graph, rename in zip(graphs, renames):
         for node in stage_graph.nodes:
             node.func_name = rename.get(node.func_name, node.func_name)
-        jsons.append(stage_graph.to_json(plan_memory(stage_graph).storage_ids))
+        jsons.append(planned_json(stage_graph))
     same_target = len({str(t) for t in targets}) == 1
     return PipelineArtifact(
         stage_graph_jsons=jsons,
@@ -764,7 +764,7 @@ def build(
         stage_targets=[str(t) for t in targets],
         input_names=list(lowered.input_names),
         options=json.loads(json.dumps(dict(options or {}))),
-        unsplit_graph_json=graph.to_json(plan_memory(graph).storage_ids) if same_target else None,
+        unsplit_graph_json=planned_json(graph) if same_target else None,
         split=plan.to_dict(),
     )
 

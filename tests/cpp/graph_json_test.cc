@@ -46,6 +46,22 @@ TEST(GraphJSON, ParsesNodesEntriesAndColumns) {
   EXPECT_FALSE(g.device_index_kind.has_value());
 }
 
+TEST(GraphJSON, StorageOffsetsDefaultToZeroAndAreRead) {
+  EXPECT_EQ(ParseGraphJSON(SimplexJSON()).storage_offsets, (std::vector<int64_t>(6, 0)));
+  Graph g = ParseGraphJSON(SimplexJSON("[0, 0, 2, 0, 4, 5]", "[1, 1, 0, 1, 0, 0]", "[0, 64, 0, 128, 0, 0]"));
+  EXPECT_EQ(g.storage_offsets, (std::vector<int64_t>{0, 64, 0, 128, 0, 0}));
+}
+
+TEST(GraphJSON, RejectsBadStorageOffsets) {
+  const std::string devices = "[1, 1, 0, 1, 0, 0]";
+  ExpectParseError(SimplexJSON("[0, 1, 2, 3, 4, 5]", devices, "[0, 0, 0, 8, 0, 0]"),
+                   R"(attrs\.storage_offset\[3\]: 8 is not a non-negative multiple of 64 bytes)");
+  ExpectParseError(SimplexJSON("[0, 1, 2, 3, 4, 5]", devices, "[0, 0, 0, -64, 0, 0]"),
+                   R"(attrs\.storage_offset\[3\]: -64 is not a non-negative multiple of 64 bytes)");
+  ExpectParseError(SimplexJSON("[0, 1, 2, 3, 4, 5]", devices, "[0, 0]"),
+                   R"(attrs\.storage_offset: has 2 values, expected 6 \(one per entry\))");
+}
+
 TEST(GraphJSON, RejectsCyclesAndForwardReferences) {
   ExpectParseError(Replace(SimplexJSON(), "[[0, 0, 0], [1, 0, 0]]", "[[3, 0, 0], [1, 0, 0]]"),
                    "node 3 'add' field 'inputs'\\[0\\].*cycle or forward reference");

@@ -85,6 +85,22 @@ class GraphRuntimeTest : public ::testing::Test {
   int64_t shape_[1] = {4};
 };
 
+TEST_F(GraphRuntimeTest, EntriesAtOffsetsOfOneStorageIdDoNotClobberEachOther) {
+  // Per device, every entry in one storage id at its own offset; all are live together.
+  GraphRuntime rt;
+  rt.Init(SimplexJSON("[0, 0, 2, 0, 2, 2]", "[1, 1, 0, 1, 0, 0]", "[0, 64, 0, 128, 64, 128]"), *lib_,
+          {{kDLCPU, 0}, {kDLCPU, 1}});
+  EXPECT_EQ(rt.storage_plan().slots.size(), 2u);
+  const char* base = static_cast<const char*>(rt.GetEntry(0).data_ptr());
+  EXPECT_EQ(static_cast<const char*>(rt.GetEntry(1).data_ptr()), base + 64);
+  EXPECT_EQ(static_cast<const char*>(rt.GetEntry(3).data_ptr()), base + 128);
+  SetFloat(rt, "A", {1, 2, 3, 4});
+  SetFloat(rt, "B", {10, 20, 30, 40});
+  SetFloat(rt, "C", {1, 1, 1, 1});
+  rt.Run();
+  EXPECT_EQ(Output(rt), (std::vector<float>{10, 21, 32, 43}));
+}
+
 TEST_F(GraphRuntimeTest, SimplexRunsAcrossTwoCPUDevices) {
   GraphRuntime rt;
   rt.Init(SimplexJSON(), *lib_, {{kDLCPU, 0}, {kDLCPU, 1}});

@@ -48,6 +48,24 @@ TEST(StoragePlan, OneSlotPerStorageIdSizedByLargestUser) {
   EXPECT_EQ(plan.BytesPerDevice(2), (std::vector<size_t>{3 * 16, 32 + 16}));
 }
 
+TEST(StoragePlan, OffsetsPlaceEntriesInsideOneSlot) {
+  // A, B and add live at once on device 1: one storage id, three offsets.
+  Graph g = ParseGraphJSON(SimplexJSON("[0, 0, 2, 0, 4, 5]", "[1, 1, 0, 1, 0, 0]", "[0, 64, 0, 128, 0, 0]"));
+  StoragePlan plan = PlanStorage(g, AssignDevices(g, kTwoCPUs, DeviceIndexKind::kPosition));
+  EXPECT_EQ(plan.slots.size(), 4u);
+  EXPECT_EQ(plan.entry_slot[0], plan.entry_slot[3]);
+  EXPECT_EQ(plan.entry_offset, (std::vector<size_t>{0, 64, 0, 128, 0, 0}));
+  EXPECT_EQ(plan.slots[plan.entry_slot[0]].nbytes, 128u + 16u);  // the highest user's end
+}
+
+TEST(StoragePlan, WithoutPointerOffsetsEachOffsetGetsItsOwnSlot) {
+  Graph g = ParseGraphJSON(SimplexJSON("[0, 0, 2, 0, 4, 5]", "[1, 1, 0, 1, 0, 0]", "[0, 64, 0, 128, 0, 0]"));
+  StoragePlan plan = PlanStorage(g, AssignDevices(g, kTwoCPUs, DeviceIndexKind::kPosition), {true, false});
+  EXPECT_EQ(plan.slots.size(), 6u);
+  EXPECT_EQ(plan.entry_offset, (std::vector<size_t>(6, 0)));
+  EXPECT_EQ(plan.BytesPerDevice(2), (std::vector<size_t>{3 * 16, 3 * 16}));
+}
+
 TEST(StoragePlan, StorageIdAcrossDevicesNamesBothNodes) {
   Graph g = ParseGraphJSON(SimplexJSON("[0, 1, 2, 3, 3, 5]"));
   try {

@@ -6,9 +6,12 @@
 
 namespace tvm_hetero::testing {
 
-/*! \brief add on device 1 -> copy -> sub on device 0; `sids` and `devices` replace the columns. */
+/*!
+ * \brief add on device 1 -> copy -> sub on device 0; `sids` and `devices` replace the columns, and a
+ *        nonempty `offsets` adds a storage_offset column.
+ */
 inline std::string SimplexJSON(const std::string& sids = "[0, 1, 2, 3, 4, 5]",
-                               const std::string& devices = "[1, 1, 0, 1, 0, 0]") {
+                               const std::string& devices = "[1, 1, 0, 1, 0, 0]", const std::string& offsets = "") {
   return R"({"nodes": [
     {"op": "null", "name": "A", "inputs": []},
     {"op": "null", "name": "B", "inputs": []},
@@ -23,7 +26,8 @@ inline std::string SimplexJSON(const std::string& sids = "[0, 1, 2, 3, 4, 5]",
   "attrs": {"shape": ["list_shape", [[4], [4], [4], [4], [4], [4]]],
             "dltype": ["list_str", ["float32", "float32", "float32", "float32", "float32", "float32"]],
             "storage_id": ["list_int", )" +
-         sids + R"(], "device_index": ["list_int", )" + devices + R"(]}})";
+         sids + R"(], "device_index": ["list_int", )" + devices + "]" +
+         (offsets.empty() ? "" : R"(, "storage_offset": ["list_int", )" + offsets + "]") + "}}";
 }
 
 }  // namespace tvm_hetero::testing

@@ -25,6 +25,13 @@ from tvm_hetero.compiler.memory import (
 from tvm_hetero.compiler.reorder import reorder_for_devices
 
 
+def slot_plan(graph: Graph) -> MemoryPlan:
+    """The storage-id plan (every offset 0): what the tests below check against the slot bound."""
+    plan = plan_memory(graph, offsets=False)
+    assert not any(plan.storage_offsets or [])
+    return plan
+
+
 def entry_table(graph: Graph) -> list[tuple[int, int, Node]]:
     """(node id, output index, node) per entry, in entry id order."""
     return [(nid, j, node) for nid, node in enumerate(graph.nodes) for j in range(node.num_outputs)]
@@ -121,13 +128,13 @@ def test_random_graphs_are_safe_and_bounded() -> None:
             max_outputs=3,
             extra_heads=seed % 2,
         )
-        check_plan(graph, plan_memory(graph))
+        check_plan(graph, slot_plan(graph))
 
 
 def test_random_graphs_after_reorder_and_copies() -> None:
     for seed in range(60):
         graph = insert_copies(reorder_for_devices(random_dag(7000 + seed, 10 + seed % 30, 2 + seed % 2)))
-        check_plan(graph, plan_memory(graph))
+        check_plan(graph, slot_plan(graph))
 
 
 def test_storage_never_shared_across_devices() -> None:
@@ -138,7 +145,7 @@ def test_storage_never_shared_across_devices() -> None:
             Node(f"k{k}", inputs=[Entry(k)], func_name="f", device=dev, shapes=[(64,)], dtypes=["float32"])
         )
     graph = Graph(nodes, [Entry(4)])
-    plan = plan_memory(graph)
+    plan = slot_plan(graph)
     check_plan(graph, plan)
     assert len(set(plan.storage_ids[1:])) == 4
     assert plan.planned_bytes == [512, 512]
@@ -147,14 +154,14 @@ def test_storage_never_shared_across_devices() -> None:
 def test_output_never_shares_with_its_own_input() -> None:
     # b's input a dies at b, the same size as b's output, yet they must not share.
     graph = chain([16, 16])
-    plan = plan_memory(graph)
+    plan = slot_plan(graph)
     check_plan(graph, plan)
     assert plan.storage_ids[1] != plan.storage_ids[2]
 
 
 def test_output_reuses_an_input_that_died_earlier() -> None:
     graph = chain([16, 16, 16])
-    plan = plan_memory(graph)
+    plan = slot_plan(graph)
     check_plan(graph, plan)
     assert plan.storage_ids[1] == plan.storage_ids[3] != plan.storage_ids[2]
 
@@ -166,7 +173,7 @@ def test_unused_outputs_get_storage_freed_right_after_their_node() -> None:
         Node("u", inputs=[Entry(1, 0)], func_name="f", shapes=[(8,)], dtypes=["float32"]),
     ]
     graph = Graph(nodes, [Entry(2)])
-    plan = plan_memory(graph)
+    plan = slot_plan(graph)
     check_plan(graph, plan)
     assert plan.storage_ids[1] != plan.storage_ids[2]  # both outputs of t at once
     assert plan.storage_ids[3] == plan.storage_ids[2]  # u reuses t's unused output
@@ -175,14 +182,14 @@ def test_unused_outputs_get_storage_freed_right_after_their_node() -> None:
 
 def test_simple_chains_reach_the_lower_bound() -> None:
     for sizes in ([16] * 6, [10, 20, 30, 40, 50], [50, 40, 30, 20, 10], [1, 1000, 1000, 1]):
-        plan = plan_memory(chain(sizes))
+        plan = slot_plan(chain(sizes))
         check_plan(chain(sizes), plan)
         assert plan.planned_bytes == plan.lower_bound_bytes, sizes
 
 
 def test_inputs_have_dedicated_storage_reported_apart() -> None:
     graph = chain([16, 16, 16])
-    plan = plan_memory(graph)
+    plan = slot_plan(graph)
     assert plan.input_bytes == [64]
     assert plan.planned_bytes == [128] == plan.lower_bound_bytes
     assert plan.unshared_bytes == [192]
@@ -216,7 +223,7 @@ def test_slot_bound_is_a_bound_on_small_graphs() -> None:
     gaps = 0
     for seed in range(80):
         graph = random_dag(8000 + seed, 2 + seed % 6, 1, num_inputs=1)
-        plan = plan_memory(graph)
+        plan = slot_plan(graph)
         sizes, spans = [], []
         last = {}
         for nid, node in enumerate(graph.nodes):
@@ -274,13 +281,13 @@ def resnet_like(blocks: tuple[int, ...], bottleneck: bool) -> Graph:
 
 def test_cnns_plan_close_to_the_bounds() -> None:
     resnet50 = resnet_like((3, 4, 6, 3), bottleneck=True)
-    plan = plan_memory(resnet50)
+    plan = slot_plan(resnet50)
     check_plan(resnet50, plan)
     assert plan.planned_bytes[0] <= 1.10 * plan.lower_bound_bytes[0]
     # ResNet-18: the stem's big slot cannot hold two later tensors at once, so the peak-live bound
     # is out of reach for any storage-id plan; the slot bound is met exactly.
     resnet18 = resnet_like((2, 2, 2, 2), bottleneck=False)
-    plan = plan_memory(resnet18)
+    plan = slot_plan(resnet18)
     check_plan(resnet18, plan)
     assert plan.planned_bytes[0] == plan.slot_bound_bytes[0]
     print(plan.report())
@@ -359,7 +366,7 @@ def test_reserved_slots_leave_room_for_big_tensors() -> None:
     assert bound == 4 * (256 + 3 * 100 + 1)
     assert _cost(_best_fit(items)) > 1.4 * bound
     assert _cost(_best_fit(items, _bounds(items, n)[1])) == bound
-    plan = plan_memory(graph)
+    plan = slot_plan(graph)
     check_plan(graph, plan)
     assert plan.planned_bytes == plan.slot_bound_bytes == plan.lower_bound_bytes == [bound]
 
@@ -383,7 +390,7 @@ def small_graphs(count: int) -> list[tuple[Graph, int]]:
 def test_plan_is_the_brute_force_optimum_on_small_graphs() -> None:
     greedy_misses = 0
     for graph, optimum in small_graphs(120):
-        plan = plan_memory(graph)
+        plan = slot_plan(graph)
         check_plan(graph, plan)
         assert plan.planned_bytes[0] == optimum
         items, _ = device_items(graph)
@@ -414,7 +421,7 @@ def test_light_cnns_meet_the_slot_bound() -> None:
         half = lower_to_graph(mod, lambda info, n=num_ops: int(info.index < n / 2), 2)
         for label, lowered in (("conv2d", conv2d), ("half", half)):
             graph = insert_copies(reorder_for_devices(lowered.graph))
-            plan = plan_memory(graph)
+            plan = slot_plan(graph)
             simulate(graph, plan)
             for dev in (0, 1):
                 planned, slot, peak = (

@@ -272,7 +272,7 @@ def build(
     report = _make_report(lowered, graph, plan, devices, target_list, (switches_original, switches_reordered))
     report.compile_seconds = time.perf_counter() - start
     return Artifact(
-        graph_json=graph.to_json(plan.storage_ids),
+        graph_json=graph.to_json(plan.storage_ids, plan.storage_offsets),
         lib=lib,
         params=lowered.params,
         devices=devices,

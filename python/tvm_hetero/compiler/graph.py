@@ -54,7 +54,10 @@ class Node:
         return len(self.shapes)
 
     def output_bytes(self, index: int = 0) -> int:
-        return int(np.prod(self.shapes[index], dtype=np.int64)) * np.dtype(_np_dtype(self.dtypes[index])).itemsize
+        return (
+            int(np.prod(self.shapes[index], dtype=np.int64))
+            * np.dtype(_np_dtype(self.dtypes[index])).itemsize
+        )
 
 
 def _np_dtype(dtype: str) -> str:
@@ -140,8 +143,9 @@ class Graph:
             total += node.num_outputs
         return ptr
 
-    def to_json(self, storage_ids: list[int] | None = None) -> str:
-        """Graph JSON (docs/graph-format.md); ``storage_ids`` per entry, default one per entry."""
+    def to_json(self, storage_ids: list[int] | None = None, storage_offsets: list[int] | None = None) -> str:
+        """Graph JSON (docs/graph-format.md); ``storage_ids`` per entry, default one per entry, and
+        byte offsets within them (the ``storage_offset`` column is written only if one is nonzero)."""
         self.validate()
         row_ptr = self.entry_ids()
         num_entries = row_ptr[-1] + self.nodes[-1].num_outputs if self.nodes else 0
@@ -149,9 +153,15 @@ class Graph:
             storage_ids = list(range(num_entries))
         if len(storage_ids) != num_entries:
             raise ValueError(f"storage_ids has {len(storage_ids)} values for {num_entries} entries")
+        if storage_offsets is not None and len(storage_offsets) != num_entries:
+            raise ValueError(f"storage_offsets has {len(storage_offsets)} values for {num_entries} entries")
         json_nodes = []
         for node in self.nodes:
-            item: dict = {"op": node.op, "name": node.name, "inputs": [[e.node, e.index, 0] for e in node.inputs]}
+            item: dict = {
+                "op": node.op,
+                "name": node.name,
+                "inputs": [[e.node, e.index, 0] for e in node.inputs],
+            }
             if not node.is_input:
                 item["attrs"] = {
                     "func_name": node.func_name,
@@ -162,19 +172,22 @@ class Graph:
             json_nodes.append(item)
         shapes = [list(s) for n in self.nodes for s in n.shapes]
         dtypes = [d for n in self.nodes for d in n.dtypes]
+        attrs = {
+            "shape": ["list_shape", shapes],
+            "dltype": ["list_str", dtypes],
+            "storage_id": ["list_int", list(storage_ids)],
+            "device_index": ["list_int", [n.device for n in self.nodes]],
+            "device_index_kind": ["str", "position"],
+        }
+        if storage_offsets is not None and any(storage_offsets):
+            attrs["storage_offset"] = ["list_int", list(storage_offsets)]
         return json.dumps(
             {
                 "nodes": json_nodes,
                 "arg_nodes": [i for i, n in enumerate(self.nodes) if n.is_input],
                 "node_row_ptr": row_ptr + [num_entries],
                 "heads": [[e.node, e.index, 0] for e in self.heads],
-                "attrs": {
-                    "shape": ["list_shape", shapes],
-                    "dltype": ["list_str", dtypes],
-                    "storage_id": ["list_int", list(storage_ids)],
-                    "device_index": ["list_int", [n.device for n in self.nodes]],
-                    "device_index_kind": ["str", "position"],
-                },
+                "attrs": attrs,
             }
         )
 

@@ -1,4 +1,5 @@
-"""Memory planning: give every tensor entry a storage id, sharing storage between dead tensors.
+"""Memory planning: give every tensor entry a storage id and a byte offset in it, sharing memory
+between tensors that are not live at the same time.
 
 Liveness, over the node order (the execution order): an entry produced by node ``p`` is live on the
 closed interval ``[p, last]``, where ``last`` is the position of its last consumer, ``len(nodes)``
@@ -8,8 +9,21 @@ intervals are closed, a node's outputs never share with its own inputs nor with 
 they may reuse the slot of an input whose last use was an earlier node. Entries of "null" nodes
 (inputs and params) get dedicated storage that is never shared.
 
-Algorithm, per device (slots are never shared across devices): a portfolio of assignments of the
-device's kernel entries to slots, a slot sized by its largest user, keeping the cheapest:
+Algorithm, per device (storage is never shared across devices), in two stages.
+
+Stage 2 (the default, ``offsets=True``): the device's kernel entries are placed at byte offsets of
+one arena by the portfolio of ``arena.py`` (greedy by size / breadth / start time, best and first
+fit, gravity compaction), which starts from the stage-1 plan laid end to end. The arena is then cut
+into storage ids where no entry's bytes cross (:func:`_arena_components`): they need no more than
+the arena together, and a plan whose offsets are all 0 is a classic storage-id plan. The result is
+kept only if it needs fewer bytes than stage 1 (offsets are rounded to 64 bytes, which can eat the
+gain on tiny tensors), so stage 2 never needs more than stage 1. On the light CNNs of
+``tests/python/test_light_models.py`` stage 2 is within 1.08x of the peak-live bound on all 20
+devices, at the bound on 16 (docs/performance.md).
+
+Stage 1 (and the whole plan with ``offsets=False``, the classic format TVM's graph executor reads): a
+portfolio of assignments of the device's kernel entries to slots, a slot sized by its largest user,
+keeping the cheapest:
 - best fit in execution order: at each node, first release the slots whose entry died at an
   earlier node, then give each output the smallest free slot that holds it; if none does, grow the
   largest free slot (cheaper than a new slot by that slot's size); only with no free slot at all
@@ -27,17 +41,18 @@ when they grow by less; refit best fit into the slots found); finally a branch a
 entries by size that stops at the slot bound, when exhausted, or when the budget is spent.
 The plan never costs more than either greedy plan alone (the former planner).
 
-Guarantee: the plan is safe -- no two entries with overlapping live intervals, nor on two devices,
-share a slot -- and per device ``lower_bound_bytes <= slot_bound_bytes <= planned_bytes <=
-unshared_bytes``. ``lower_bound_bytes`` is the peak of bytes simultaneously live; ``slot_bound_bytes``
-is the tighter bound for storage-id plans (the ``j``-th largest slot is at least the ``j``-th largest
-size live at any one time), since a slot cannot be split the way an arena offset could. Optimal slot
-assignment (max-coloring of an interval graph) is NP-hard, so the gap is not bounded in general. In
-practice: the plan equals the brute-force optimum on every small random graph of the tests, and the
-slot bound on the light CNNs of ``tests/python/test_light_models.py`` on all but one device of 20
-(1.041x there, optimal: exhaustive search). The peak-live bound itself is often out of reach: on
-those CNNs the slot bound is up to 1.50x the peak (a large early tensor's slot cannot hold two later
-tensors at once), see ``docs/performance.md``.
+Guarantee: the plan is safe -- no two entries with overlapping live intervals share a byte of a
+storage id, no storage id is used on two devices; ``verify_memory.py`` re-checks this on every plan
+and raises otherwise -- and per device ``lower_bound_bytes <= planned_bytes <= stage 1's plan``; for
+stage 1 alone, ``lower_bound_bytes <= slot_bound_bytes <= planned_bytes <= unshared_bytes``. ``lower_bound_bytes``
+is the peak of bytes simultaneously live; ``slot_bound_bytes`` is the tighter bound for storage-id
+plans without offsets (the ``j``-th largest slot is at least the ``j``-th largest size live at any
+one time), since such a slot cannot be split the way offsets split it. Optimal slot assignment
+(max-coloring of an interval graph) and optimal offsets (dynamic storage allocation) are NP-hard, so
+neither gap is bounded in general. In practice: stage 1 equals the brute-force slot optimum on every
+small random graph of the tests, and the slot bound on the light CNNs on all but one device of 20
+(1.041x there, optimal: exhaustive search); that slot bound is up to 1.50x the peak (a large early
+tensor's slot cannot hold two later tensors at once), which is what stage 2 removes.
 
 Accounting: ``planned_bytes``, both bounds and ``unshared_bytes`` cover kernel outputs only (the
 memory this pass can save); the dedicated storage of inputs and params is reported separately, per
@@ -50,7 +65,9 @@ import bisect
 import heapq
 from dataclasses import dataclass
 
+from .arena import aligned, plan_arena
 from .graph import Graph
+from .verify_memory import verify_memory_plan
 
 #: Work allowed per device, in interval checks, for the passes run only when the greedy plans miss the
 #: slot bound (local search, then branch and bound): a few tenths of a second of Python at most.
@@ -69,6 +86,10 @@ class MemoryPlan:
     slot_bound_bytes: list[int]  # per device: tighter bound for storage-id plans (see _bounds)
     unshared_bytes: list[int]  # per device: all kernel outputs, one slot each
     input_bytes: list[int]  # per device: dedicated storage of inputs and params
+    storage_offsets: list[int] | None = None  # per entry: byte offset in its storage id (None: all 0)
+
+    def offset(self, eid: int) -> int:
+        return self.storage_offsets[eid] if self.storage_offsets else 0
 
     def report(self) -> str:
         """One line per device: planned vs the two bounds vs unshared, plus inputs/params."""
@@ -439,8 +460,31 @@ def _plan_device(items: list[_Item], column: list[int], work: int = WORK) -> Pla
     return _search(items, best, bound, budget)
 
 
-def plan_memory(graph: Graph) -> MemoryPlan:
-    """Storage ids and per-device byte counts for ``graph`` in its node order (module docstring)."""
+def _arena_components(items: list[_Item], offsets: list[int]) -> tuple[list[int], list[int], list[int]]:
+    """Split an arena into storage ids: items whose byte ranges chain together share one.
+
+    Returns (component per item, offset within it per item, bytes per component). Components
+    occupy disjoint byte ranges of the arena, so together they need no more than the arena.
+    """
+    order = sorted(range(len(items)), key=lambda i: (offsets[i], -items[i].size))
+    comp_of, local, sizes = [0] * len(items), [0] * len(items), []
+    base, top = 0, -1
+    for i in order:
+        if offsets[i] >= top:  # no byte in common with anything below: a new storage id
+            sizes.append(0)
+            base, top = offsets[i], offsets[i]
+        comp_of[i], local[i] = len(sizes) - 1, offsets[i] - base
+        top = max(top, offsets[i] + aligned(items[i].size))
+        sizes[-1] = max(sizes[-1], local[i] + items[i].size)
+    return comp_of, local, sizes
+
+
+def plan_memory(graph: Graph, offsets: bool = True) -> MemoryPlan:
+    """Storage ids (and byte offsets within them) for ``graph`` in its node order (module docstring).
+
+    With ``offsets=False`` every entry sits at offset 0 of its storage id: the classic graph format,
+    which TVM's own graph executor reads, at the cost of the slot bound instead of the peak.
+    """
     graph.validate()
     n = len(graph.nodes)
     row_ptr = graph.entry_ids()
@@ -464,10 +508,23 @@ def plan_memory(graph: Graph) -> MemoryPlan:
     bounds = [_bounds(dev_items, n) for dev_items in items]
     # Per device, the cheapest assignment found; slot keys are (device, local slot).
     slot_key: dict[int, tuple[int, int]] = {}
+    entry_offset = [0] * num_entries
     local_size: dict[tuple[int, int], int] = {}
     planned = [0] * num_devices
     for dev, dev_items in enumerate(items):
         slot_of, sizes = _plan_device(dev_items, bounds[dev][1])
+        if offsets and dev_items:
+            spans = [(aligned(item.size), item.start, item.end) for item in dev_items]
+            base = [0]
+            for size in sizes:
+                base.append(base[-1] + aligned(size))
+            peak = _bounds([_Item(0, s[0], s[1], s[2]) for s in spans], n)[0]
+            arena = plan_arena(spans, n, peak, [base[slot] for slot in slot_of])
+            parts, local, part_sizes = _arena_components(dev_items, arena)
+            if sum(part_sizes) < sum(sizes):  # else alignment ate the gain: keep stage 1 as it is
+                slot_of, sizes = parts, part_sizes
+                for item, off in zip(dev_items, local):
+                    entry_offset[item.entry] = off
         for item, slot in zip(dev_items, slot_of):
             slot_key[item.entry] = (dev, slot)
         local_size.update({(dev, slot): size for slot, size in enumerate(sizes)})
@@ -495,7 +552,7 @@ def plan_memory(graph: Graph) -> MemoryPlan:
                 storage_bytes.append(local_size[key])
             storage_ids.append(numbered[key])
 
-    return MemoryPlan(
+    plan = MemoryPlan(
         storage_ids=storage_ids,
         storage_device=storage_device,
         storage_bytes=storage_bytes,
@@ -504,4 +561,13 @@ def plan_memory(graph: Graph) -> MemoryPlan:
         slot_bound_bytes=[sum(column) for _, column in bounds],
         unshared_bytes=[sum(item.size for item in dev_items) for dev_items in items],
         input_bytes=input_bytes,
+        storage_offsets=entry_offset,
     )
+    verify_memory_plan(graph, plan)
+    return plan
+
+
+def planned_json(graph: Graph) -> str:
+    """``graph`` as JSON with its memory plan (storage ids and offsets)."""
+    plan = plan_memory(graph)
+    return graph.to_json(plan.storage_ids, plan.storage_offsets)
