@@ -1,13 +1,14 @@
 /*!
  * \file dnnl_region_module.cc
- * \brief The oneDNN backend at run time: one primitive (plus post-ops) per region, created on the
- *        region's first call; the module serializes to the compiler's JSON document.
+ * \brief The oneDNN backend at run time: one primitive (plus post-ops) per region call site, created
+ *        on its first call; the module serializes to the compiler's JSON document.
  *
- * Life cycle of a region, like the graph runtime's: the first call checks the arguments and
- * creates the primitive, the memory objects and the reorders; every later call only points the
- * memories at the arguments' data and executes. Weights are reordered into the primitive's
- * preferred layout once and kept while the weight tensor's address stays the same: weights are
- * graph parameters, loaded before the first run (docs/byoc.md).
+ * Life cycle of a call site, like the graph runtime's: the first call checks the arguments and
+ * creates the primitive, the memory objects, the reorder primitives and every argument map; every
+ * later call only points the memories at the arguments' data and executes -- no allocation, no map
+ * building, no lock. Weights are reordered into the primitive's preferred layout once and kept
+ * while the weight tensor's address and the module's parameter generation (bumped by the
+ * cache-invalidation hook whenever parameters are set) stay the same (docs/byoc.md).
  *
  * Built without oneDNN (TVM_HETERO_WITH_ONEDNN undefined) the module still loads, saves and
  * lists its regions, and calling a region raises an error that says so.
@@ -20,8 +21,9 @@
 #include <tvm_hetero/backends/dnnl_region.h>
 #include <tvm_hetero/graph_runtime.h>
 
+#include <atomic>
+#include <cstdlib>
 #include <cstring>
-#include <mutex>
 #include <sstream>
 
 #ifdef TVM_HETERO_WITH_ONEDNN
@@ -114,28 +116,66 @@ memory::dims Dims(const DLTensor* t) { return memory::dims(t->shape, t->shape + 
 
 }  // namespace
 
-/*! \brief A region ready to run: primitive, memories and reorders, made on the first call. */
+/*!
+ * \brief Scratch for the region's own layouts, per thread: src and dst of one call are live together.
+ *        Grown on a thread's first call of a region that needs more, never shrunk or freed before
+ *        the thread ends, so a steady-state call allocates nothing.
+ */
+class Scratch {
+ public:
+  ~Scratch() { std::free(data_); }
+  void* Get(size_t nbytes) {
+    if (nbytes > size_) {
+      std::free(data_);
+      size_ = (nbytes + kAlign - 1) / kAlign * kAlign;
+      data_ = std::aligned_alloc(kAlign, size_);
+      if (data_ == nullptr) TVM_FFI_THROW(RuntimeError) << "oneDNN region: out of memory for scratch";
+    }
+    return data_;
+  }
+
+ private:
+  static constexpr size_t kAlign = 64;
+  void* data_ = nullptr;
+  size_t size_ = 0;
+};
+thread_local Scratch src_scratch, dst_scratch;
+
+/*! \brief A reorder with its argument map, made once. */
+struct PreparedReorder {
+  dnnl::reorder prim;
+  std::unordered_map<int, memory> args;
+  PreparedReorder() = default;
+  PreparedReorder(const memory& from, const memory& to)
+      : prim(from, to), args{{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}} {}
+  void Run(dnnl::stream& s) const { prim.execute(s, args); }
+};
+
+/*!
+ * \brief One call site of a region: primitive, memories, reorders and argument maps, made on the
+ *        first call; every later call points the memories at the arguments and executes.
+ */
 class RegionExec {
  public:
-  explicit RegionExec(RegionSpec spec) : spec_(std::move(spec)) {}
+  RegionExec(RegionSpec spec, std::shared_ptr<std::atomic<uint64_t>> weights_generation)
+      : spec_(std::move(spec)), weights_generation_(std::move(weights_generation)) {}
 
   /*! \brief Run with the call's tensors: inputs, then the output. */
   void Run(ffi::PackedArgs args) {
-    std::lock_guard<std::mutex> lock(mutex_);  // the scratch memories belong to the region
     if (args.size() != spec_.num_inputs + 1) {
       TVM_FFI_THROW(ValueError) << "oneDNN region '" << spec_.name << "' takes " << spec_.num_inputs
                                 << " inputs and 1 output, got " << args.size() << " arguments";
     }
-    std::vector<DLTensor*> t;
-    for (int i = 0; i < args.size(); ++i) t.push_back(args[i].cast<DLTensor*>());
-    if (!ready_) Setup(t);
-    Execute(t);
+    if (!ready_) Setup(args);
+    Execute(args);
   }
 
  private:
-  void Check(const std::vector<DLTensor*>& t) const {
-    for (size_t i = 0; i < t.size(); ++i) {
-      const DLTensor* x = t[i];
+  static DLTensor* Arg(const ffi::PackedArgs& args, int i) { return args[i].cast<DLTensor*>(); }
+
+  void Check(const ffi::PackedArgs& args) const {
+    for (int i = 0; i < args.size(); ++i) {
+      const DLTensor* x = Arg(args, i);
       bool f32 = x->dtype.code == kDLFloat && x->dtype.bits == 32 && x->dtype.lanes == 1;
       if (!f32 || x->device.device_type != kDLCPU || x->byte_offset != 0) {
         TVM_FFI_THROW(ValueError) << "oneDNN region '" << spec_.name << "': argument " << i
@@ -144,8 +184,10 @@ class RegionExec {
     }
   }
 
-  void Setup(const std::vector<DLTensor*>& t) {
-    Check(t);
+  void Setup(const ffi::PackedArgs& args) {
+    Check(args);
+    std::vector<DLTensor*> t;
+    for (int i = 0; i < args.size(); ++i) t.push_back(Arg(args, i));
     try {
       if (spec_.op == "conv2d") {
         SetupConv(t);
@@ -156,6 +198,7 @@ class RegionExec {
       } else {
         TVM_FFI_THROW(ValueError) << "oneDNN region '" << spec_.name << "': unknown op '" << spec_.op << "'";
       }
+      SetupArguments();
     } catch (const dnnl::error& e) {
       TVM_FFI_THROW(RuntimeError) << "oneDNN region '" << spec_.name << "' (" << spec_.op
                                   << "): cannot create the primitive: " << e.what();
@@ -163,10 +206,10 @@ class RegionExec {
     ready_ = true;
   }
 
-  /*! \brief A memory in `want`'s layout, and whether it differs from the user's (needs a reorder). */
+  /*! \brief A memory in `want`'s layout (data set per call) when it differs from `user`, else `user`. */
   static memory Reordered(const memory::desc& want, const memory& user, bool* differs) {
     *differs = want != user.get_desc();
-    return *differs ? memory(want, CpuEngine()) : user;
+    return *differs ? memory(want, CpuEngine(), nullptr) : user;
   }
 
   dnnl::primitive_attr PostOps(bool sum) const {
@@ -210,8 +253,8 @@ class RegionExec {
     user_wei_ = memory(user_w, CpuEngine(), nullptr);
     src_ = Reordered(pd.src_desc(), user_src_, &reorder_src_);
     dst_ = Reordered(pd.dst_desc(), user_dst_, &reorder_dst_);
-    wei_desc_ = pd.weights_desc();
-    reorder_wei_ = wei_desc_ != user_wei_.get_desc();
+    reorder_wei_ = pd.weights_desc() != user_wei_.get_desc();
+    wei_ = reorder_wei_ ? memory(pd.weights_desc(), CpuEngine()) : user_wei_;  // owned: reordered weights
     if (spec_.bias >= 0) bias_ = memory(b_md, CpuEngine(), nullptr);
   }
 
@@ -231,7 +274,7 @@ class RegionExec {
     prim_ = dnnl::matmul(pd);
     user_src_ = src_ = memory(src_md, CpuEngine(), nullptr);
     user_dst_ = dst_ = memory(dst_md, CpuEngine(), nullptr);
-    user_wei_ = memory(w_md, CpuEngine(), nullptr);
+    user_wei_ = wei_ = memory(w_md, CpuEngine(), nullptr);
     if (spec_.bias >= 0) bias_ = memory(b_md, CpuEngine(), nullptr);
   }
 
@@ -258,56 +301,61 @@ class RegionExec {
     dst_ = Reordered(pd.dst_desc(), user_dst_, &reorder_dst_);
   }
 
-  void Execute(const std::vector<DLTensor*>& t) {
+  /*! \brief The argument maps and reorders of every call, bound to the memories above. */
+  void SetupArguments() {
+    margs_ = {{DNNL_ARG_SRC, src_}, {DNNL_ARG_DST, dst_}};
+    if (spec_.weight >= 0) margs_[DNNL_ARG_WEIGHTS] = wei_;
+    if (spec_.bias >= 0) margs_[DNNL_ARG_BIAS] = bias_;
+    if (reorder_src_) src_in_ = PreparedReorder(user_src_, src_);
+    if (reorder_dst_) dst_out_ = PreparedReorder(dst_, user_dst_);
+    if (reorder_wei_) wei_in_ = PreparedReorder(user_wei_, wei_);
+    if (spec_.residual >= 0) {
+      user_res_ = memory(user_dst_.get_desc(), CpuEngine(), nullptr);
+      if (reorder_dst_) res_in_ = PreparedReorder(user_res_, dst_);
+    }
+    src_bytes_ = reorder_src_ ? src_.get_desc().get_size() : 0;
+    dst_bytes_ = reorder_dst_ ? dst_.get_desc().get_size() : 0;
+  }
+
+  void Execute(const ffi::PackedArgs& args) {
     dnnl::stream& s = stream_;
-    user_src_.set_data_handle(t[spec_.data]->data);
-    user_dst_.set_data_handle(t.back()->data);
-    if (reorder_src_) dnnl::reorder(user_src_, src_).execute(s, user_src_, src_);
-    std::unordered_map<int, memory> margs{{DNNL_ARG_SRC, src_}, {DNNL_ARG_DST, dst_}};
+    DLTensor* out = Arg(args, spec_.num_inputs);
+    user_src_.set_data_handle(Arg(args, spec_.data)->data);
+    user_dst_.set_data_handle(out->data);
+    if (reorder_src_) {
+      src_.set_data_handle(src_scratch.Get(src_bytes_));
+      src_in_.Run(s);
+    }
+    if (reorder_dst_) dst_.set_data_handle(dst_scratch.Get(dst_bytes_));
     if (spec_.weight >= 0) {
-      void* w = t[spec_.weight]->data;
+      void* w = Arg(args, spec_.weight)->data;
       user_wei_.set_data_handle(w);
-      margs[DNNL_ARG_WEIGHTS] = reorder_wei_ ? ReorderedWeights(w) : user_wei_;
-    }
-    if (spec_.bias >= 0) {
-      bias_.set_data_handle(t[spec_.bias]->data);
-      margs[DNNL_ARG_BIAS] = bias_;
-    }
-    if (spec_.residual >= 0) {  // the sum post-op adds what dst holds before the call
-      memory residual(user_dst_.get_desc(), CpuEngine(), t[spec_.residual]->data);
-      if (reorder_dst_) {
-        dnnl::reorder(residual, dst_).execute(s, residual, dst_);
-      } else if (t[spec_.residual]->data != t.back()->data) {
-        std::memcpy(t.back()->data, t[spec_.residual]->data, user_dst_.get_desc().get_size());
+      uint64_t generation = weights_generation_->load(std::memory_order_acquire);
+      if (reorder_wei_ && (w != weights_source_ || generation != weights_seen_)) {
+        wei_in_.Run(s);  // new weights (first call, new address, or parameters set): reorder once
+        weights_source_ = w;
+        weights_seen_ = generation;
       }
     }
-    prim_.execute(s, margs);
-    if (reorder_dst_) dnnl::reorder(dst_, user_dst_).execute(s, dst_, user_dst_);
+    if (spec_.bias >= 0) bias_.set_data_handle(Arg(args, spec_.bias)->data);
+    if (spec_.residual >= 0) {  // the sum post-op adds what dst holds before the call
+      void* residual = Arg(args, spec_.residual)->data;
+      if (reorder_dst_) {
+        user_res_.set_data_handle(residual);
+        res_in_.Run(s);
+      } else if (residual != out->data) {
+        std::memcpy(out->data, residual, user_dst_.get_desc().get_size());
+      }
+    }
+    prim_.execute(s, margs_);
+    if (reorder_dst_) dst_out_.Run(s);
     s.wait();
-  }
-
-
- public:
-  /*! \brief Drop reordered weights: the graph's weights changed (params loaded, new runtime). */
-  void ForgetWeights() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    weights_.clear();
-  }
-
- private:
-  /*! \brief The weights at `w` in the primitive's layout, reordered on first sight. */
-  memory ReorderedWeights(void* w) {
-    auto it = weights_.find(w);
-    if (it != weights_.end()) return it->second;
-    memory reordered(wei_desc_, CpuEngine());
-    dnnl::reorder(user_wei_, reordered).execute(stream_, user_wei_, reordered);
-    return weights_[w] = reordered;
   }
 
   /*! \brief What the compiler wrote. */
   RegionSpec spec_;
-  /*! \brief Guards the lazily made state and the scratch memories. */
-  std::mutex mutex_;
+  /*! \brief The module's parameter generation (see DnnlRegionModule). */
+  std::shared_ptr<std::atomic<uint64_t>> weights_generation_;
   /*! \brief Whether Setup has run. */
   bool ready_ = false;
   /*! \brief The region's stream on the CPU engine. */
@@ -315,16 +363,21 @@ class RegionExec {
   /*! \brief The primitive (convolution, matmul or pooling). */
   dnnl::primitive prim_;
   /*! \brief Memories in the graph's plain layout, pointed at the arguments on every call. */
-  memory user_src_, user_dst_, user_wei_;
-  /*! \brief Memories in the primitive's layout (the user's when no reorder is needed), and the bias. */
-  memory src_, dst_, bias_;
+  memory user_src_, user_dst_, user_wei_, user_res_;
+  /*! \brief Memories in the primitive's layout (the user's when no reorder is needed): src and dst
+   *         point at per-thread scratch, weights own their reordered copy; and the bias. */
+  memory src_, dst_, wei_, bias_;
   /*! \brief Whether source, destination and weights go through a reorder. */
   bool reorder_src_ = false, reorder_dst_ = false, reorder_wei_ = false;
-  /*! \brief Layout the primitive wants its weights in. */
-  memory::desc wei_desc_;
-  /*! \brief Reordered weights by the address of the graph's weights: identical regions share one
-   *         function (FuseOpsByPattern deduplicates them), each call site with its own weights. */
-  std::unordered_map<void*, memory> weights_;
+  /*! \brief Scratch bytes of the reordered source and destination. */
+  size_t src_bytes_ = 0, dst_bytes_ = 0;
+  /*! \brief The primitive's arguments, bound once. */
+  std::unordered_map<int, memory> margs_;
+  /*! \brief Reorders into and out of the primitive's layouts, bound once. */
+  PreparedReorder src_in_, dst_out_, wei_in_, res_in_;
+  /*! \brief Address and parameter generation of the weights now in wei_. */
+  void* weights_source_ = nullptr;
+  uint64_t weights_seen_ = 0;
 };
 
 namespace {
@@ -357,8 +410,7 @@ bool DnnlAvailable() { return false; }
 
 class RegionExec {
  public:
-  explicit RegionExec(RegionSpec spec) : spec_(std::move(spec)) {}
-  void ForgetWeights() {}
+  RegionExec(RegionSpec spec, std::shared_ptr<std::atomic<uint64_t>>) : spec_(std::move(spec)) {}
   void Run(ffi::PackedArgs) {
     TVM_FFI_THROW(RuntimeError) << "oneDNN region '" << spec_.name
                                 << "': libtvm_hetero was built without oneDNN (install libdnnl-dev and rebuild)";
@@ -378,7 +430,7 @@ std::string Info() { return "{\"available\": false}"; }
 DnnlRegionModule::DnnlRegionModule(std::string json_text) : json_text_(std::move(json_text)) {
   for (RegionSpec& spec : ParseRegions(json_text_)) {
     std::string name = spec.name;
-    regions_[name] = std::make_shared<RegionExec>(std::move(spec));
+    regions_[name] = std::move(spec);
   }
 }
 
@@ -386,17 +438,14 @@ DnnlRegionModule::~DnnlRegionModule() = default;
 
 ffi::Optional<ffi::Function> DnnlRegionModule::GetFunction(const ffi::String& name) {
   if (name == kInvalidateCachesFunction) {
-    ffi::ObjectPtr<ffi::Object> self = ffi::GetObjectPtr<ffi::Object>(static_cast<ffi::Object*>(this));
-    return ffi::Function::FromTyped([self, this]() {
-      for (auto& [region_name, region] : regions_) region->ForgetWeights();
-    });
+    std::shared_ptr<std::atomic<uint64_t>> generation = weights_generation_;
+    return ffi::Function::FromTyped([generation]() { generation->fetch_add(1, std::memory_order_release); });
   }
   auto it = regions_.find(std::string(name));
   if (it == regions_.end()) return std::nullopt;
-  // The closure holds the module so the region outlives the module handle.
-  ffi::ObjectPtr<ffi::Object> self = ffi::GetObjectPtr<ffi::Object>(static_cast<ffi::Object*>(this));
-  std::shared_ptr<RegionExec> region = it->second;
-  return ffi::Function::FromPacked([self, region](ffi::PackedArgs args, ffi::Any*) { region->Run(args); });
+  // A fresh executor per request: each call site owns its memories and reordered weights.
+  auto region = std::make_shared<RegionExec>(it->second, weights_generation_);
+  return ffi::Function::FromPacked([region](ffi::PackedArgs args, ffi::Any*) { region->Run(args); });
 }
 
 ffi::Bytes DnnlRegionModule::SaveToBytes() const { return ffi::Bytes(json_text_); }

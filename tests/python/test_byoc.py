@@ -259,3 +259,21 @@ def test_matmul_weight_given_as_a_function_parameter():
     rt.run(x=x)
     expected = np.maximum(x @ params["w1"] + params["b1"], 0) @ params["w2"]
     np.testing.assert_allclose(rt.get_output(0).numpy(), expected, rtol=1e-4, atol=1e-4)
+
+
+@needs_dnnl
+def test_two_runtimes_of_one_library_keep_their_own_weights_and_scratch():
+    # Each region call site owns its reordered weights; scratch is per thread. Two runtimes made
+    # from one library with different parameters, run alternately, each give their own output.
+    model = conv_model()
+    inputs = models.model_inputs(model)
+    art = tvm_hetero.build(models.relax_module(model), CPU, backends=["dnnl"])
+    first, second = art.create(), art.create()
+    second.load_params(tvm.runtime.save_param_dict({name: value * 2 for name, value in art.params.items()}))
+    first.run(**inputs)
+    want = first.get_output(0).numpy().copy()
+    for _ in range(2):
+        second.run(**inputs)
+        first.run(**inputs)
+        np.testing.assert_allclose(first.get_output(0).numpy(), want, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(second.get_output(0).numpy(), 2 * want, rtol=1e-5, atol=1e-5)

@@ -7,8 +7,11 @@
  * compiler describes every region of a graph in one JSON document (docs/byoc.md); the module
  * holds that text, serializes it with SaveToBytes, and is rebuilt from it by the loader
  * `ffi.Module.load_from_bytes.tvm_hetero_dnnl`. Weights are graph parameters, passed to the
- * region like any kernel argument, so the module holds no tensors. Primitives are created on a
- * region's first call, from the shapes of its arguments.
+ * region like any kernel argument, so the module holds no tensors. Every GetFunction returns a
+ * fresh executor for one call site (the graph runtime asks once per node): its primitive,
+ * reorders and argument maps are built on its first call, from the shapes of its arguments, and
+ * later calls only point memories at the arguments and execute -- no allocation, no lock. One
+ * call site's function is not to be called from two threads at once (like any kernel with state).
  */
 #ifndef TVM_HETERO_BACKENDS_DNNL_REGION_H_
 #define TVM_HETERO_BACKENDS_DNNL_REGION_H_
@@ -16,6 +19,7 @@
 #include <tvm/ffi/extra/module.h>
 #include <tvm/ffi/function.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -72,8 +76,10 @@ class DnnlRegionModule : public tvm::ffi::ModuleObj {
  private:
   /*! \brief The compiler's document, saved verbatim. */
   std::string json_text_;
-  /*! \brief One executor per region, by name. */
-  std::unordered_map<std::string, std::shared_ptr<RegionExec>> regions_;
+  /*! \brief Every region, by name. */
+  std::unordered_map<std::string, RegionSpec> regions_;
+  /*! \brief Bumped when parameter values change; executors re-reorder their weights when it moves. */
+  std::shared_ptr<std::atomic<uint64_t>> weights_generation_ = std::make_shared<std::atomic<uint64_t>>(0);
 };
 
 }  // namespace dnnl_backend

@@ -23,6 +23,8 @@ The steps, in order:
    group reads a single device tag (an error otherwise) and build the :class:`Graph`: one
    ``null`` node per function parameter and per tensor constant, then one ``tvm_op`` node per
    kernel call in binding order.
+6. **Fold constants** (:mod:`.fold_constants`): kernels reading only IR-bound constants run at
+   build time and become parameters.
 
 Copies between devices are not inserted here; a later pass does that on the graph.
 
@@ -46,6 +48,7 @@ from tvm import relax, te
 
 from ..backends import Backend, Region, resolve_backends
 from ..backends.partition import partition_for_backends, region_calls, region_of
+from .fold_constants import fold_constants
 from .graph import Entry, Graph, Node
 from .placement import Fallback, OpInfo, PlacementSpec, resolve_placement
 
@@ -104,6 +107,7 @@ def lower_to_graph(
     params: dict[str, Any] | None = None,
     entry: str = "main",
     backends: Sequence[Any] = (),
+    fold: bool = True,
 ) -> LoweredGraph:
     """Lower the Relax function ``entry`` of ``mod`` to a device-placed kernel graph.
 
@@ -113,6 +117,7 @@ def lower_to_graph(
     frontend lists in the function's ``"params"`` attribute (ONNX ``keep_params_in_input``).
     Constants bound in the IR become named null nodes too. ``backends`` (names, ``(name,
     device)`` pairs or :class:`~tvm_hetero.backends.Backend` objects) partition the function first.
+    ``fold``: run the kernels that read only IR-bound constants at build time (:mod:`.fold_constants`).
     """
     resolved = resolve_placement(placement, num_devices)
     backend_list = resolve_backends(backends)
@@ -150,12 +155,20 @@ def lower_to_graph(
 
     builder = _GraphBuilder(mod, mod[entry], fused_tags, param_values, regions)
     graph, kernels, kernel_devices = builder.build()
+    param_arrays = builder.param_arrays
+    if fold:
+        constants = {builder.nodes[e.node].name for e in builder.const_entries.values()}
+        folded = fold_constants(graph, kernels, param_arrays, constants)
+        graph, param_arrays = folded.graph, folded.params
     called = {n.func_name for n in graph.nodes}
+    if len(called) < len(kernel_devices):
+        kernels = tvm.IRModule({gv: f for gv, f in kernels.functions.items() if gv.name_hint in called})
+        kernel_devices = {name: d for name, d in kernel_devices.items() if name in called}
     return LoweredGraph(
         graph=graph,
         kernels=kernels,
         kernel_devices=kernel_devices,
-        params=builder.param_arrays,
+        params=param_arrays,
         input_names=builder.input_names,
         fallbacks=list(resolved.fallbacks),
         num_devices=num_devices,
@@ -387,7 +400,11 @@ def _trace_legalized(
                 for var in [*pending, binding.var]:
                     tags[var] = op_of_var[binding.var]
                 pending = []
-            elif isinstance(value, relax.Call) and not _is_alias_op(value) and not _is_static_shape_value(binding):
+            elif (
+                isinstance(value, relax.Call)
+                and not _is_alias_op(value)
+                and not _is_static_shape_value(binding)
+            ):
                 pending.append(binding.var)
             if (
                 isinstance(value, relax.Call)
@@ -873,8 +890,10 @@ def _is_static_shape_value(binding: relax.Binding) -> bool:
     at run time, and a kernel graph has no place for them.
     """
     ty = getattr(binding.var, "ty", None)
-    return isinstance(ty, relax.ShapeType) and ty.values is not None and all(
-        isinstance(v, tvm.tirx.IntImm) for v in ty.values
+    return (
+        isinstance(ty, relax.ShapeType)
+        and ty.values is not None
+        and all(isinstance(v, tvm.tirx.IntImm) for v in ty.values)
     )
 
 
