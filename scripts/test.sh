@@ -26,4 +26,4 @@ cmake -S . -B build-tsan -G Ninja -DPython3_EXECUTABLE="$py" -DTVM_HETERO_BUILD_
 cmake --build build-tsan >/dev/null
 # No suppressions: the tests keep each stage's TVM thread pool at one thread. libtvm_runtime itself is
 # not instrumented, so races inside its thread pool could not be seen anyway.
-TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" ctest --test-dir build-tsan -R "Pipeline|StepSchedule|DeviceExecutors" --output-on-failure
+TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" ctest --test-dir build-tsan -R "Pipeline|StepSchedule|DeviceExecutors|Concurrent" --output-on-failure
