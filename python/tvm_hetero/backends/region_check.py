@@ -70,8 +70,9 @@ def _check_region(mod: tvm.IRModule, call: relax.Call, region: Region) -> None:
         )
     ret = func.ret_ty
     if not isinstance(ret, relax.TensorType):
+        what = f"{len(ret.fields)} values" if isinstance(ret, relax.TupleType) else str(ret)
         raise PartitionError(
-            f"{label} returns {ret}, not one tensor: a value computed inside it is also used outside"
+            f"{label} returns {what}, not one tensor: a value computed inside it is also used outside"
         )
     if "op" not in region.spec:
         raise PartitionError(f"{label} holds no anchor op (ops: {', '.join(region.ops) or 'none'})")
