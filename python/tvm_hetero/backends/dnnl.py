@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 import tvm
-import tvm_ffi
 from tvm import relax
 from tvm.relax.backend.utils import has_leaking_intermediate_variables
 from tvm.relax.dpl import is_const, is_op, is_tuple, is_tuple_get_item, rewrite_call, wildcard
@@ -361,9 +360,16 @@ def FoldConvAffine(entry: str = "main", rounds: int = 8) -> tvm.transform.Pass:
     def fold(mod: tvm.IRModule, _ctx: Any) -> tvm.IRModule:
         for _ in range(rounds):
             uses = _use_counts(mod[entry])
-            before = mod[entry]
-            mod = _rewrite(mod, entry, pattern, lambda o, m, uses=uses: rewrite(o, m, uses))
-            if tvm_ffi.structural_equal(before, mod[entry]):
+            folded = []
+
+            def fold_one(orig: Any, m: dict, uses: dict = uses, folded: list = folded) -> Any:
+                new = rewrite(orig, m, uses)
+                if new is not orig:
+                    folded.append(new)
+                return new
+
+            mod = _rewrite(mod, entry, pattern, fold_one)
+            if not folded:
                 break
         return mod
 

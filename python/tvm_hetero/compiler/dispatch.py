@@ -15,7 +15,9 @@ targets, so:
    traces kernels back to that variable).
 
 Guarantee: a call is rewritten as TVM's dispatch passes rewrite it for its own device's target;
-calls they leave alone, and region calls of external backends, are untouched.
+calls they leave alone, and region calls of external backends, are untouched. A target with no
+dispatch passes in TVM (e.g. ``c``) dispatches nothing; an op that needed them then fails in
+legalization with an error naming it.
 """
 
 from __future__ import annotations
@@ -77,8 +79,12 @@ def _target(targets: Sequence[Any] | None, device: int) -> tvm.target.Target:
 
 
 def _run_passes(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
+    try:
+        passes = library_dispatch_passes(target)
+    except ValueError:  # a target TVM's pipelines do not know (e.g. "c"): nothing to dispatch
+        return mod
     with target:
-        return tvm.transform.Sequential(library_dispatch_passes(target))(mod)
+        return tvm.transform.Sequential(passes)(mod)
 
 
 def _op_call_vars(func: relax.Function) -> dict[relax.Var, tvm.ir.Op]:

@@ -7,8 +7,9 @@ Two families, all with seeded random weights and nothing downloaded:
   block's conv and by its residual add), a hardswish after a batch-normed conv (MobileNetV3's
   stem), two squeeze-excitation blocks whose zero biases make equal bias reshapes (EfficientNet),
   ``a = conv1(x); return (a + conv2(x)) * a``, and RoBERTa's position ids (an int32 cumsum).
-- :data:`TRANSFORMERS`: Hugging Face ``transformers`` architectures built from tiny configs
-  (MobileNetV2, EfficientNet, ResNet, BERT, RoBERTa, GPT-2, ViT), returning their first output.
+- :data:`ARCHITECTURES`: MobileNetV3-small (torchvision's, written out) and Hugging Face
+  ``transformers`` architectures built from tiny configs (:data:`TRANSFORMERS`: MobileNetV2,
+  EfficientNet, ResNet, BERT, RoBERTa, GPT-2, ViT), returning their first output.
 
 :func:`imported` exports a model (batch-norm statistics randomized so eval mode matters) and
 :func:`run_and_compare` builds, runs and returns the largest error relative to torch's output.
@@ -141,6 +142,66 @@ BLOCKS = (
 )
 
 
+# ---- MobileNetV3-small, written out ------------------------------------------------------------
+def _mobilenet_v3_small() -> tuple[Any, tuple]:
+    """torchvision's MobileNetV3-small layer for layer (its wheel is not loadable here)."""
+    torch = _torch()
+    nn = torch.nn
+
+    def divisible(v: float) -> int:
+        return max(8, int(v + 4) // 8 * 8)
+
+    def conv_bn(i: int, o: int, k: int, stride: int = 1, groups: int = 1, act: Any = None) -> nn.Module:
+        layers = [nn.Conv2d(i, o, k, stride, (k - 1) // 2, groups=groups, bias=False), nn.BatchNorm2d(o)]
+        return nn.Sequential(*layers, *([act()] if act else []))
+
+    class SqueezeExcitation(nn.Module):
+        def __init__(self, c: int) -> None:
+            super().__init__()
+            self.fc1, self.fc2 = nn.Conv2d(c, divisible(c // 4), 1), nn.Conv2d(divisible(c // 4), c, 1)
+
+        def forward(self, x):
+            s = nn.functional.adaptive_avg_pool2d(x, 1)
+            return x * nn.functional.hardsigmoid(self.fc2(torch.relu(self.fc1(s))))
+
+    class InvertedResidual(nn.Module):
+        def __init__(self, i: int, k: int, e: int, o: int, se: bool, hardswish: bool, stride: int) -> None:
+            super().__init__()
+            act = nn.Hardswish if hardswish else nn.ReLU
+            layers = [conv_bn(i, e, 1, act=act)] if e != i else []
+            layers.append(conv_bn(e, e, k, stride, e, act=act))
+            layers += [SqueezeExcitation(e)] if se else []
+            self.f = nn.Sequential(*layers, conv_bn(e, o, 1))
+            self.residual = stride == 1 and i == o
+
+        def forward(self, x):
+            return x + self.f(x) if self.residual else self.f(x)
+
+    # (in, kernel, expanded, out, squeeze-excitation, hardswish, stride), as in torchvision.
+    config = [
+        (16, 3, 16, 16, 1, 0, 2), (16, 3, 72, 24, 0, 0, 2), (24, 3, 88, 24, 0, 0, 1),
+        (24, 5, 96, 40, 1, 1, 2), (40, 5, 240, 40, 1, 1, 1), (40, 5, 240, 40, 1, 1, 1),
+        (40, 5, 120, 48, 1, 1, 1), (48, 5, 144, 48, 1, 1, 1), (48, 5, 288, 96, 1, 1, 2),
+        (96, 5, 576, 96, 1, 1, 1), (96, 5, 576, 96, 1, 1, 1),
+    ]  # fmt: skip
+
+    class MobileNetV3Small(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.features = nn.Sequential(
+                conv_bn(3, 16, 3, 2, act=nn.Hardswish),
+                *[InvertedResidual(*c) for c in config],
+                conv_bn(96, 576, 1, act=nn.Hardswish),
+            )
+            self.classifier = nn.Sequential(nn.Linear(576, 1024), nn.Hardswish(), nn.Linear(1024, 1000))
+
+        def forward(self, x):
+            pooled = nn.functional.adaptive_avg_pool2d(self.features(x), 1)
+            return self.classifier(torch.flatten(pooled, 1))
+
+    return MobileNetV3Small(), (torch.randn(1, 3, 64, 64),)
+
+
 # ---- transformers from tiny configs -----------------------------------------------------------
 def _transformers() -> dict[str, Callable[[], tuple[Any, tuple]]]:
     torch = _torch()
@@ -206,6 +267,10 @@ def _randomize_batch_norms(model: Any) -> None:
                 m.bias.uniform_(-0.5, 0.5, generator=g)
 
 
+#: Whole architectures: MobileNetV3-small and the transformers models.
+ARCHITECTURES = ("mobilenet_v3_small", *TRANSFORMERS)
+
+
 def imported(name: str) -> tuple[Any, list[np.ndarray], np.ndarray]:
     """``(Relax module, inputs, torch's output)`` of the block or transformers model ``name``.
 
@@ -215,9 +280,12 @@ def imported(name: str) -> tuple[Any, list[np.ndarray], np.ndarray]:
     from tvm.relax.frontend.torch import from_exported_program
 
     torch.manual_seed(0)
-    factory = _blocks().get(name) or _transformers().get(name)
+    if name == "mobilenet_v3_small":
+        factory = _mobilenet_v3_small
+    else:
+        factory = _blocks().get(name) or (_transformers().get(name) if name in TRANSFORMERS else None)
     if factory is None:
-        raise KeyError(f"no model {name!r}; choose one of {', '.join(BLOCKS + TRANSFORMERS)}")
+        raise KeyError(f"no model {name!r}; choose one of {', '.join(BLOCKS + ARCHITECTURES)}")
     model, args = factory()
     _randomize_batch_norms(model)
     model = _first_output(model, name in _WITH_ATTENTION_MASK).eval() if name in TRANSFORMERS else model.eval()
