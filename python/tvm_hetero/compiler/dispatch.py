@@ -92,7 +92,7 @@ def _op_call_vars(func: relax.Function) -> dict[relax.Var, tvm.ir.Op]:
         b.var: b.value.op
         for block in func.body.blocks
         for b in block.bindings
-        if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op)
+        if isinstance(b, relax.VarBinding) and isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op)
     }
 
 
