@@ -4,7 +4,9 @@
   ``batch_norm`` (inference), ``multiply`` and ``add`` by per-channel constants become the
   convolution's weights and bias (:class:`FoldConvAffine`), and ONNX's two-input ``Sum``
   (``sum(stack(broadcast_to(a), broadcast_to(b)))``) becomes ``add(a, b)`` so it can be fused as a
-  residual (:class:`SimplifyStackSum`).
+  residual (:class:`SimplifyStackSum`). A reshape of a constant read by several ops (rewrites
+  merge the reshapes of equal biases) is copied per reader (:class:`UnshareConstantReshapes`), so
+  each conv can take its bias in without leaking it to the other reader.
 - ``patterns``: ``conv2d [+bias] [+residual] [+relu]`` (NCHW/OIHW, any strides, padding,
   dilation and groups), ``matmul [+bias] [+relu]`` on 2-D data with a (K, N) or transposed
   (N, K) weight, ``max_pool2d`` and ``avg_pool2d`` (NCHW, no ceil mode). Weights and biases must
@@ -21,6 +23,7 @@ from typing import Any
 import numpy as np
 import tvm
 from tvm import relax
+from tvm.relax.backend.utils import has_leaking_intermediate_variables
 from tvm.relax.dpl import is_const, is_op, is_tuple, is_tuple_get_item, rewrite_call, wildcard
 from tvm.relax.transform import FusionPattern
 
@@ -39,12 +42,15 @@ class DnnlBackend(Backend):
 
     def prepare(self, mod: tvm.IRModule, entry: str) -> tvm.IRModule:
         mod = SimplifyStackSum(entry)(mod)
-        return FoldConvAffine(entry)(mod)
+        mod = FoldConvAffine(entry)(mod)
+        return UnshareConstantReshapes(entry)(mod)
 
     def patterns(self, is_weight: WeightPredicate) -> list[FusionPattern]:
         out = []
         for bias in (True, False):
-            for residual in (True, False):
+            # The residual's two operand orders are separate patterns: when one order's match is
+            # rejected (e.g. it would swallow a value read outside), the other is still tried.
+            for residual in ("left", "right", None):
                 for relu in (True, False):
                     out.append(self._conv_pattern(bias, residual, relu, is_weight))
         for bias in (True, False):
@@ -63,8 +69,9 @@ class DnnlBackend(Backend):
 
     # -- patterns --
     def _conv_pattern(
-        self, bias: bool, residual: bool, relu: bool, is_weight: WeightPredicate
+        self, bias: bool, residual: str | None, relu: bool, is_weight: WeightPredicate
     ) -> FusionPattern:
+        """``residual``: None, or which operand of the residual add the conv is (left / right)."""
         data, weight = wildcard(), wildcard()
         top = conv = is_op("relax.nn.conv2d")(data, weight)
         ann = {"conv": conv, "weight": weight}
@@ -72,11 +79,12 @@ class DnnlBackend(Backend):
             top, ann["bias_add"], ann["bias"] = _bias_add(top)
         if residual:
             res = wildcard()
-            top = ann["residual_add"] = is_op("relax.add")(top, res) | is_op("relax.add")(res, top)
+            operands = (top, res) if residual == "left" else (res, top)
+            top = ann["residual_add"] = is_op("relax.add")(*operands)
             ann["residual"] = res
         if relu:
             top = is_op("relax.nn.relu")(top)
-        name = "dnnl.conv2d" + "_bias" * bias + "_residual" * residual + "_relu" * relu
+        name = "dnnl.conv2d" + "_bias" * bias + "_residual" * bool(residual) + "_relu" * relu
         return FusionPattern(name, top, ann, lambda ctx: self._check_conv(ctx, is_weight))
 
     def _matmul_pattern(self, bias: bool, relu: bool, is_weight: WeightPredicate) -> FusionPattern:
@@ -92,6 +100,8 @@ class DnnlBackend(Backend):
         return FusionPattern(name, top, ann, lambda ctx: self._check_matmul(ctx, is_weight))
 
     def _check_conv(self, ctx: Any, is_weight: WeightPredicate) -> bool:
+        if has_leaking_intermediate_variables(ctx):  # a region has one output
+            return False
         conv = ctx.annotated_expr["conv"]
         a = conv.attrs
         if (a.data_layout, a.kernel_layout, a.out_layout) != ("NCHW", "OIHW", "NCHW"):
@@ -116,6 +126,8 @@ class DnnlBackend(Backend):
         return True
 
     def _check_matmul(self, ctx: Any, is_weight: WeightPredicate) -> bool:
+        if has_leaking_intermediate_variables(ctx):  # a region has one output
+            return False
         mm = ctx.annotated_expr["matmul"]
         x, w, out = _shape(mm.args[0]), _shape(mm.args[1]), _shape(mm)
         if x is None or w is None or len(x) != 2 or len(w) != 2 or not _all_f32(mm.args[0], mm.args[1], mm):
@@ -282,13 +294,14 @@ def SimplifyStackSum(entry: str = "main") -> tvm.transform.Pass:
     return _rewrite_pass(pattern, rewrite, entry, "SimplifyStackSum")
 
 
-def FoldConvAffine(entry: str = "main", rounds: int = 3) -> tvm.transform.Pass:
+def FoldConvAffine(entry: str = "main", rounds: int = 8) -> tvm.transform.Pass:
     """Fold inference batch norm and per-channel multiply/add constants into a conv2d's weights.
 
     ``conv2d(x, W) [+ b]`` followed by ``batch_norm(...)[0]``, ``* c`` or ``+ c`` (``c`` constant,
-    per output channel or scalar) becomes ``conv2d(x, W') + b'``; repeated ``rounds`` times so
-    chains (batch norm, then multiply, then add) fold whole. Legal because the conv weights are
-    constants; a conv whose output has another user is left alone.
+    per output channel or scalar) becomes ``conv2d(x, W') + b'``; repeated (at most ``rounds``
+    times, until nothing changes) so chains (batch norm, then multiply, then add) fold whole.
+    Legal because the conv weights are constants. A conv (or its bias add) whose output has
+    another user is left alone, so a fold never gives a conv a second user.
     """
     x, w = wildcard(), is_const()
     conv = is_op("relax.nn.conv2d")(x, w)
@@ -308,7 +321,9 @@ def FoldConvAffine(entry: str = "main", rounds: int = 3) -> tvm.transform.Pass:
         conv_call = m[conv]
         if conv_call.attrs.kernel_layout != "OIHW" or conv_call.attrs.data_layout != "NCHW":
             return orig
-        if uses.get(conv_call, 0) > 1 or (with_bias in m and uses.get(m[with_bias], 0) > 1):
+        # Only a conv (and bias add) known to have this one user may change: a value made
+        # earlier in this round is not in ``uses`` and waits for the next round's count.
+        if uses.get(conv_call) != 1 or (with_bias in m and uses.get(m[with_bias]) != 1):
             return orig
         weight = conv_call.args[1].value.numpy().astype(np.float64)
         channels = weight.shape[0]
@@ -345,7 +360,17 @@ def FoldConvAffine(entry: str = "main", rounds: int = 3) -> tvm.transform.Pass:
     def fold(mod: tvm.IRModule, _ctx: Any) -> tvm.IRModule:
         for _ in range(rounds):
             uses = _use_counts(mod[entry])
-            mod = _rewrite(mod, entry, pattern, lambda o, m, uses=uses: rewrite(o, m, uses))
+            folded = []
+
+            def fold_one(orig: Any, m: dict, uses: dict = uses, folded: list = folded) -> Any:
+                new = rewrite(orig, m, uses)
+                if new is not orig:
+                    folded.append(new)
+                return new
+
+            mod = _rewrite(mod, entry, pattern, fold_one)
+            if not folded:
+                break
         return mod
 
     return tvm.transform.module_pass(fold, opt_level=0, name="FoldConvAffine")
@@ -399,3 +424,52 @@ def _rewrite_pass(pattern: Any, rewriter: Any, entry: str, name: str) -> tvm.tra
     return tvm.transform.module_pass(
         lambda mod, _ctx: _rewrite(mod, entry, pattern, rewriter), opt_level=0, name=name
     )
+
+
+def UnshareConstantReshapes(entry: str = "main") -> tvm.transform.Pass:
+    """Give every reader of a ``reshape`` / ``permute_dims`` of a constant its own copy.
+
+    A region must not take in a value that something outside also reads; with one copy per
+    reader, each conv + bias match keeps its bias. The copies are of constants, so they cost
+    nothing once fused (and a reshape kernel of a bias otherwise).
+    """
+
+    def unshare(mod: tvm.IRModule, _ctx: Any) -> tvm.IRModule:
+        func = mod[entry]
+        shared = {
+            b.var: b.value
+            for block in func.body.blocks
+            for b in block.bindings
+            if isinstance(b.value, relax.Call)
+            and isinstance(b.value.op, tvm.ir.Op)
+            and b.value.op.name in ("relax.reshape", "relax.permute_dims")
+            and isinstance(b.value.args[0], tvm.ir.Constant)
+        }
+        read: set[relax.Var] = set()
+        blocks, changed = [], False
+        for block in func.body.blocks:
+            bindings: list[relax.Binding] = []
+            for b in block.bindings:
+                value = b.value
+                if isinstance(value, relax.Call) and isinstance(block, relax.DataflowBlock):
+                    args = []
+                    for arg in value.args:
+                        if isinstance(arg, relax.Var) and arg in shared and arg in read:
+                            copy = relax.DataflowVar(arg.name, arg.ty)
+                            bindings.append(relax.VarBinding(copy, shared[arg]))
+                            arg, changed = copy, True
+                        elif isinstance(arg, relax.Var) and arg in shared:
+                            read.add(arg)
+                        args.append(arg)
+                    value = relax.Call(value.op, args, value.attrs, value.ty_args)
+                bindings.append(relax.VarBinding(b.var, value) if isinstance(b, relax.VarBinding) else b)
+            kind = relax.DataflowBlock if isinstance(block, relax.DataflowBlock) else relax.BindingBlock
+            blocks.append(kind(bindings))
+        if not changed:
+            return mod
+        body = relax.SeqExpr(blocks, func.body.body)
+        mod = mod.clone()
+        mod[entry] = relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs)
+        return mod
+
+    return tvm.transform.module_pass(unshare, opt_level=0, name="UnshareConstantReshapes")

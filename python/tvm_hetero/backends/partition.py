@@ -7,6 +7,10 @@ bind_constants=False)`` turns every match of its patterns into a call to a funct
 pattern's check applies the backend's legality rules and its cost gate (``min_flops``); what no
 pattern takes stays a Relax op and is lowered to TVM kernels (the fallback). Each region is one
 composite (an anchor op and its fused post-ops); regions are not merged further.
+
+Guarantee: every region has one output and its intermediate values are used only inside it (the
+backends' pattern checks reject a match that would leak one), and :func:`.region_check.
+check_partitioned` verifies that, with every use after its definition, after each partitioning.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import tvm
 from tvm import relax
 
 from .base import Backend, Region
+from .region_check import check_partitioned
 
 CODEGEN_ATTR = "Codegen"
 COMPOSITE_ATTR = "Composite"
@@ -44,6 +49,7 @@ def partition_for_backends(
             patterns, bind_constants=False, annotate_codegen=True, entry_functions=[entry]
         )(mod)
         regions.update(_collect_regions(mod, backend, set(regions)))
+    check_partitioned(mod, entry, regions)
     return mod, regions
 
 

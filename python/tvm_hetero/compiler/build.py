@@ -263,7 +263,7 @@ def build(
 
     start = time.perf_counter()
     say("placing and lowering Relax ops")
-    lowered = lower_to_graph(mod, placement, len(devices), params, entry, backends)
+    lowered = lower_to_graph(mod, placement, len(devices), params, entry, backends, targets=target_list)
     graph = lowered.graph
     switches_original = graph.device_switches()
     if reorder:

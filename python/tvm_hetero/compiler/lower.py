@@ -8,9 +8,10 @@ The steps, in order:
 
 1. **Place** every Relax op call of the entry function, before anything is lowered: the
    placement policy (:mod:`.placement`) sees one :class:`OpInfo` per call.
-2. **Legalize** (``LegalizeOps``). The bound variable of each op call survives legalization, so
-   every resulting ``call_tir`` is traced back to the op it came from (the helper bindings a
-   legalization emits belong to the op bound right after them).
+2. **Legalize**: first TVM's library dispatch passes of each device's target (:mod:`.dispatch`:
+   sort, scan, sampling), then ``LegalizeOps``. The bound variable of each op call survives
+   both, so every resulting ``call_tir`` is traced back to the op it came from (the helper
+   bindings a legalization emits belong to the op bound right after them).
 3. **Specialize** kernels per device: each PrimFunc is copied once per (device, op) that calls
    it and the copy is tagged with both, so a kernel used on two devices gets two symbols
    (``add`` and ``add_dev1``) and each fused kernel can tell where its parts came from.
@@ -48,6 +49,7 @@ from tvm import relax, te
 
 from ..backends import Backend, Region, resolve_backends
 from ..backends.partition import partition_for_backends, region_calls, region_of
+from .dispatch import dispatch_library_ops
 from .fold_constants import fold_constants
 from .graph import Entry, Graph, Node
 from .placement import Fallback, OpInfo, PlacementSpec, resolve_placement
@@ -108,6 +110,7 @@ def lower_to_graph(
     entry: str = "main",
     backends: Sequence[Any] = (),
     fold: bool = True,
+    targets: Sequence[Any] | None = None,
 ) -> LoweredGraph:
     """Lower the Relax function ``entry`` of ``mod`` to a device-placed kernel graph.
 
@@ -118,6 +121,8 @@ def lower_to_graph(
     Constants bound in the IR become named null nodes too. ``backends`` (names, ``(name,
     device)`` pairs or :class:`~tvm_hetero.backends.Backend` objects) partition the function first.
     ``fold``: run the kernels that read only IR-bound constants at build time (:mod:`.fold_constants`).
+    ``targets[d]`` is device ``d``'s target, for the ops TVM dispatches per target before
+    legalization (:mod:`.dispatch`; ``llvm`` for every device when None).
     """
     resolved = resolve_placement(placement, num_devices)
     backend_list = resolve_backends(backends)
@@ -144,6 +149,7 @@ def lower_to_graph(
     for var, region in region_calls(func, regions):
         op_of_var[var] = (region.device, region.name)
 
+    mod = dispatch_library_ops(mod, entry, {var: dev for var, (dev, _op) in op_of_var.items()}, targets)
     mod = relax.transform.LegalizeOps()(mod)
     tags = _trace_legalized(mod[entry], op_of_var)
     mod = _specialize_kernels(mod, entry, tags)
