@@ -9,9 +9,13 @@
 #include <tvm_hetero/graph_runtime.h>
 #include <tvm_hetero/param_blob.h>
 
+#include "concurrency/device_executors.h"
+#include "concurrency/step_schedule.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <map>
 #include <sstream>
 
 namespace tvm_hetero {
@@ -26,6 +30,9 @@ constexpr size_t kPoolAlignment = 64;
 constexpr int kRPCSessMask = 128;
 
 bool IsHost(DLDevice dev) { return dev.device_type == kDLCPU; }
+bool SameDevice(DLDevice a, DLDevice b) { return a.device_type == b.device_type && a.device_id == b.device_id; }
+/*! \brief Tensors on `a` can be read on `b` in place: both are CPUs of this process. */
+bool SharesMemory(DLDevice a, DLDevice b) { return IsHost(a) && IsHost(b); }
 /*! \brief A device of another process, reached through a TVM RPC session. */
 bool IsRemote(DLDevice dev) { return dev.device_type >= kRPCSessMask; }
 
@@ -137,6 +144,29 @@ void CopyAcrossDevices(const DLTensor* from, DLTensor* to, DLTensor* staging) {
   if (IsHost(to->device)) api->StreamSync(api_device, nullptr);
 }
 
+/*! \brief What concurrent execution and tracing need beside the steps themselves. */
+struct GraphRuntime::Concurrency {
+  /*! \brief One executor per device with steps. */
+  DeviceExecutors executors;
+  /*! \brief Memory read and written by each step, and the device whose executor runs it. */
+  std::vector<StepAccess> access;
+  /*! \brief Implicit copy of (entry, device) -> index into implicit_copies_ (setup only). */
+  std::map<std::pair<uint32_t, int>, uint32_t> implicit_copy_of;
+  /*! \brief Cross-device waits of the current schedule. */
+  size_t num_waits = 0;
+  /*! \brief Set by TraceJSON while its runs record step times (read between runs only). */
+  bool tracing = false;
+  std::chrono::steady_clock::time_point run_start;
+  std::vector<double> span_start_us, span_end_us;
+};
+
+GraphRuntime::GraphRuntime() : concurrency_(std::make_unique<Concurrency>()) {}
+
+GraphRuntime::~GraphRuntime() {
+  // The executor threads run steps of this object: stop them before any member goes away.
+  concurrency_->executors.Stop();
+}
+
 void GraphRuntime::Init(const std::string& graph_json, ffi::Module lib, std::vector<DLDevice> devices,
                         DeviceIndexKind kind, std::vector<ffi::Optional<ffi::Module>> device_libs) {
   graph_ = ParseGraphJSON(graph_json);
@@ -228,6 +258,7 @@ void GraphRuntime::SetupPreparedCalls() {
       calls_[i].mode = PreparedCall::Mode::kSkip;
     }
   }
+  SetupExecution();  // the steps changed: derive the schedule again
 }
 
 void GraphRuntime::SetupOffloadSegments() {
@@ -260,7 +291,9 @@ std::string GraphRuntime::OffloadPlanJSON(int device) const {
   std::unordered_map<uint32_t, int64_t> position;  // entry id -> index into "entries"
   json::Array entries, segments;
   std::unordered_map<const DLTensor*, uint32_t> eid_of;  // kernel args point at data entries
-  for (uint32_t eid = 0; eid < data_entry_.size(); ++eid) eid_of.emplace(data_entry_[eid].GetDLTensorPtr(), eid);
+  for (uint32_t eid = 0; eid < data_entry_.size() + implicit_copies_.size(); ++eid) {
+    eid_of.emplace(GetEntry(eid).GetDLTensorPtr(), eid);
+  }
   auto entry_index = [&](const DLTensor* tensor) -> int64_t {
     auto found = eid_of.find(tensor);
     if (found == eid_of.end()) TVM_FFI_THROW(InternalError) << "argument is not a data entry";
@@ -286,8 +319,9 @@ std::string GraphRuntime::OffloadPlanJSON(int device) const {
 }
 
 ffi::Tensor GraphRuntime::GetEntry(uint32_t eid) const {
-  if (eid >= data_entry_.size()) TVM_FFI_THROW(IndexError) << "entry " << eid << " is out of range";
-  return data_entry_[eid];
+  if (eid < data_entry_.size()) return data_entry_[eid];
+  if (eid - data_entry_.size() < implicit_copies_.size()) return implicit_copies_[eid - data_entry_.size()];
+  TVM_FFI_THROW(IndexError) << "entry " << eid << " is out of range";
 }
 
 void GraphRuntime::AttachOffloadRunner(int device, ffi::Function run_segment) {
@@ -323,6 +357,11 @@ void GraphRuntime::SetupStorage() {
 
 void GraphRuntime::SetupOpExecs() {
   op_execs_.clear();
+  shared_views_.clear();
+  implicit_copies_.clear();
+  concurrency_->implicit_copy_of.clear();
+  concurrency_->access.clear();
+  bytes_copied_per_run_ = 0;
   for (uint32_t nid = 0; nid < graph_.nodes.size(); ++nid) {
     const GraphNode& node = graph_.nodes[nid];
     if (node.is_input()) continue;
@@ -352,14 +391,35 @@ void GraphRuntime::SetupOpExecs() {
                                   << DeviceName(devices_[device]) << ")";
       }
       step.kernel = *kernel;
-      for (const EntryRef& e : node.inputs) {
-        step.args.emplace_back(MutableTensor(data_entry_[graph_.entry_id(e)]));
-      }
+      for (const EntryRef& e : node.inputs) step.args.emplace_back(KernelInput(nid, graph_.entry_id(e)));
       for (uint32_t k = 0; k < node.num_outputs; ++k) {
         step.args.emplace_back(MutableTensor(data_entry_[graph_.entry_id(nid, k)]));
       }
     }
+    StepAccess access{node_device_[nid], {}, {}};
+    if (step.kind == OpExec::Kind::kCopy) {
+      uint32_t from = graph_.entry_id(node.inputs[0]);
+      access.reads.push_back(EntryRegion(from));
+      bytes_copied_per_run_ += static_cast<int64_t>(ffi::GetDataSize(*step.copy_to));
+      // One thread per RPC session: a copy touching a remote device runs on that device's executor.
+      if (IsRemote(step.copy_from->device)) access.device = storage_plan_.entry_device[from];
+    } else {
+      for (const EntryRef& e : node.inputs) access.reads.push_back(InputRegion(nid, graph_.entry_id(e)));
+    }
+    for (uint32_t k = 0; k < node.num_outputs && !node.is_input(); ++k) {
+      access.writes.push_back(EntryRegion(graph_.entry_id(nid, k)));
+    }
     op_execs_.push_back(std::move(step));
+    concurrency_->access.push_back(std::move(access));
+  }
+  // Outputs are read on the primary device; one made on a device sharing its memory is shown there.
+  output_views_.clear();
+  for (const EntryRef& head : graph_.heads) {
+    const ffi::Tensor& entry = data_entry_[graph_.entry_id(head)];
+    bool view = !SameDevice(entry.device(), devices_[0]) && SharesMemory(entry.device(), devices_[0]);
+    output_views_.push_back(view ? ffi::Tensor::FromNDAlloc(ViewAlloc{entry, 0}, entry.shape(), entry.dtype(),
+                                                            devices_[0])
+                                 : entry);
   }
 }
 
@@ -386,17 +446,155 @@ void GraphRuntime::RunStep(const OpExec& step, ffi::Any* rv) const {
   }
 }
 
+DLTensor* GraphRuntime::KernelInput(uint32_t nid, uint32_t eid) {
+  const ffi::Tensor& entry = data_entry_[eid];
+  const int device = node_device_[nid];
+  DLDevice want = devices_[device];
+  if (SameDevice(entry.device(), want)) return MutableTensor(entry);
+  if (SharesMemory(entry.device(), want)) {
+    // Same bytes, the reader's device: the edge costs a wait, not a copy.
+    shared_views_.push_back(
+        ffi::Tensor::FromNDAlloc(ViewAlloc{entry, 0}, ffi::Shape(graph_.shapes[eid]), graph_.dtypes[eid], want));
+    return MutableTensor(shared_views_.back());
+  }
+  // Separate memory and no copy in the graph: copy once per (entry, device), before the first reader.
+  auto [it, inserted] =
+      concurrency_->implicit_copy_of.emplace(std::make_pair(eid, device), static_cast<uint32_t>(implicit_copies_.size()));
+  if (!inserted) return MutableTensor(implicit_copies_[it->second]);
+  implicit_copies_.push_back(ffi::Tensor::FromNDAlloc(PoolAlloc(), ffi::Shape(graph_.shapes[eid]), graph_.dtypes[eid], want));
+  OpExec copy;
+  copy.kind = OpExec::Kind::kCopy;
+  copy.node_id = nid;
+  copy.copy_from = MutableTensor(entry);
+  copy.copy_to = MutableTensor(implicit_copies_.back());
+  if (CopyNeedsStaging(copy.copy_from->device, want)) {
+    copy.staging = ffi::Tensor::FromNDAlloc(PoolAlloc(), ffi::Shape(graph_.shapes[eid]), graph_.dtypes[eid],
+                                            DLDevice{kDLCPU, 0});
+  }
+  bytes_copied_per_run_ += static_cast<int64_t>(ffi::GetDataSize(*copy.copy_to));
+  StepAccess access{device, {EntryRegion(eid)}, {InputRegion(nid, eid)}};
+  if (IsRemote(entry.device())) access.device = storage_plan_.entry_device[eid];
+  op_execs_.push_back(std::move(copy));
+  concurrency_->access.push_back(std::move(access));
+  return MutableTensor(implicit_copies_.back());
+}
+
+MemoryRegion GraphRuntime::EntryRegion(uint32_t eid) const {
+  size_t begin = storage_plan_.entry_offset[eid];
+  return MemoryRegion{storage_plan_.entry_slot[eid], begin, begin + EntryBytes(graph_.shapes[eid], graph_.dtypes[eid])};
+}
+
+MemoryRegion GraphRuntime::InputRegion(uint32_t nid, uint32_t eid) const {
+  auto found = concurrency_->implicit_copy_of.find(std::make_pair(eid, node_device_[nid]));
+  if (found == concurrency_->implicit_copy_of.end()) return EntryRegion(eid);
+  // Implicit copies are slots of their own, numbered after the pool's.
+  uint32_t slot = static_cast<uint32_t>(storage_plan_.slots.size()) + found->second;
+  return MemoryRegion{slot, 0, EntryBytes(graph_.shapes[eid], graph_.dtypes[eid])};
+}
+
+void GraphRuntime::SetExecution(ExecutionMode mode, std::vector<ExecutorOptions> options) {
+  ExclusiveUse use(this, "set_execution");
+  if (options.size() > devices_.size()) {
+    TVM_FFI_THROW(ValueError) << "got executor options for " << options.size() << " devices, the runtime has "
+                              << devices_.size();
+  }
+  execution_ = mode;
+  executor_options_ = std::move(options);
+  SetupExecution();
+}
+
+void GraphRuntime::SetupExecution() {
+  Concurrency& c = *concurrency_;
+  c.executors.Stop();
+  c.num_waits = 0;
+  if (execution_ != ExecutionMode::kConcurrent) return;
+  // An offloaded segment is one call at its first step: that step touches all the segment touches.
+  std::vector<StepAccess> access = c.access;
+  for (const OffloadSegment& segment : segments_) {
+    if (!segment.runner.has_value()) continue;
+    StepAccess& first = access[segment.begin];
+    for (uint32_t i = segment.begin + 1; i < segment.end; ++i) {
+      first.reads.insert(first.reads.end(), access[i].reads.begin(), access[i].reads.end());
+      first.writes.insert(first.writes.end(), access[i].writes.begin(), access[i].writes.end());
+      access[i].reads.clear();
+      access[i].writes.clear();
+    }
+  }
+  StepSchedule schedule = DeriveStepSchedule(access, static_cast<int>(devices_.size()));
+  c.num_waits = schedule.NumWaits();
+  c.executors.Start(std::move(schedule), &GraphRuntime::RunStepOnExecutor, this, executor_options_);
+}
+
+void GraphRuntime::RunStepOnExecutor(void* self, uint32_t i) {
+  auto* rt = static_cast<GraphRuntime*>(self);
+  Concurrency& c = *rt->concurrency_;
+  using Clock = std::chrono::steady_clock;
+  if (c.tracing) c.span_start_us[i] = std::chrono::duration<double, std::micro>(Clock::now() - c.run_start).count();
+  ffi::Any rv;
+  try {
+    const PreparedCall& call = rt->calls_[i];
+    if (call.mode == PreparedCall::Mode::kCall) {
+      call.function->CallPacked(call.args, call.num_args, &rv);
+    } else {
+      rt->RunOtherStep(i, &rv);
+    }
+  } catch (const ffi::Error& err) {
+    throw rt->ErrorAt(i, err);
+  }
+  if (c.tracing) c.span_end_us[i] = std::chrono::duration<double, std::micro>(Clock::now() - c.run_start).count();
+}
+
+ffi::Error GraphRuntime::ErrorAt(uint32_t i, const ffi::Error& err) const {
+  std::ostringstream where;
+  if (i < op_execs_.size()) {
+    uint32_t nid = op_execs_[i].node_id;
+    bool segment = calls_[i].mode == PreparedCall::Mode::kRemoteCall && calls_[i].args != op_execs_[i].args.data();
+    where << "while running " << (segment ? "the offloaded group starting at " : "") << graph_.describe_node(nid)
+          << " on device " << node_device_[nid] << " (" << DeviceName(devices_[node_device_[nid]]) << "): ";
+  } else {
+    where << "while synchronising devices: ";
+  }
+  std::string message = err.message();
+  if (message.find("kShutdown") != std::string::npos) {
+    message = "the connection to the remote device was lost (server gone or connection closed): " + message;
+  }
+  return ffi::Error(err.kind(), where.str() + message, err.backtrace());
+}
+
 void GraphRuntime::Run() {
   ExclusiveUse use(this, "run");
   if (num_inputs_unset_ != 0) ThrowUnsetInputs();
-  ffi::Any rv;    // kernels return nothing; one slot serves every call
-  uint32_t i = 0; // the step in flight, named in the error if it fails
-  remote_compute_calls_ = remote_copies_ = 0;
+  RunOnce();
+}
+
+void GraphRuntime::RunOnce() {
+  remote_compute_calls_ = 0;
+  remote_copies_ = 0;
+  if (concurrency_->executors.started()) {
+    concurrency_->executors.Run();  // step errors already name their node and device
+  } else {
+    RunSerial();
+  }
+  try {
+    for (const DLDevice& dev : devices_to_sync_) DeviceAPI::Get(dev)->StreamSync(dev, nullptr);
+  } catch (const ffi::Error& err) {
+    throw ErrorAt(static_cast<uint32_t>(op_execs_.size()), err);
+  }
+}
+
+void GraphRuntime::RunSerial() {
+  ffi::Any rv;     // kernels return nothing; one slot serves every call
+  uint32_t i = 0;  // the step in flight, named in the error if it fails
+  const Concurrency& c = *concurrency_;
   try {
     // Groups partition the steps in order, so one flat loop runs them group by group; a remote
     // group's segment is a single kRemoteCall step (see SetupPreparedCalls).
     const PreparedCall* calls = calls_.data();
     const uint32_t num_steps = static_cast<uint32_t>(calls_.size());
+    if (c.tracing) {
+      for (i = 0; i < num_steps; ++i) RunStepOnExecutor(this, i);
+      return;
+    }
     for (i = 0; i < num_steps; ++i) {
       const PreparedCall& call = calls[i];
       if (call.mode == PreparedCall::Mode::kCall) {
@@ -405,24 +603,51 @@ void GraphRuntime::Run() {
         RunOtherStep(i, &rv);
       }
     }
-    i = static_cast<uint32_t>(op_execs_.size());
-    for (const DLDevice& dev : devices_to_sync_) DeviceAPI::Get(dev)->StreamSync(dev, nullptr);
   } catch (const ffi::Error& err) {
-    std::ostringstream where;
-    if (i < op_execs_.size()) {
-      uint32_t nid = op_execs_[i].node_id;
-      bool segment = calls_[i].mode == PreparedCall::Mode::kRemoteCall && calls_[i].args != op_execs_[i].args.data();
-      where << "while running " << (segment ? "the offloaded group starting at " : "") << graph_.describe_node(nid)
-            << " on device " << node_device_[nid] << " (" << DeviceName(devices_[node_device_[nid]]) << "): ";
-    } else {
-      where << "while synchronising devices: ";
-    }
-    std::string message = err.message();
-    if (message.find("kShutdown") != std::string::npos) {
-      message = "the connection to the remote device was lost (server gone or connection closed): " + message;
-    }
-    throw ffi::Error(err.kind(), where.str() + message, err.backtrace());
+    if (c.tracing) throw;  // RunStepOnExecutor named the step already
+    throw ErrorAt(i, err);
   }
+}
+
+std::string GraphRuntime::TraceJSON(int runs) {
+  namespace json = ffi::json;
+  using Clock = std::chrono::steady_clock;
+  ExclusiveUse use(this, "trace");
+  if (num_inputs_unset_ != 0) ThrowUnsetInputs();
+  Concurrency& c = *concurrency_;
+  c.span_start_us.assign(op_execs_.size(), -1.0);
+  c.span_end_us.assign(op_execs_.size(), -1.0);
+  json::Array all_runs;
+  c.tracing = true;
+  try {
+    for (int r = 0; r < std::max(runs, 1); ++r) {
+      std::fill(c.span_start_us.begin(), c.span_start_us.end(), -1.0);
+      c.run_start = Clock::now();
+      RunOnce();
+      json::Array spans;
+      for (uint32_t i = 0; i < op_execs_.size(); ++i) {
+        if (c.span_start_us[i] < 0) continue;  // folded into an offloaded segment's call
+        const OpExec& step = op_execs_[i];
+        const char* kind = step.kind == OpExec::Kind::kKernel ? "kernel" : step.kind == OpExec::Kind::kCopy ? "copy" : "nop";
+        if (calls_[i].mode == PreparedCall::Mode::kRemoteCall && calls_[i].args != step.args.data()) kind = "group";
+        spans.push_back(json::Object{{ffi::String("step"), int64_t(i)},
+                                     {ffi::String("node"), int64_t(step.node_id)},
+                                     {ffi::String("name"), ffi::String(graph_.nodes[step.node_id].name)},
+                                     {ffi::String("kind"), ffi::String(kind)},
+                                     {ffi::String("device"), int64_t(c.access[i].device)},
+                                     {ffi::String("start_us"), c.span_start_us[i]},
+                                     {ffi::String("end_us"), c.span_end_us[i]}});
+      }
+      all_runs.push_back(spans);
+    }
+  } catch (...) {
+    c.tracing = false;
+    throw;
+  }
+  c.tracing = false;
+  json::Array names;
+  for (const DLDevice& dev : devices_) names.push_back(ffi::String(DeviceName(dev)));
+  return std::string(json::Stringify(json::Object{{ffi::String("devices"), names}, {ffi::String("runs"), all_runs}}));
 }
 
 void GraphRuntime::ThrowUnsetInputs() const {
@@ -540,7 +765,7 @@ ffi::Tensor GraphRuntime::GetInput(int index) const {
 
 ffi::Tensor GraphRuntime::GetOutput(int index) const {
   CheckedInputIndex(index, "output");
-  return data_entry_[graph_.entry_id(graph_.heads[index])];
+  return output_views_[index];
 }
 
 void GraphRuntime::CopyOutputTo(int index, DLTensor* out) const {
@@ -653,9 +878,14 @@ std::string GraphRuntime::StatsJSON() const {
       {ffi::String("devices"), device_names},
       {ffi::String("group_devices"), group_devices},
       {ffi::String("offload_segments"), int64_t(segments_.size())},
-      {ffi::String("remote_compute_calls"), remote_compute_calls_},
-      {ffi::String("remote_copies"), remote_copies_},
-      {ffi::String("cross_process_calls"), remote_compute_calls_ + remote_copies_},
+      {ffi::String("remote_compute_calls"), remote_compute_calls_.load()},
+      {ffi::String("remote_copies"), remote_copies_.load()},
+      {ffi::String("cross_process_calls"), remote_compute_calls_.load() + remote_copies_.load()},
+      {ffi::String("execution"), ffi::String(execution_ == ExecutionMode::kConcurrent ? "concurrent" : "serial")},
+      {ffi::String("shared_edges"), int64_t(shared_views_.size())},
+      {ffi::String("implicit_copies"), int64_t(implicit_copies_.size())},
+      {ffi::String("bytes_copied"), bytes_copied_per_run_},
+      {ffi::String("cross_device_waits"), int64_t(concurrency_->num_waits)},
   };
   return std::string(json::Stringify(stats));
 }

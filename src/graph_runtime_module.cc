@@ -86,6 +86,16 @@ ffi::Optional<ffi::Function> GraphRuntimeModule::GetFunction(const ffi::String& 
       return ffi::Function::FromTyped(
           [self, rt](int device, ffi::Function run_segment) { rt->AttachOffloadRunner(device, run_segment); });
     }
+  if (n == "set_execution") {
+    // set_execution("concurrent" | "serial", device_options_json)
+    return ffi::Function::FromTyped([self, rt](ffi::String mode, ffi::String options) {
+      rt->SetExecution(ParseExecutionMode(std::string(mode)),
+                       ParseExecutorOptions(std::string(options), static_cast<int>(rt->devices().size())));
+    });
+  }
+  if (n == "trace") {
+    return ffi::Function::FromTyped([self, rt](int runs) { return ffi::String(rt->TraceJSON(runs)); });
+  }
   if (n == "stats") return ffi::Function::FromTyped([self, rt]() { return ffi::String(rt->StatsJSON()); });
   if (n == "profile") {
     return ffi::Function::FromTyped([self, rt](int repeat) { return ffi::String(rt->ProfileJSON(repeat)); });

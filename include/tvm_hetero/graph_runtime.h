@@ -13,15 +13,19 @@
 #include <tvm/ffi/function.h>
 #include <tvm/ffi/optional.h>
 #include <tvm/ffi/string.h>
+#include <tvm_hetero/execution.h>
 #include <tvm_hetero/graph.h>
 #include <tvm_hetero/storage_plan.h>
 
 #include <atomic>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 namespace tvm_hetero {
+
+struct MemoryRegion;
 
 /*! \brief One prepared step of Run(). */
 struct OpExec {
@@ -95,6 +99,11 @@ struct ExecGroup {
 /*! \brief Runs a graph (docs/graph-format.md) over several devices. */
 class GraphRuntime {
  public:
+  GraphRuntime();
+  ~GraphRuntime();
+  GraphRuntime(const GraphRuntime&) = delete;
+  GraphRuntime& operator=(const GraphRuntime&) = delete;
+
   /*!
    * \brief Load the graph, place storage on devices and prepare every call.
    * \param graph_json The graph.
@@ -117,6 +126,22 @@ class GraphRuntime {
    * busy" instead of waiting while another thread is inside one of them on this runtime.
    */
   void Run();
+
+  /*!
+   * \brief Choose how Run executes the devices (default: concurrent, no executor options). In
+   *        concurrent mode each device with steps gets an executor (the primary device runs on the
+   *        calling thread unless it has options); waits derived from the graph's memory accesses
+   *        keep results bit-identical to serial execution.
+   */
+  void SetExecution(ExecutionMode mode, std::vector<ExecutorOptions> options = {});
+  ExecutionMode execution() const { return execution_; }
+
+  /*!
+   * \brief Run `runs` times recording when each step ran, on which device's executor: JSON
+   *        {"devices": [name...], "runs": [[{"step", "node", "name", "kind", "device", "start_us",
+   *        "end_us"}...]...]}, times from the start of each run.
+   */
+  std::string TraceJSON(int runs);
 
   /*! \brief Index of the input (or parameter) named `name`, or -1. */
   int GetInputIndex(const std::string& name) const;
@@ -197,6 +222,25 @@ class GraphRuntime {
   [[noreturn]] void ThrowUnsetInputs() const;
   /*! \brief Marks the runtime in use for one call; another call meanwhile raises "busy". */
   class ExclusiveUse;
+  /*! \brief Executors, the schedule's memory accesses and trace buffers (concurrency/). */
+  struct Concurrency;
+  /*! \brief Rebuild the step schedule and restart the executors (after steps change). */
+  void SetupExecution();
+  /*! \brief The kernel argument for entry `eid` read by node `nid`: the entry, a view of it
+   *         carrying the node's device (devices sharing memory), or a copy on the node's device. */
+  DLTensor* KernelInput(uint32_t nid, uint32_t eid);
+  /*! \brief Bytes of entry `eid` in its pool slot. */
+  MemoryRegion EntryRegion(uint32_t eid) const;
+  /*! \brief What node `nid` reads for entry `eid`: the entry, or its implicit copy. */
+  MemoryRegion InputRegion(uint32_t nid, uint32_t eid) const;
+  /*! \brief One execution of the graph, serial or concurrent (callers check use and inputs). */
+  void RunOnce();
+  /*! \brief Run step `i` (the body of Run's loop); errors name the node and device. */
+  static void RunStepOnExecutor(void* self, uint32_t i);
+  /*! \brief `err` with the step's node and device in front. */
+  tvm::ffi::Error ErrorAt(uint32_t i, const tvm::ffi::Error& err) const;
+  /*! \brief Run every step on the calling thread, in order. */
+  void RunSerial();
 
   /*! \brief The validated graph. */
   Graph graph_;
@@ -229,9 +273,24 @@ class GraphRuntime {
   /*! \brief Kernel runs on devices of another process (RPC), in step order. */
   std::vector<OffloadSegment> segments_;
   /*! \brief Compute calls into other processes by the last Run (remote kernels or segments). */
-  int64_t remote_compute_calls_ = 0;
+  std::atomic<int64_t> remote_compute_calls_{0};
   /*! \brief Copies to or from other processes by the last Run. */
-  int64_t remote_copies_ = 0;
+  std::atomic<int64_t> remote_copies_{0};
+  /*! \brief Serial or concurrent, and each device's executor options. */
+  ExecutionMode execution_ = ExecutionMode::kConcurrent;
+  std::vector<ExecutorOptions> executor_options_;
+  /*! \brief Views of entries read by kernels of another device that shares memory with the
+   *         entry's device: same bytes, the reader's device (TVM kernels check the device). */
+  std::vector<tvm::ffi::Tensor> shared_views_;
+  /*! \brief Buffers on a reader's device for entries whose device does not share memory with it
+   *         and that the graph does not copy itself (a graph compiled for two CPUs, run with one of
+   *         them remote). Indexed after the graph's entries in GetEntry / OffloadPlanJSON. */
+  std::vector<tvm::ffi::Tensor> implicit_copies_;
+  /*! \brief Each output as the caller sees it: the entry, or a view on the primary device. */
+  std::vector<tvm::ffi::Tensor> output_views_;
+  /*! \brief Bytes moved by copy steps per Run (graph copies and implicit ones). */
+  int64_t bytes_copied_per_run_ = 0;
+  std::unique_ptr<Concurrency> concurrency_;
   /*! \brief Non-CPU devices to synchronise at the end of Run. */
   std::vector<DLDevice> devices_to_sync_;
   /*! \brief Per input: written at least once (SetInput, a parameter path, or MarkInputSet). */

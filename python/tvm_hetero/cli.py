@@ -2,8 +2,8 @@
 
     tvm-hetero demo                                   # ResNet-50 split over cpu:0 + cpu:1 (cuda if present)
     tvm-hetero compile model.onnx --device cpu:0=llvm --device cpu:1=llvm --place conv2d=1 -o out/
-    tvm-hetero run out/ --input data=x.npy
-    tvm-hetero inspect out/ --dot graph.dot
+    tvm-hetero run out/ --input data=x.npy --cluster 0=0 --cluster 1=1 --trace run.json
+    tvm-hetero inspect out/ --dot graph.dot --timeline timeline.png
 """
 
 from __future__ import annotations
@@ -188,11 +188,34 @@ def _load_input(spec: str) -> tuple[str, np.ndarray]:
         raise ValueError(f"--input {name}: cannot read {path} as a .npy array ({error_line(err)})") from None
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def parse_clusters(specs: list[str], num_devices: int) -> list[dict | None] | None:
+    """``--cluster DEVICE=CORE[,CORE...][:THREADS]`` flags to ``device_options`` (None if no flag)."""
+    if not specs:
+        return None
+    options: list[dict | None] = [None] * num_devices
+    for spec in specs:
+        try:
+            device, _, rest = spec.partition("=")
+            cores, _, threads = rest.partition(":")
+            d = int(device)
+            option = {"cores": [int(c) for c in cores.split(",") if c != ""]}
+            if threads:
+                option["num_threads"] = int(threads)
+        except ValueError:
+            raise ValueError(f"--cluster {spec!r}: expected DEVICE=CORE[,CORE...][:THREADS], e.g. 1=1 or 0=0,1:2") from None
+        if not 0 <= d < num_devices:
+            raise ValueError(f"--cluster {spec!r}: device {d} is out of range for {num_devices} devices")
+        options[d] = option
+    return options
+
+
+def _runtime_with_inputs(args: argparse.Namespace):
+    """The artifact's runtime (execution options from the flags) with every input set."""
     import tvm_hetero
 
     artifact = tvm_hetero.load(args.artifact)
-    runtime = artifact.create()
+    runtime = artifact.create(execution=args.execution,
+                              device_options=parse_clusters(args.cluster, len(artifact.devices)))
     inputs = dict(_load_input(s) for s in args.input)
     unknown = [n for n in inputs if n not in artifact.input_names]
     if unknown:
@@ -207,7 +230,13 @@ def cmd_run(args: argparse.Namespace) -> int:
             eid = graph["node_row_ptr"][nid]
             shape, dtype = graph["attrs"]["shape"][1][eid], graph["attrs"]["dltype"][1][eid]
             inputs[name] = rng.standard_normal(shape).astype(dtype)
-    runtime.run(**inputs)
+    runtime.set_input(**inputs)
+    return artifact, runtime
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    _artifact, runtime = _runtime_with_inputs(args)
+    runtime.run()
     times = []
     for _ in range(args.repeat):
         t = time.perf_counter()
@@ -219,6 +248,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.save:
             np.save(Path(args.save) / f"output_{i}.npy", out)
     print(f"latency {np.median(times) * 1e3:.2f} ms (median of {args.repeat}); stats {json.dumps(runtime.stats())}")
+    if args.trace:
+        runtime.trace(args.trace)
+        print(f"wrote {args.trace} (a Chrome trace: open it in https://ui.perfetto.dev or chrome://tracing)")
     return 0
 
 
@@ -238,6 +270,16 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if args.dot:
         Path(args.dot).write_text(to_dot(graph))
         print(f"wrote {args.dot} (render with: dot -Tpng {args.dot} -o graph.png)")
+    if args.timeline:
+        from tvm_hetero import timeline
+
+        _artifact, runtime = _runtime_with_inputs(args)
+        runtime.run()  # warm up, then record one run
+        timeline.draw(json.loads(runtime.module["trace"](1)), args.timeline)
+        summary = timeline.summarize(json.loads(runtime.module["trace"](1)))
+        busy = ", ".join(f"{d['name']} busy {d['busy_us'] / 1e3:.2f} ms" for d in summary["devices"])
+        print(f"wrote {args.timeline}: one run of {summary['total_us'] / 1e3:.2f} ms ({busy}; "
+              f"overlap {summary['overlap_us'] / 1e3:.2f} ms)")
     return 0
 
 
@@ -245,7 +287,8 @@ DEVICE_COLOURS = ["#9ecae1", "#fdae6b", "#a1d99b", "#bcbddc", "#fc9272", "#d9d9d
 
 
 def to_dot(graph: dict) -> str:
-    """Graphviz source of the graph, nodes coloured by device, copies as diamonds."""
+    """Graphviz source of the graph, nodes coloured by device, copies as diamonds, and tensors
+    another device reads in place (shared memory) as dashed edges."""
     devices = graph["attrs"]["device_index"][1]
     lines = ["digraph tvm_hetero {", "  rankdir=TB; node [style=filled, fontsize=10];"]
     for nid, node in enumerate(graph["nodes"]):
@@ -258,7 +301,8 @@ def to_dot(graph: dict) -> str:
             shape, label = "box", node["attrs"]["func_name"]
         lines.append(f'  n{nid} [label="{label}", shape={shape}, fillcolor="{colour}"];')
         for src in node["inputs"]:
-            lines.append(f"  n{src[0]} -> n{nid};")
+            in_place = node["op"] != "null" and devices[src[0]] != devices[nid] and shape != "diamond"
+            lines.append(f'  n{src[0]} -> n{nid} [style=dashed, label="in place"];' if in_place else f"  n{src[0]} -> n{nid};")
     lines.append("}")
     return "\n".join(lines)
 
@@ -271,6 +315,13 @@ def main(argv: list[str] | None = None) -> int:
     def debug_flag(p):
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                        help="on error, show the Python traceback")
+
+    def execution_flags(p):
+        p.add_argument("--execution", choices=["concurrent", "serial"], default="concurrent",
+                       help="devices at the same time (default) or one after another")
+        p.add_argument("--cluster", action="append", default=[], metavar="DEV=CORES[:THREADS]",
+                       help="pin device DEV's executor to CORES (comma-separated) with THREADS threads, "
+                            "e.g. --cluster 0=0 --cluster 1=1")
 
     def placement_flags(p):
         p.add_argument("--device", action="append", default=[], metavar="DEV=TARGET",
@@ -300,12 +351,18 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy")
     run.add_argument("--repeat", type=int, default=5)
     run.add_argument("--save", metavar="DIR", help="save outputs as .npy here")
+    run.add_argument("--trace", metavar="FILE.json", help="write a Chrome trace (Perfetto) of one run")
+    execution_flags(run)
     debug_flag(run)
     run.set_defaults(fn=cmd_run)
 
     insp = sub.add_parser("inspect", help="placement, groups, copies and memory of an artifact")
     insp.add_argument("artifact")
     insp.add_argument("--dot", metavar="FILE", help="write a Graphviz picture coloured by device")
+    insp.add_argument("--timeline", metavar="FILE.png", help="run once and draw a Gantt picture per device "
+                      "(needs matplotlib)")
+    insp.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy")
+    execution_flags(insp)
     debug_flag(insp)
     insp.set_defaults(fn=cmd_inspect)
 

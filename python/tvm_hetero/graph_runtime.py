@@ -34,6 +34,7 @@ def _as_device_list(devices: tvm.runtime.Device | Sequence[tvm.runtime.Device]) 
 
 
 OFFLOAD_MODES = ("group", "per_op")
+EXECUTION_MODES = ("concurrent", "serial")
 
 
 def as_tensor(value: Any, what: str, device: tvm.runtime.Device | None = None) -> tvm.runtime.Tensor:
@@ -63,6 +64,8 @@ def create(
     offload: str = "group",
     remote_timeout: float | None = None,
     remote_library: Any = None,
+    execution: str = "concurrent",
+    device_options: Sequence[dict | None] | None = None,
 ) -> GraphModule:
     """Create a runtime for ``graph_json`` (docs/graph-format.md).
 
@@ -84,6 +87,12 @@ def create(
         ``tvm_hetero.rpc.connect`` or ``connect_tracker``.
     remote_library : ``device -> path or None``: the exported kernel library a remote device
         uploads (an artifact's lib.so); None, or a None answer, exports ``lib`` on the fly.
+    execution : ``"concurrent"`` (default): each device runs its own steps on its own executor and
+        waits only for what it reads from other devices (results bit-identical to serial);
+        ``"serial"``: devices run one after another on the calling thread.
+    device_options : one entry per device (None for none): ``{"cores": [0], "num_threads": 1}``
+        pins that device's executor to those cores with its own TVM thread pool of that size (a
+        CPU cluster); a device with options gets its own thread even when it is the primary one.
     """
     if not isinstance(graph_json, str):
         raise TypeError(f"graph_json must be a str, got {type(graph_json).__name__}")
@@ -91,16 +100,36 @@ def create(
         raise ValueError(f"offload must be one of {OFFLOAD_MODES}, got {offload!r}")
     if device_index_kind not in DEVICE_INDEX_KINDS:
         raise ValueError(f"device_index_kind must be one of {DEVICE_INDEX_KINDS}, got {device_index_kind!r}")
+    if execution not in EXECUTION_MODES:
+        raise ValueError(f"execution must be one of {EXECUTION_MODES}, got {execution!r}")
     devices = _as_device_list(devices)
+    options_json = _device_options_json(device_options, len(devices))
     remote = [is_remote(d) for d in devices]
     if all(remote):
-        return _create_remote(graph_json, lib, devices, device_index_kind)
-    if any(remote):
+        module = _create_remote(graph_json, lib, devices, device_index_kind)
+    elif any(remote):
         from .offload import create_mixed
 
-        return create_mixed(graph_json, lib, devices, device_index_kind, offload, remote_timeout, remote_library)
-    fcreate = tvm_ffi.get_global_func("tvm_hetero.graph_runtime.create")
-    return GraphModule(fcreate(graph_json, lib, device_index_kind, *devices), devices[0])
+        module = create_mixed(graph_json, lib, devices, device_index_kind, offload, remote_timeout, remote_library)
+    else:
+        fcreate = tvm_ffi.get_global_func("tvm_hetero.graph_runtime.create")
+        module = GraphModule(fcreate(graph_json, lib, device_index_kind, *devices), devices[0])
+    module.module["set_execution"](execution, options_json)
+    return module
+
+
+def _device_options_json(device_options: Sequence[dict | None] | None, num_devices: int) -> str:
+    """``device_options`` checked for shape and written as the JSON the runtime reads."""
+    if device_options is None:
+        return "null"
+    if isinstance(device_options, dict) or not isinstance(device_options, Sequence):
+        raise TypeError("device_options must be a list with one dict (or None) per device")
+    if len(device_options) > num_devices:
+        raise ValueError(f"device_options has {len(device_options)} entries for {num_devices} devices")
+    for i, option in enumerate(device_options):
+        if option is not None and not isinstance(option, dict):
+            raise TypeError(f"device_options[{i}] must be a dict or None, got {type(option).__name__}")
+    return json.dumps(list(device_options))
 
 
 def _create_remote(graph_json, lib, devices, device_index_kind) -> GraphModule:
@@ -142,6 +171,7 @@ class GraphModule:
         self._set_params = module["set_params"]
         self._stats = module["stats"]
         self._profile = module["profile"]
+        self._trace = module["trace"]
 
     # ---- inputs ----------------------------------------------------------------------------
     def _to_tensor(self, value: Any, what: str) -> tvm.runtime.Tensor:
@@ -239,6 +269,25 @@ class GraphModule:
     def stats(self) -> dict:
         """Counts: num_nodes, num_groups, num_copies, device_switches, storage_bytes per device..."""
         return json.loads(self._stats())
+
+    def trace(self, path: str | None = None, runs: int = 1) -> dict:
+        """Run ``runs`` times recording every step, and return (and write to ``path``) a Chrome
+        trace-event JSON that opens in Perfetto: one track per device, spans for kernels, copies,
+        offloaded groups, and the waits between them (see :mod:`tvm_hetero.timeline`)."""
+        from .timeline import chrome_trace
+
+        spans = json.loads(self._trace(int(runs)))
+        trace = chrome_trace(spans)
+        if path is not None:
+            with open(path, "w") as f:
+                json.dump(trace, f)
+        return trace
+
+    def timeline(self, runs: int = 1) -> dict:
+        """Per-device busy, waiting and overlap times (µs) of the last of ``runs`` traced runs."""
+        from .timeline import summarize
+
+        return summarize(json.loads(self._trace(int(runs))))
 
     def profile(self, repeat: int = 1) -> dict:
         """Per-node and per-group times (µs, averaged over ``repeat`` runs) and device of each."""

@@ -507,6 +507,8 @@ TEST_F(PipelineExecutorTest, DestructionWithWorkInFlightDoesNotHang) {
   auto pipeline = std::make_unique<PipelineExecutor>();
   pipeline->Init(TwoStages("slow"));
   auto inputs = RandomInputs(6, 2, 6);
+  DLTensor w = View(inputs[0][0]);
+  pipeline->SetParam(1, "W", &w);
   for (auto& one : inputs) {
     DLTensor x = View(one[0]), y = View(one[1]);
     pipeline->Run({&x, &y});

@@ -140,11 +140,12 @@ def conv(request):
 
 def conv_reference(params: dict, inputs: dict) -> np.ndarray:
     """relu(conv2d(x, W, padding 1) + B), the conv model of test_byoc, with the weights ``params``
-    (named by the compiler: W is the 4-d one, B the 1-d one)."""
+    (named by the compiler: W is the larger one; B the other, 1-d or, once its reshape to
+    (1, C, 1, 1) is folded at build time, 4-d)."""
     import torch
 
-    weight = next(v for v in params.values() if np.ndim(v) == 4)
-    bias = next(v for v in params.values() if np.ndim(v) == 1)
+    weight, bias = sorted(params.values(), key=np.size, reverse=True)
+    bias = np.ascontiguousarray(np.ravel(bias))
     out = torch.nn.functional.conv2d(torch.from_numpy(inputs["x"]), torch.from_numpy(weight),
                                      torch.from_numpy(bias), padding=1)
     return torch.relu(out).numpy()

@@ -4,7 +4,7 @@ The passes, in order (each in its own file, each testable alone):
 
     lower_to_graph      placement per Relax op, legalize, fuse within a device   (lower.py, placement.py)
     reorder_for_devices topological order with the fewest device switches          (reorder.py)
-    insert_copies       one __copy per (tensor, destination device)                 (copies.py)
+    insert_copies       one __copy per (tensor, device without shared memory)       (copies.py)
     plan_memory         storage ids shared only within a device, by liveness       (memory.py)
     compile_kernels     each device's kernels for its target, one library           (lower.py)
 """
@@ -23,7 +23,7 @@ import numpy as np
 import tvm
 
 from . import artifact_files
-from .copies import copy_stats, insert_copies
+from .copies import copy_stats, insert_copies, shared_edges
 from .graph import Graph
 from .lower import LoweredGraph, compile_kernels, lower_to_graph
 from .memory import MemoryPlan, plan_memory
@@ -76,6 +76,8 @@ class BuildReport:
     compile_seconds: float = 0.0
     # (backend, device, regions, relax ops in them) per external backend; regions are kernel nodes
     backend_regions: list[tuple[str, int, int, int]] = field(default_factory=list)
+    # tensors read in place on another device that shares memory (no copy)
+    shared_edges: int = 0
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -96,7 +98,10 @@ class BuildReport:
                 f"  backend {backend} on device {device} ({self.devices[device]}): {regions} regions "
                 f"holding {ops} relax ops; the rest runs as TVM kernels"
             )
-        lines.append(f"  copies {self.num_copies}, {_size(self.bytes_copied)} copied per inference")
+        lines.append(
+            f"  copies {self.num_copies}, {_size(self.bytes_copied)} copied per inference; "
+            f"{self.shared_edges} tensors read in place by another device (shared memory, no copy)"
+        )
         mem = self.memory
         for d, name in enumerate(self.devices):
             bound, planned = mem["lower_bound_bytes"][d], mem["planned_bytes"][d]
@@ -265,7 +270,7 @@ def build(
         say(f"reordering {len(graph.nodes)} nodes")
         graph = reorder_for_devices(graph)
     switches_reordered = graph.device_switches()
-    graph = insert_copies(graph, output_device)
+    graph = insert_copies(graph, output_device, shares_memory_between(devices, target_list))
     plan = plan_memory(graph)
     say(f"compiling {len(lowered.kernel_devices)} kernels")
     lib = compile_kernels(lowered, target_list)
@@ -279,6 +284,27 @@ def build(
         input_names=list(lowered.input_names),
         build_report=report,
     )
+
+
+def shares_memory_between(devices: Sequence[tvm.runtime.Device], targets: Sequence[tvm.target.Target]):
+    """``(a, b) -> bool``: devices ``a`` and ``b`` are CPUs of this process, both compiled for the
+    host's own architecture, so a tensor of one is read by the other in place. (A device that is
+    given as a CPU at build time but is remote at run time gets its copies from the runtime.)"""
+    host = [dev.dlpack_device_type() == 1 and _host_architecture(tgt) for dev, tgt in zip(devices, targets)]
+    return lambda a, b: host[a] and host[b]
+
+
+def _host_architecture(target: tvm.target.Target) -> bool:
+    import platform
+
+    triple = str(target.attrs.get("mtriple", "")) if target.kind.name == "llvm" else None
+    if triple is None:
+        return False
+    if not triple:
+        return True
+    machine = platform.machine().lower()
+    aliases = {"amd64": "x86_64", "arm64": "aarch64"}
+    return triple.split("-")[0].lower() == aliases.get(machine, machine)
 
 
 def _make_report(
@@ -317,4 +343,5 @@ def _make_report(
             for key in ("planned_bytes", "lower_bound_bytes", "slot_bound_bytes", "unshared_bytes", "input_bytes")
         },
         backend_regions=[(name, dev, n, k) for (name, dev), (n, k) in per_backend.items()],
+        shared_edges=shared_edges(graph),
     )

@@ -44,7 +44,7 @@ from .graph import Graph
 
 
 @dataclass
-class _Dag:
+class KernelDag:
     """The kernel-only DAG, kernels numbered 0..m-1 in their original (topological) order."""
 
     kernels: list[int]  # node id of each kernel
@@ -53,7 +53,7 @@ class _Dag:
     succs: list[list[int]]  # kernel successors (each once)
 
     @classmethod
-    def of(cls, graph: Graph) -> _Dag:
+    def of(cls, graph: Graph) -> KernelDag:
         graph.validate()
         kernels = [nid for nid, node in enumerate(graph.nodes) if not node.is_input]
         local = {nid: k for k, nid in enumerate(kernels)}
@@ -75,10 +75,10 @@ class _Dag:
         return sorted(set(self.device))
 
 
-class _Schedule:
+class DrainState:
     """A partial schedule: done kernels, per-device heaps of ready kernels, the order so far."""
 
-    def __init__(self, dag: _Dag) -> None:
+    def __init__(self, dag: KernelDag) -> None:
         self.dag = dag
         self.missing = [len(p) for p in dag.preds]  # unfinished predecessors per kernel
         self.done = [False] * dag.size
@@ -90,8 +90,8 @@ class _Schedule:
         self.last: int | None = None
         self.runs = 0
 
-    def clone(self) -> _Schedule:
-        other = object.__new__(_Schedule)
+    def clone(self) -> DrainState:
+        other = object.__new__(DrainState)
         other.dag = self.dag
         other.missing = list(self.missing)
         other.done = list(self.done)
@@ -144,16 +144,16 @@ class _Schedule:
         return max(best, len(devices))
 
 
-def _replay(dag: _Dag, devices: list[int]) -> list[int]:
+def _replay(dag: KernelDag, devices: list[int]) -> list[int]:
     """Kernel order given by draining ``devices`` in turn (the drains must finish the graph)."""
-    sched = _Schedule(dag)
+    sched = DrainState(dag)
     for d in devices:
         sched.drain(d)
     assert sched.finished()
     return sched.order
 
 
-def _beam_drain(dag: _Dag, width: int) -> list[int]:
+def _beam_drain(dag: KernelDag, width: int) -> list[int]:
     """Beam search over drained states; every state of a level has the same number of runs.
 
     Level 1 holds the drain of every starting device; each next level drains one more device
@@ -165,8 +165,8 @@ def _beam_drain(dag: _Dag, width: int) -> list[int]:
     if dag.size == 0:
         return []
     level = []
-    for d in _Schedule(dag).ready_devices():
-        sched = _Schedule(dag)
+    for d in DrainState(dag).ready_devices():
+        sched = DrainState(dag)
         sched.drain(d)
         level.append(sched)
     keep = max(width, len(level))  # with two devices a state has one child: nothing is ever cut
@@ -175,7 +175,7 @@ def _beam_drain(dag: _Dag, width: int) -> list[int]:
         level = level[:keep]
         if level[0].finished():
             return level[0].order
-        children: dict[tuple[tuple[bool, ...], int], _Schedule] = {}
+        children: dict[tuple[tuple[bool, ...], int], DrainState] = {}
         for sched in level:
             for d in sched.ready_devices():
                 child = sched.clone()
@@ -184,7 +184,7 @@ def _beam_drain(dag: _Dag, width: int) -> list[int]:
         level = list(children.values())
 
 
-def _exact_devices(dag: _Dag) -> list[int]:
+def _exact_devices(dag: KernelDag) -> list[int]:
     """Fewest-runs drain sequence, by breadth-first search over (done mask, last device)."""
     if dag.size == 0:
         return []
@@ -235,7 +235,7 @@ def _exact_devices(dag: _Dag) -> list[int]:
         frontier = nxt
 
 
-def _kahn_kernel_order(dag: _Dag) -> list[int]:
+def _kahn_kernel_order(dag: KernelDag) -> list[int]:
     """Kahn waves: all currently ready kernels form a wave, emitted grouped by device."""
     missing = [len(p) for p in dag.preds]
     wave = [k for k in range(dag.size) if missing[k] == 0]
@@ -256,7 +256,7 @@ def _kahn_kernel_order(dag: _Dag) -> list[int]:
     return order
 
 
-def _with_inputs(graph: Graph, dag: _Dag, kernel_order: list[int]) -> list[int]:
+def with_inputs(graph: Graph, dag: KernelDag, kernel_order: list[int]) -> list[int]:
     """Full node order: each null node right before its first consumer, unconsumed ones first."""
     local = {nid: k for k, nid in enumerate(dag.kernels)}
     position = {k: i for i, k in enumerate(kernel_order)}
@@ -275,7 +275,7 @@ def _with_inputs(graph: Graph, dag: _Dag, kernel_order: list[int]) -> list[int]:
     return order
 
 
-def _switches(dag: _Dag, kernel_order: list[int]) -> int:
+def count_switches(dag: KernelDag, kernel_order: list[int]) -> int:
     devs = [dag.device[k] for k in kernel_order]
     return sum(1 for a, b in itertools.pairwise(devs) if a != b)
 
@@ -287,8 +287,8 @@ def kahn_wave_order(graph: Graph) -> list[int]:
     device (the device that ran last first, then by device id). Null nodes go right before their
     first consumer.
     """
-    dag = _Dag.of(graph)
-    return _with_inputs(graph, dag, _kahn_kernel_order(dag))
+    dag = KernelDag.of(graph)
+    return with_inputs(graph, dag, _kahn_kernel_order(dag))
 
 
 def reorder_for_devices(graph: Graph, exact_limit: int = 10, beam_width: int = 8) -> Graph:
@@ -299,13 +299,13 @@ def reorder_for_devices(graph: Graph, exact_limit: int = 10, beam_width: int = 8
     states) that is never worse than the original order nor than :func:`kahn_wave_order`.
     Input/parameter nodes go right before their first consumer (unconsumed ones first).
     """
-    dag = _Dag.of(graph)
+    dag = KernelDag.of(graph)
     candidates = [list(range(dag.size)), _beam_drain(dag, beam_width)]
     if len(dag.devices()) > 2 and dag.size <= exact_limit:
         candidates.append(_replay(dag, _exact_devices(dag)))
     candidates.append(_kahn_kernel_order(dag))
-    best = min(candidates, key=lambda order: _switches(dag, order))  # min keeps the first of ties
-    return graph.permuted(_with_inputs(graph, dag, best))
+    best = min(candidates, key=lambda order: count_switches(dag, order))  # min keeps the first of ties
+    return graph.permuted(with_inputs(graph, dag, best))
 
 
 def optimal_switches(graph: Graph) -> int:
@@ -314,7 +314,7 @@ def optimal_switches(graph: Graph) -> int:
     Tries every ready kernel at every step (no drain lemma), memoised on (done set, last device):
     exponential, for graphs of up to about 15 kernel nodes.
     """
-    dag = _Dag.of(graph)
+    dag = KernelDag.of(graph)
     pred_mask = [sum(1 << p for p in ps) for ps in dag.preds]
     full = (1 << dag.size) - 1
 
