@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -43,6 +43,7 @@ def create(
     device_index_kind: str = "position",
     offload: str = "group",
     remote_timeout: float | None = None,
+    device_libs: Mapping[int, Any] | None = None,
 ) -> GraphModule:
     """Create a runtime for ``graph_json`` (docs/graph-format.md).
 
@@ -60,6 +61,8 @@ def create(
         ``"per_op"`` calls every remote kernel across the connection (TVM's old behaviour).
     remote_timeout : seconds a run may take when remote devices are involved; past it the
         connections are closed and ``run`` raises TimeoutError (a remote device that hangs).
+    device_libs : ``Artifact.device_libs``: per device position, the kernel library of a device whose
+        architecture differs from this machine's (uploaded to its session; the device must be remote).
     """
     if not isinstance(graph_json, str):
         raise TypeError(f"graph_json must be a str, got {type(graph_json).__name__}")
@@ -69,12 +72,19 @@ def create(
         raise ValueError(f"device_index_kind must be one of {DEVICE_INDEX_KINDS}, got {device_index_kind!r}")
     devices = _as_device_list(devices)
     remote = [is_remote(d) for d in devices]
+    if device_libs:
+        from .compiler.kernel_libraries import check_local_devices
+
+        check_local_devices(devices, device_libs)
+        if remote[0]:
+            raise ValueError(f"device 0 ({devices[0]}) must be local when other devices have kernel libraries of "
+                             "another architecture (the host drives them)")
     if all(remote):
         return _create_remote(graph_json, lib, devices, device_index_kind)
     if any(remote):
         from .offload import create_mixed
 
-        return create_mixed(graph_json, lib, devices, device_index_kind, offload, remote_timeout)
+        return create_mixed(graph_json, lib, devices, device_index_kind, offload, remote_timeout, device_libs)
     fcreate = tvm_ffi.get_global_func("tvm_hetero.graph_runtime.create")
     return GraphModule(fcreate(graph_json, lib, device_index_kind, *devices), devices[0])
 

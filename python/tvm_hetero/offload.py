@@ -45,6 +45,7 @@ def create_mixed(
     device_index_kind: str,
     offload: str,
     remote_timeout: float | None = None,
+    device_libs=None,
 ) -> GraphModule:
     """A runtime over local and remote devices; see the module docstring.
 
@@ -53,11 +54,14 @@ def create_mixed(
     """
     remote_libs: dict = {}
     libs, sessions = [], []
-    for dev in devices:
+    for position, dev in enumerate(devices):
         if is_remote(dev):
             session = _session_of(dev)
             sessions.append(session)
-            libs.append(_remote_library(session, lib, remote_libs))
+            if device_libs and position in device_libs:  # another architecture: its own library
+                libs.append(device_libs[position].upload(session, remote_libs))
+            else:
+                libs.append(_remote_library(session, lib, remote_libs))
         else:
             libs.append(lib)
     fcreate = tvm_ffi.get_global_func("tvm_hetero.graph_runtime.create")

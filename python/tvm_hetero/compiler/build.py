@@ -6,7 +6,8 @@ The passes, in order (each in its own file, each testable alone):
     reorder_for_devices topological order with the fewest device switches          (reorder.py)
     insert_copies       one __copy per (tensor, destination device)                 (copies.py)
     plan_memory         storage ids shared only within a device, by liveness       (memory.py)
-    compile_kernels     each device's kernels for its target, one library           (lower.py)
+    compile_kernels     each device's kernels for its target, one library per architecture
+                                                                   (lower.py, kernel_libraries.py)
 """
 
 from __future__ import annotations
@@ -24,7 +25,13 @@ import tvm
 
 from .copies import copy_stats, insert_copies
 from .graph import Graph
-from .lower import LoweredGraph, compile_kernels, lower_to_graph
+from .kernel_libraries import (
+    DeviceLibrary,
+    compile_kernel_libraries,
+    export_device_libraries,
+    load_device_libraries,
+)
+from .lower import LoweredGraph, lower_to_graph
 from .memory import MemoryPlan, plan_memory
 from .reorder import reorder_for_devices
 
@@ -122,12 +129,15 @@ class Artifact:
     devices: list[tvm.runtime.Device]
     input_names: list[str] = field(default_factory=list)
     build_report: BuildReport | None = None
+    # Devices whose target is another architecture than this machine's: their own kernel libraries.
+    device_libs: dict[int, DeviceLibrary] = field(default_factory=dict)
 
     def create(self, devices: Sequence[tvm.runtime.Device] | None = None):
         """A runtime with the parameters loaded; ``devices`` defaults to the build's devices."""
         from ..graph_runtime import create
 
-        module = create(self.graph_json, self.lib, list(devices) if devices is not None else self.devices)
+        module = create(self.graph_json, self.lib, list(devices) if devices is not None else self.devices,
+                        device_libs=self.device_libs)
         if self.params:
             module.load_params(tvm.runtime.save_param_dict(self.params))
         return module
@@ -156,6 +166,8 @@ class Artifact:
             "inputs": self.input_names,
             "report": self.build_report.to_dict() if self.build_report else None,
         }
+        if self.device_libs:  # lib.so then holds only the host architecture's kernels
+            manifest.update(export_device_libraries(self.device_libs, out))
         (out / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1))
         return out
 
@@ -176,6 +188,7 @@ def load(path: str | os.PathLike) -> Artifact:
         devices=[tvm.runtime.device(t, i) for t, i in manifest["devices"]],
         input_names=manifest.get("inputs", []),
         build_report=report,
+        device_libs=load_device_libraries(manifest, src),
     )
 
 
@@ -230,7 +243,7 @@ def build(
     graph = insert_copies(graph, output_device)
     plan = plan_memory(graph)
     say(f"compiling {len(lowered.kernel_devices)} kernels")
-    lib = compile_kernels(lowered, target_list)
+    lib, device_libs = compile_kernel_libraries(lowered, target_list, devices)
     report = _make_report(lowered, graph, plan, devices, target_list, (switches_original, switches_reordered))
     report.compile_seconds = time.perf_counter() - start
     return Artifact(
@@ -240,6 +253,7 @@ def build(
         devices=devices,
         input_names=list(lowered.input_names),
         build_report=report,
+        device_libs=device_libs,
     )
 
 
