@@ -286,8 +286,20 @@ def main(argv: list[str] | None = None) -> int:
     insp.add_argument("--dot", metavar="FILE", help="write a Graphviz picture coloured by device")
     insp.set_defaults(fn=cmd_inspect)
 
+    board = sub.add_parser("board", help="how to start the offload server on an ARM board (or the emulated one)")
+    board.set_defaults(fn=cmd_board)
+
     args = parser.parse_args(argv)
     return args.fn(args)
+
+
+def cmd_board(args) -> int:
+    from .testing.board import REAL_BOARD_INSTRUCTIONS, board_address
+
+    print(REAL_BOARD_INSTRUCTIONS)
+    address = board_address()
+    print(f"emulated board: {'running on %s:%d' % address if address else 'not running'}")
+    return 0
 
 
 if __name__ == "__main__":
