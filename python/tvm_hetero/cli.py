@@ -298,7 +298,7 @@ def cmd_board(args) -> int:
 
     print(REAL_BOARD_INSTRUCTIONS)
     address = board_address()
-    print(f"emulated board: {'running on %s:%d' % address if address else 'not running'}")
+    print(f"emulated board: {f'running on {address[0]}:{address[1]}' if address else 'not running'}")
     return 0
 
 
