@@ -18,6 +18,8 @@ dir="${TVM_HETERO_BOARD_DIR:-$HOME/.cache/tvm-hetero/board}"
 port="${TVM_HETERO_BOARD_PORT:-9190}"
 root="$dir/root"
 tvm_version="0.27.0.post1"
+# What the board's server imports: TVM, and what tvm.rpc's server process pool needs.
+board_requirements="apache-tvm==$tvm_version cloudpickle==3.1.2 psutil==7.2.2"
 py_version="3.11"  # Debian bookworm's python3, inside the root
 host_py="${PYTHON:-$repo/.venv/bin/python}"
 [ -x "$host_py" ] || host_py=/work/main/.venv/bin/python
@@ -67,27 +69,30 @@ make_root() {
 # The host's pip (which has this machine's registry configuration) fetches the aarch64 wheels; the
 # root installs them from files, so it needs neither network access nor a pip configuration.
 download_wheels() {
-  [ -f "$dir/wheels/.complete" ] && return
-  say "downloading the aarch64 apache-tvm $tvm_version wheels"
+  [ "$(cat "$dir/wheels/.complete" 2>/dev/null)" = "$board_requirements" ] && return
+  say "downloading the aarch64 wheels: $board_requirements"
   mkdir -p "$dir/wheels"
-  "$host_py" -m pip download -q "apache-tvm==$tvm_version" --platform manylinux_2_28_aarch64 \
-    --only-binary=:all: --python-version "$py_version" -d "$dir/wheels"
+  # shellcheck disable=SC2086  # one word per requirement
+  "$host_py" -m pip download -q $board_requirements --platform manylinux_2_28_aarch64 \
+    --only-binary=:all: --python-version "$py_version" -d "$dir/wheels" 2>&1 | grep -v "^WARNING: Location" || true
+  ls "$dir"/wheels/apache_tvm-"$tvm_version"-*.whl >/dev/null
   rm -rf "$dir/wheel-root" && mkdir -p "$dir/wheel-root"
   for wheel in "$dir"/wheels/apache_tvm-*.whl "$dir"/wheels/apache_tvm_ffi-*.whl; do
     "$host_py" -m zipfile -e "$wheel" "$dir/wheel-root"
   done
-  touch "$dir/wheels/.complete"
+  echo "$board_requirements" >"$dir/wheels/.complete"
 }
 
 make_venv() {
-  [ -f "$root/opt/venv/.complete" ] && return
-  say "creating the board's venv with apache-tvm (about 3 minutes under emulation)"
-  rm -rf "$root/opt/venv" "$root/opt/wheels"
+  [ "$(cat "$root/opt/venv/.complete" 2>/dev/null)" = "$board_requirements" ] && return
+  say "installing $board_requirements in the board's venv (about 3 minutes under emulation)"
+  rm -rf "$root/opt/wheels"
   mkdir -p "$root/opt/wheels"
   cp "$dir"/wheels/*.whl "$root/opt/wheels/"
-  chroot "$root" /usr/bin/python3 -m venv /opt/venv
-  chroot "$root" /opt/venv/bin/pip install -q --no-index --find-links /opt/wheels "apache-tvm==$tvm_version"
-  touch "$root/opt/venv/.complete"
+  [ -x "$root/opt/venv/bin/python" ] || chroot "$root" /usr/bin/python3 -m venv /opt/venv
+  # shellcheck disable=SC2086
+  chroot "$root" /opt/venv/bin/pip install -q --no-index --find-links /opt/wheels $board_requirements
+  echo "$board_requirements" >"$root/opt/venv/.complete"
 }
 
 # libtvm_hetero for aarch64, cross-compiled against the aarch64 wheel's headers and libraries.

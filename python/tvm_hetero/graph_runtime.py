@@ -180,13 +180,15 @@ class GraphModule:
     # ---- execution -------------------------------------------------------------------------
     def run(self, **inputs: Any) -> None:
         """Set the given inputs by name, then execute the graph once."""
-        if inputs:
-            self.set_input(**inputs)
         if self._watchdog is None:
+            if inputs:
+                self.set_input(**inputs)
             self._run()
             return
-        with self._watchdog:
+        with self._watchdog:  # inputs that live on a remote device cross the connection too
             try:
+                if inputs:
+                    self.set_input(**inputs)
                 self._run()
             except Exception as err:
                 if self._watchdog.fired:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,7 +17,14 @@ import tvm
 import tvm_hetero
 from tvm_hetero import graph_runtime
 from tvm_hetero.models import small_cnn
-from tvm_hetero.testing.board import AARCH64_TARGET, board_address, connect_board, server_pid
+from tvm_hetero.rpc import connect
+from tvm_hetero.testing.board import (
+    AARCH64_TARGET,
+    board_address,
+    connect_board,
+    server_pid,
+    start_board_server,
+)
 
 pytestmark = pytest.mark.board
 
@@ -107,25 +113,19 @@ def test_hung_board_times_out_and_recovers(board, cnn):
     np.testing.assert_allclose(again.get_output(0).numpy(), expected, rtol=RTOL, atol=ATOL)
 
 
-def test_crashed_board_session_raises_a_clear_error(board, cnn):
+def test_crashed_board_raises_a_clear_error(board, cnn):
     art, x, _ = cnn
-    pid = server_pid()
-    if pid is None:
-        pytest.skip("the board was not started by scripts/board.sh here (no server.pid): cannot find its workers")
-    before = set(_children(pid))
-    rt = art.create([tvm.cpu(0), connect_board().cpu(0)])
-    rt.run(x=x)
-    workers = set(_children(pid)) - before  # the worker serving this session
-    assert workers
-    for worker in workers:
-        os.kill(worker, signal.SIGKILL)
-    with pytest.raises(Exception, match="connection to the remote"):
+    port = 9290
+    server = start_board_server(port)  # its own server: this test kills it
+    try:
+        rt = art.create([tvm.cpu(0), connect("127.0.0.1", port).cpu(0)])
         rt.run(x=x)
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        text = (task / "children").read_text().split()
-        found += [int(c) for c in text]
-    return found
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait(timeout=10)
+        with pytest.raises(Exception, match=r"offloaded group starting at node \d+ .*connection to the remote"):
+            rt.run()  # the input is already on the board: the first board group is the first call
+        with pytest.raises(Exception, match=r"offloaded group starting at node \d+ .* on device 1"):
+            rt.run()  # still a clean error naming the group and device, not a crash
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGKILL)

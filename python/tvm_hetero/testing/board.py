@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import time
 from pathlib import Path
 
 AARCH64_TARGET = {"kind": "llvm", "mtriple": "aarch64-linux-gnu"}
@@ -38,6 +40,30 @@ def server_pid() -> int | None:
     """The emulated board's server process (its session workers are its children)."""
     path = board_dir() / "server.pid"
     return int(path.read_text()) if path.is_file() else None
+
+
+def start_board_server(port: int, startup_timeout: float = 120.0) -> subprocess.Popen:
+    """A second RPC server in the prepared board root (scripts/board.sh start must have run), in its own
+    process group: tests that crash a board kill it, not the shared one (TVM's server stops listening
+    when a session process dies)."""
+    root = board_dir() / "root"
+    site = "/opt/venv/lib/python3.11/site-packages"
+    env = {**os.environ, "LD_LIBRARY_PATH": f"{site}/tvm/lib:{site}/tvm_ffi/lib", "TVM_NUM_THREADS": "1"}
+    cmd = ["chroot", str(root), "/opt/venv/bin/python", "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1",
+           "--port", str(port), "--port-end", str(port + 1), "--load-library", "/opt/tvm-hetero/libtvm_hetero.so"]
+    process = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               start_new_session=True)
+    deadline = time.monotonic() + startup_timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"board server on port {port} exited with code {process.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return process
+        except OSError:
+            time.sleep(0.5)
+    os.killpg(process.pid, 9)
+    raise TimeoutError(f"board server did not listen on port {port} within {startup_timeout} s")
 
 
 def connect_board(session_timeout: float = 0):
