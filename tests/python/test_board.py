@@ -122,10 +122,11 @@ def test_crashed_board_raises_a_clear_error(board, cnn):
         rt.run(x=x)
         os.killpg(server.pid, signal.SIGKILL)
         server.wait(timeout=10)
-        with pytest.raises(Exception, match=r"offloaded group starting at node \d+ .*connection to the remote"):
-            rt.run()  # the input is already on the board: the first board group is the first call
-        with pytest.raises(Exception, match=r"offloaded group starting at node \d+ .* on device 1"):
-            rt.run()  # still a clean error naming the group and device, not a crash
+        # The input is already on the board, so the first board group is the first call; the socket's
+        # own words vary (reset, broken pipe, lost), the group and device are always named.
+        for _ in range(2):  # the second run is still a clean error, not a crash
+            with pytest.raises(Exception, match=r"offloaded group starting at node \d+ .* on device 1 \(remote"):
+                rt.run()
     finally:
         if server.poll() is None:
             os.killpg(server.pid, signal.SIGKILL)

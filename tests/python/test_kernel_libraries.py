@@ -98,3 +98,20 @@ def test_a_missing_board_library_is_named(board_artifact, tmp_path):
     (out / "lib.aarch64.dev1.so").unlink()
     with pytest.raises(FileNotFoundError, match=r"lib.aarch64.dev1.so of device\(s\) \[1\]"):
         tvm_hetero.load(out)
+
+
+def test_kernel_compile_errors_name_the_device_and_target(monkeypatch):
+    from tvm_hetero.compiler import lower
+
+    real_build = lower._build
+
+    def build_failing_for_arm(mod, target):
+        if "aarch64" in str(target.attrs.get("mtriple", "")) and len(mod.functions):
+            raise RuntimeError("LLVM ERROR: no instruction selected")  # what a codegen failure looks like
+        return real_build(mod, target)
+
+    monkeypatch.setattr(lower, "_build", build_failing_for_arm)
+    mod, params = mlp()
+    with pytest.raises(RuntimeError, match=r"kernel \S+ \(ops .*relu.*\) placed on device 1 cannot be compiled for "
+                                           r"target llvm -mtriple=aarch64-linux-gnu: LLVM ERROR"):
+        tvm_hetero.build(mod, [(tvm.cpu(0), "llvm"), (tvm.cpu(1), AARCH64_TARGET)], placement=ON_BOARD, params=params)

@@ -35,6 +35,7 @@ by a backend on the backend's device. Such calls pass through legalization and f
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -838,12 +839,20 @@ def _compile_for(
                 ops = ", ".join(lowered.kernel_ops(name)) or "?"
                 raise RuntimeError(
                     f"kernel {name} (ops {ops}) placed on device {lowered.kernel_devices[name]} "
-                    f"cannot be compiled for target {target.kind.name}: {_first_line(error)}"
+                    f"cannot be compiled for target {_target_text(target)}: {_first_line(error)}"
                 ) from error
         raise RuntimeError(
-            f"kernels for device(s) {devices} do not compile for target {target.kind.name}: "
+            f"kernels for device(s) {devices} do not compile for target {_target_text(target)}: "
             f"{_first_line(whole_error)}"
         ) from whole_error
+
+
+def _target_text(target: tvm.target.Target) -> str:
+    """``llvm``, or ``llvm -mtriple=aarch64-linux-gnu`` for a target of another architecture."""
+    triple = str(target.attrs.get("mtriple", "") or "") if target.kind.name in ("llvm", "c") else ""
+    if triple and not triple.startswith(platform.machine()):
+        return f"{target.kind.name} -mtriple={triple}"
+    return target.kind.name
 
 
 def _build(kernels: tvm.IRModule, target: tvm.target.Target) -> tvm.runtime.Module:
