@@ -55,7 +55,7 @@ register_binfmt() {
 
 make_root() {
   [ -f "$root/.tvm-hetero-root" ] && return
-  say "debootstrap arm64 bookworm into $root (about 3 minutes)"
+  say "debootstrap arm64 bookworm into $root (4 to 6 minutes)"
   rm -rf "$dir/root.partial"
   mkdir -p "$dir"
   debootstrap --arch=arm64 --variant=minbase --include=python3,python3-venv,python3-pip bookworm \
@@ -85,7 +85,7 @@ download_wheels() {
 
 make_venv() {
   [ "$(cat "$root/opt/venv/.complete" 2>/dev/null)" = "$board_requirements" ] && return
-  say "installing $board_requirements in the board's venv (about 3 minutes under emulation)"
+  say "installing $board_requirements in the board's venv (1 to 3 minutes under emulation)"
   rm -rf "$root/opt/wheels"
   mkdir -p "$root/opt/wheels"
   cp "$dir"/wheels/*.whl "$root/opt/wheels/"
