@@ -115,3 +115,12 @@ def test_kernel_compile_errors_name_the_device_and_target(monkeypatch):
     with pytest.raises(RuntimeError, match=r"kernel \S+ \(ops .*relu.*\) placed on device 1 cannot be compiled for "
                                            r"target llvm -mtriple=aarch64-linux-gnu: LLVM ERROR"):
         tvm_hetero.build(mod, [(tvm.cpu(0), "llvm"), (tvm.cpu(1), AARCH64_TARGET)], placement=ON_BOARD, params=params)
+
+
+def test_board_command_prints_how_to_start_the_server(capsys):
+    from tvm_hetero.cli import main
+
+    assert main(["board"]) == 0
+    text = capsys.readouterr().out
+    assert "python -m tvm.exec.rpc_server" in text and "--load-library" in text
+    assert "cmake/aarch64-linux-gnu.cmake" in text and "emulated board:" in text
