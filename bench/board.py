@@ -36,6 +36,11 @@ def npu_placement(info) -> int:
     return 1 if info.op.split(".")[-1] in BOARD_OPS else 0
 
 
+def npu_concat_placement(info) -> int:
+    """The same, for an NPU that also concatenates (SqueezeNet's fire modules then stay on the board)."""
+    return 1 if info.op.split(".")[-1] in BOARD_OPS | {"concat"} else 0
+
+
 def load_model(name: str):
     """``(IRModule, params, inputs)``."""
     if name == "cnn":
@@ -55,15 +60,16 @@ def measure(runtime, repeat: int) -> float:
     return statistics.median(samples)
 
 
-def bench_model(name: str, repeat: int) -> dict:
+def bench_model(name: str, repeat: int, with_concat: bool = False) -> dict:
     mod, params, inputs = load_model(name)
     host = tvm_hetero.build(mod, [(tvm.cpu(0), "llvm")], params=params).create()
     host.set_input(**inputs)
     host_ms = measure(host, repeat) * 1e3
     reference = host.get_output(0).numpy()
-    art = tvm_hetero.build(mod, [(tvm.cpu(0), "llvm"), (tvm.cpu(1), AARCH64_TARGET)], placement=npu_placement,
+    placement = npu_concat_placement if with_concat else npu_placement
+    art = tvm_hetero.build(mod, [(tvm.cpu(0), "llvm"), (tvm.cpu(1), AARCH64_TARGET)], placement=placement,
                            params=params)
-    result = {"model": name, "host_only_ms": host_ms,
+    result = {"model": name + ("+concat" if with_concat else ""), "host_only_ms": host_ms,
               "board_ops": art.build_report.ops_per_device[1], "host_ops": art.build_report.ops_per_device[0]}
     for mode in ("per_op", "group"):
         session = connect_board()  # the board's server serves one session at a time
@@ -95,16 +101,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="*", default=["cnn", "squeezenet"])
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--with-concat", action="store_true", help="also place concat on the board")
     args = parser.parse_args()
-    results = [bench_model(name, args.repeat) for name in args.models]
-    print(f"{'model':<11} {'mode':<7} {'remote calls':>12} {'copies':>7} {'round trips':>11} {'groups':>7} "
+    results = [bench_model(name, args.repeat, args.with_concat) for name in args.models]
+    print(f"{'model':<18} {'mode':<7} {'remote calls':>12} {'copies':>7} {'round trips':>11} {'groups':>7} "
           f"{'ms':>9}  max rel.err")
     for r in results:
         for mode in ("per_op", "group"):
             v = r[mode]
-            print(f"{r['model']:<11} {mode:<7} {v['remote_compute_calls']:>12} {v['remote_copies']:>7} "
+            print(f"{r['model']:<18} {mode:<7} {v['remote_compute_calls']:>12} {v['remote_copies']:>7} "
                   f"{v['round_trips']:>11} {v['remote_groups']:>7} {v['ms']:>9.1f}  {v['max_rel_error']:.1e}")
-        print(f"{'':<11} ops host/board {r['host_ops']}/{r['board_ops']}; host only {r['host_only_ms']:.1f} ms; "
+        print(f"{'':<18} ops host/board {r['host_ops']}/{r['board_ops']}; host only {r['host_only_ms']:.1f} ms; "
               f"per-op/grouped: calls {r['calls_per_op_vs_grouped']:.1f}x, round trips "
               f"{r['round_trips_per_op_vs_grouped']:.1f}x, latency {r['latency_per_op_vs_grouped']:.2f}x")
     print(json.dumps(results))
