@@ -1,5 +1,31 @@
 # Locate the installed apache-tvm and apache-tvm-ffi wheels (headers, libraries) through Python.
 # Defines the imported targets tvm_ffi::shared (from tvm-ffi's own CMake config) and tvm::runtime.
+#
+# Cross builds (cmake/aarch64-linux-gnu.cmake) set TVM_WHEEL_ROOT to a folder holding the *target's*
+# wheels unpacked (tvm/, tvm_ffi/): the build machine's Python can neither import nor describe them.
+if(TVM_WHEEL_ROOT)
+  set(TVM_PACKAGE_DIR "${TVM_WHEEL_ROOT}/tvm")
+  set(TVM_LIB_DIR "${TVM_PACKAGE_DIR}/lib")
+  set(TVM_FFI_LIB_DIR "${TVM_WHEEL_ROOT}/tvm_ffi/lib")
+  foreach(_file "${TVM_LIB_DIR}/libtvm_runtime.so" "${TVM_FFI_LIB_DIR}/libtvm_ffi.so" "${TVM_PACKAGE_DIR}/include")
+    if(NOT EXISTS "${_file}")
+      message(FATAL_ERROR "TVM_WHEEL_ROOT=${TVM_WHEEL_ROOT}: ${_file} is missing (unzip the apache-tvm and apache-tvm-ffi wheels there)")
+    endif()
+  endforeach()
+  add_library(tvm_ffi::shared SHARED IMPORTED)
+  set_target_properties(tvm_ffi::shared PROPERTIES
+    IMPORTED_LOCATION "${TVM_FFI_LIB_DIR}/libtvm_ffi.so"
+    INTERFACE_INCLUDE_DIRECTORIES "${TVM_WHEEL_ROOT}/tvm_ffi/include")
+  target_compile_features(tvm_ffi::shared INTERFACE cxx_std_17)
+  add_library(tvm::runtime SHARED IMPORTED)
+  set_target_properties(tvm::runtime PROPERTIES
+    IMPORTED_LOCATION "${TVM_LIB_DIR}/libtvm_runtime.so"
+    INTERFACE_INCLUDE_DIRECTORIES "${TVM_PACKAGE_DIR}/include"
+    INTERFACE_LINK_LIBRARIES tvm_ffi::shared)
+  message(STATUS "TVM wheel (cross build): ${TVM_WHEEL_ROOT}")
+  return()
+endif()
+
 find_package(Python3 REQUIRED COMPONENTS Interpreter)
 
 execute_process(

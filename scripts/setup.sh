@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 missing=()
-for pkg in cmake g++ ninja-build libgtest-dev libdnnl-dev; do
+for pkg in cmake g++ ninja-build libgtest-dev libdnnl-dev g++-aarch64-linux-gnu; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then

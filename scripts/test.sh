@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up, then run every test: pytest (against the installed package), gtest through ctest, the
-# gtest suite once more under AddressSanitizer + UndefinedBehaviorSanitizer, and the pipeline
-# gtests under ThreadSanitizer.
+# gtest suite once more under AddressSanitizer + UndefinedBehaviorSanitizer, the pipeline
+# gtests under ThreadSanitizer, and the board tests against an emulated aarch64 board (needs root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -27,3 +27,11 @@ cmake --build build-tsan >/dev/null
 # No suppressions: the tests keep each stage's TVM thread pool at one thread. libtvm_runtime itself is
 # not instrumented, so races inside its thread pool could not be seen anyway.
 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" ctest --test-dir build-tsan -R "Pipeline|StepSchedule|DeviceExecutors|Concurrent" --output-on-failure
+
+# A model across this host and an emulated aarch64 board (QEMU user mode). Preparing the board takes
+# minutes the first time (cached in ~/.cache/tvm-hetero/board afterwards), hence its own step; the
+# pytest run above skips these tests when no board is running.
+echo "== board: host + emulated aarch64 board"
+scripts/board.sh start
+trap 'scripts/board.sh stop' EXIT
+"$py" -m pytest -q -m board tests/python

@@ -366,6 +366,9 @@ def main(argv: list[str] | None = None) -> int:
     debug_flag(insp)
     insp.set_defaults(fn=cmd_inspect)
 
+    board = sub.add_parser("board", help="how to start the offload server on an ARM board (or the emulated one)")
+    board.set_defaults(fn=cmd_board)
+
     parser.add_argument("--debug", action="store_true", help="on error, show the Python traceback")
     args = parser.parse_args(argv)
     try:
@@ -389,6 +392,15 @@ def error_line(err: BaseException) -> str:
     if isinstance(err, KeyError) and text.startswith(("'", '"')) and text.endswith(("'", '"')):
         text = text[1:-1]
     return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+def cmd_board(args) -> int:
+    from .testing.board import REAL_BOARD_INSTRUCTIONS, board_address
+
+    print(REAL_BOARD_INSTRUCTIONS)
+    address = board_address()
+    print(f"emulated board: {f'running on {address[0]}:{address[1]}' if address else 'not running'}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -66,6 +66,7 @@ def create(
     remote_library: Any = None,
     execution: str = "concurrent",
     device_options: Sequence[dict | None] | None = None,
+    device_libs: Mapping[int, Any] | None = None,
 ) -> GraphModule:
     """Create a runtime for ``graph_json`` (docs/graph-format.md).
 
@@ -93,6 +94,8 @@ def create(
     device_options : one entry per device (None for none): ``{"cores": [0], "num_threads": 1}``
         pins that device's executor to those cores with its own TVM thread pool of that size (a
         CPU cluster); a device with options gets its own thread even when it is the primary one.
+    device_libs : ``Artifact.device_libs``: per device position, the kernel library of a device whose
+        architecture differs from this machine's (uploaded to its session; the device must be remote).
     """
     if not isinstance(graph_json, str):
         raise TypeError(f"graph_json must be a str, got {type(graph_json).__name__}")
@@ -105,12 +108,20 @@ def create(
     devices = _as_device_list(devices)
     options_json = _device_options_json(device_options, len(devices))
     remote = [is_remote(d) for d in devices]
+    if device_libs:
+        from .compiler.kernel_libraries import check_local_devices
+
+        check_local_devices(devices, device_libs)
+        if remote[0]:
+            raise ValueError(f"device 0 ({devices[0]}) must be local when other devices have kernel libraries of "
+                             "another architecture (the host drives them)")
     if all(remote):
         module = _create_remote(graph_json, lib, devices, device_index_kind)
     elif any(remote):
         from .offload import create_mixed
 
-        module = create_mixed(graph_json, lib, devices, device_index_kind, offload, remote_timeout, remote_library)
+        module = create_mixed(graph_json, lib, devices, device_index_kind, offload, remote_timeout, remote_library,
+                              device_libs)
     else:
         fcreate = tvm_ffi.get_global_func("tvm_hetero.graph_runtime.create")
         module = GraphModule(fcreate(graph_json, lib, device_index_kind, *devices), devices[0])
@@ -225,13 +236,15 @@ class GraphModule:
         ``set_input``, ``set_params``, ``load_params``, ``get_output(i, out)``) on this runtime, the
         call raises RuntimeError "runtime is busy" instead of corrupting shared buffers.
         """
-        if inputs:
-            self.set_input(**inputs)
         if self._watchdog is None:
+            if inputs:
+                self.set_input(**inputs)
             self._run()
             return
-        with self._watchdog:
+        with self._watchdog:  # inputs that live on a remote device cross the connection too
             try:
+                if inputs:
+                    self.set_input(**inputs)
                 self._run()
             except Exception as err:
                 if self._watchdog.fired:

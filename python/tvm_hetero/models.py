@@ -41,6 +41,36 @@ def mlp(seed: int = 0):
     return MLP, params
 
 
+def small_cnn(seed: int = 0):
+    """A small CNN, ``conv3x3-relu-maxpool-conv3x3-relu-avgpool-flatten-dense`` on float32[1, 3, 32, 32]
+    with seeded weights: ``(IRModule, params)``. Quick enough to run under emulation (the ARM board)."""
+    from tvm.script import ir as I
+    from tvm.script import relax as R
+
+    @I.ir_module
+    class SmallCNN:
+        @R.function
+        def main(x: R.Tensor((1, 3, 32, 32), "float32"), w1: R.Tensor((8, 3, 3, 3), "float32"),
+                 b1: R.Tensor((1, 8, 1, 1), "float32"), w2: R.Tensor((16, 8, 3, 3), "float32"),
+                 b2: R.Tensor((1, 16, 1, 1), "float32"), w3: R.Tensor((256, 10), "float32")):
+            with R.dataflow():
+                c1 = R.nn.relu(R.add(R.nn.conv2d(x, w1, padding=1), b1))
+                p1 = R.nn.max_pool2d(c1, pool_size=(2, 2), strides=(2, 2))
+                c2 = R.nn.relu(R.add(R.nn.conv2d(p1, w2, padding=1), b2))
+                p2 = R.nn.avg_pool2d(c2, pool_size=(4, 4), strides=(4, 4))
+                y = R.matmul(R.reshape(p2, (1, 256)), w3)
+                R.output(y)
+            return y
+
+    rng = np.random.default_rng(seed)
+    params = {"w1": (rng.standard_normal((8, 3, 3, 3)) / 5).astype("float32"),
+              "b1": rng.standard_normal((1, 8, 1, 1)).astype("float32"),
+              "w2": (rng.standard_normal((16, 8, 3, 3)) / 8).astype("float32"),
+              "b2": rng.standard_normal((1, 16, 1, 1)).astype("float32"),
+              "w3": (rng.standard_normal((256, 10)) / 16).astype("float32")}
+    return SmallCNN, params
+
+
 def light_model_dir() -> Path:
     import onnx
 

@@ -53,13 +53,15 @@ def create_mixed(
     offload: str,
     remote_timeout: float | None = None,
     remote_library: Callable[[tvm.runtime.Device], Any] | None = None,
+    device_libs=None,
 ) -> GraphModule:
     """A runtime over local and remote devices; see the module docstring.
 
     With ``remote_timeout`` (seconds), set-up (kernel upload, runtime and runner creation) and every
     run are bounded: past it the connections to the remote servers are closed and TimeoutError names
     them, instead of waiting forever on a hung or stopped server. ``remote_library(device)`` gives
-    the exported library file a remote device uploads (None: ``lib`` exported on the fly).
+    the exported library file a remote device uploads (None: ``lib`` exported on the fly);
+    ``device_libs[position]`` is the library of a device of another architecture.
     """
     sessions = list(dict.fromkeys(_session_of(dev) for dev in devices if is_remote(dev)))
     watchdog = None
@@ -76,12 +78,14 @@ def create_mixed(
         with watchdog if watchdog is not None else contextlib.nullcontext():
             remote_libs: dict = {}
             libs = []
-            for dev in devices:
-                if is_remote(dev):
+            for position, dev in enumerate(devices):
+                if not is_remote(dev):
+                    libs.append(lib)
+                elif device_libs and position in device_libs:  # another architecture: its own library
+                    libs.append(device_libs[position].upload(_session_of(dev), remote_libs))
+                else:
                     library_file = remote_library(dev) if remote_library is not None else None
                     libs.append(_remote_library(_session_of(dev), lib, remote_libs, library_file))
-                else:
-                    libs.append(lib)
             stage = "creating the runtime"
             fcreate = tvm_ffi.get_global_func("tvm_hetero.graph_runtime.create")
             module = fcreate(graph_json, libs, device_index_kind, *devices)

@@ -6,7 +6,8 @@ The passes, in order (each in its own file, each testable alone):
     reorder_for_devices topological order with the fewest device switches          (reorder.py)
     insert_copies       one __copy per (tensor, device without shared memory)       (copies.py)
     plan_memory         storage ids shared only within a device, by liveness       (memory.py)
-    compile_kernels     each device's kernels for its target, one library           (lower.py)
+    compile_kernels     each device's kernels for its target, one library per architecture
+                                                                   (lower.py, kernel_libraries.py)
 """
 
 from __future__ import annotations
@@ -25,7 +26,13 @@ import tvm
 from . import artifact_files
 from .copies import copy_stats, insert_copies, shared_edges
 from .graph import Graph
-from .lower import LoweredGraph, compile_kernels, lower_to_graph
+from .kernel_libraries import (
+    DeviceLibrary,
+    compile_kernel_libraries,
+    export_device_libraries,
+    load_device_libraries,
+)
+from .lower import LoweredGraph, lower_to_graph
 from .memory import MemoryPlan, plan_memory
 from .reorder import reorder_for_devices
 
@@ -132,6 +139,8 @@ class Artifact:
     source_dir: Path | None = None
     #: The manifest it was loaded with (None: built in this process).
     manifest: dict | None = None
+    # Devices whose target is another architecture than this machine's: their own kernel libraries.
+    device_libs: dict[int, DeviceLibrary] = field(default_factory=dict)
 
     def create(self, devices: Sequence[tvm.runtime.Device] | None = None, **options: Any):
         """A runtime with the parameters loaded; ``devices`` defaults to the build's devices.
@@ -143,7 +152,8 @@ class Artifact:
         from ..graph_runtime import create
 
         options.setdefault("remote_library", self.library_file_for)
-        module = create(self.graph_json, self.lib, list(devices) if devices is not None else self.devices, **options)
+        module = create(self.graph_json, self.lib, list(devices) if devices is not None else self.devices,
+                        device_libs=self.device_libs, **options)
         if self.params:
             module.set_params(self.params)
         return module
@@ -180,7 +190,11 @@ class Artifact:
             "params": artifact_files.param_table(self.params),
             "report": self.build_report.to_dict() if self.build_report else None,
         }
-        artifact_files.seal(manifest, out, [GRAPH_FILE, LIB_FILE, PARAMS_FILE])
+        if self.device_libs:  # lib.so then holds only the host architecture's kernels
+            manifest.update(export_device_libraries(self.device_libs, out))
+        files = [GRAPH_FILE, LIB_FILE, PARAMS_FILE]
+        files += [entry["file"] for entry in manifest.get("device_libraries", [])]
+        artifact_files.seal(manifest, out, files)
         (out / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1))
         return out
 
@@ -216,6 +230,7 @@ def load(path: str | os.PathLike) -> Artifact:
         build_report=report,
         source_dir=src,
         manifest=manifest,
+        device_libs=load_device_libraries(manifest, src),
     )
 
 
@@ -273,7 +288,7 @@ def build(
     graph = insert_copies(graph, output_device, shares_memory_between(devices, target_list))
     plan = plan_memory(graph)
     say(f"compiling {len(lowered.kernel_devices)} kernels")
-    lib = compile_kernels(lowered, target_list)
+    lib, device_libs = compile_kernel_libraries(lowered, target_list, devices)
     report = _make_report(lowered, graph, plan, devices, target_list, (switches_original, switches_reordered))
     report.compile_seconds = time.perf_counter() - start
     return Artifact(
@@ -283,6 +298,7 @@ def build(
         devices=devices,
         input_names=list(lowered.input_names),
         build_report=report,
+        device_libs=device_libs,
     )
 
 
