@@ -170,3 +170,19 @@ def test_cli_runs_on_clusters_writes_a_trace_and_draws_a_timeline(tmp_path, caps
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert cli.main(["run", str(tmp_path / "a"), "--cluster", "7=0"]) == 1
     assert "device 7 is out of range" in capsys.readouterr().err
+
+
+def test_overlap_order_keeps_switches_and_outputs():
+    mod, params = models.mlp()
+    targets = [(tvm.cpu(0), "llvm"), (tvm.cpu(1), "llvm")]
+    placement = lambda info: info.index % 2  # noqa: E731
+    switches = build(mod, targets, params=params, placement=placement, reorder="switches")
+    overlap = build(mod, targets, params=params, placement=placement, reorder="overlap")
+    assert overlap.build_report.switches_reordered <= switches.build_report.switches_reordered
+    x = np.ones((4, 16), "float32")
+    a, b = switches.create(), overlap.create()
+    a.run(x=x)
+    b.run(x=x)
+    np.testing.assert_array_equal(a.get_output(0).numpy(), b.get_output(0).numpy())
+    with pytest.raises(ValueError, match="reorder must be"):
+        build(mod, targets, params=params, reorder="fastest")

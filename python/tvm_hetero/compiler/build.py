@@ -34,6 +34,7 @@ from .kernel_libraries import (
 )
 from .lower import LoweredGraph, lower_to_graph
 from .memory import MemoryPlan, plan_memory
+from .overlap_order import reorder_for_overlap
 from .reorder import reorder_for_devices
 
 TargetSpec = Sequence[tuple[Any, Any]]
@@ -241,7 +242,7 @@ def build(
     params: dict[str, Any] | None = None,
     *,
     output_device: int | None = 0,
-    reorder: bool = True,
+    reorder: bool | str = True,
     entry: str = "main",
     progress: Callable[[str], None] | None = None,
     backends: Sequence[Any] = (),
@@ -257,7 +258,9 @@ def build(
         callable ``(OpInfo) -> device_index``, or a :class:`Capabilities` table.
     params : values of function parameters that are weights (by parameter name).
     output_device : device the graph outputs end on (None: where they are produced).
-    reorder : reorder nodes to minimise device switches.
+    reorder : True or ``"switches"``: an order with the fewest device switches; ``"overlap"``: the same
+        switches, critical-path kernels first inside each run (compiler/overlap_order.py); False:
+        the lowering's order.
     progress : called with a line of text as each step starts (the CLI prints them).
     backends : external backends (BYOC), e.g. ``["dnnl"]`` or ``[("dnnl", 1)]`` (name, device
         position): their patterns are offloaded first, as regions on that device (docs/byoc.md).
@@ -281,9 +284,11 @@ def build(
     lowered = lower_to_graph(mod, placement, len(devices), params, entry, backends, targets=target_list)
     graph = lowered.graph
     switches_original = graph.device_switches()
+    if reorder not in (True, False, "switches", "overlap"):
+        raise ValueError(f"reorder must be True, False, 'switches' or 'overlap', got {reorder!r}")
     if reorder:
         say(f"reordering {len(graph.nodes)} nodes")
-        graph = reorder_for_devices(graph)
+        graph = reorder_for_overlap(graph) if reorder == "overlap" else reorder_for_devices(graph)
     switches_reordered = graph.device_switches()
     graph = insert_copies(graph, output_device, shares_memory_between(devices, target_list))
     plan = plan_memory(graph)
