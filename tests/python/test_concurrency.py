@@ -175,7 +175,7 @@ def test_cli_runs_on_clusters_writes_a_trace_and_draws_a_timeline(tmp_path, caps
 def test_overlap_order_keeps_switches_and_outputs():
     mod, params = models.mlp()
     targets = [(tvm.cpu(0), "llvm"), (tvm.cpu(1), "llvm")]
-    placement = lambda info: info.index % 2  # noqa: E731
+    placement = lambda info: info.index % 2
     switches = build(mod, targets, params=params, placement=placement, reorder="switches")
     overlap = build(mod, targets, params=params, placement=placement, reorder="overlap")
     assert overlap.build_report.switches_reordered <= switches.build_report.switches_reordered
