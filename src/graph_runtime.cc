@@ -522,6 +522,16 @@ void GraphRuntime::SetupExecution() {
   }
   StepSchedule schedule = DeriveStepSchedule(access, static_cast<int>(devices_.size()));
   c.num_waits = schedule.NumWaits();
+  // One device with steps and no options of its own: the serial loop on the caller is the same
+  // schedule without the executors' per-step indirection.
+  int busy_devices = 0, last_busy = 0;
+  for (int d = 0; d < static_cast<int>(schedule.device_steps.size()); ++d) {
+    if (schedule.device_steps[d].empty()) continue;
+    ++busy_devices;
+    last_busy = d;
+  }
+  bool has_options = last_busy < static_cast<int>(executor_options_.size()) && !executor_options_[last_busy].empty();
+  if (busy_devices <= 1 && !has_options) return;
   c.executors.Start(std::move(schedule), &GraphRuntime::RunStepOnExecutor, this, executor_options_);
 }
 
