@@ -5,7 +5,9 @@ the critical-path bound, one device with one and two threads, and onnxruntime wi
         [--backend dnnl] [--rounds 7]
 
 Setup A: cpu:0 pinned to core 0 and cpu:1 pinned to core 1, one TVM (and oneDNN/OpenMP) thread
-each. Placement: the bench's own rule for putting parallel branches on different devices: it
+each. Setup B (``--setup B``): the host on core 0 and a local RPC server (a real second process)
+pinned to core 1 as an "NPU" with a capability placement (conv2d, relu, pooling, add, concat on the
+server): remote calls, round trips per inference, and latency against serial remote execution. Placement: the bench's own rule for putting parallel branches on different devices: it
 estimates every Relax op's cost from its shapes (multiply-adds), and the placement solver
 (``tvm_hetero.compiler.autoplace.solver``) splits the op DAG over two equal devices to minimise the
 latency the schedule model predicts. (Measured automatic placement is a separate feature.)
@@ -233,17 +235,63 @@ def bench_model(name: str, args: argparse.Namespace) -> bool:
     return True
 
 
+NPU_OPS = {"relax.nn.conv2d", "relax.nn.relu", "relax.nn.max_pool2d", "relax.nn.avg_pool2d", "relax.add",
+           "relax.concat"}
+
+
+def bench_remote(name: str, args: argparse.Namespace) -> bool:
+    """Setup B: one model offloaded NPU-style to a pinned RPC server; a table row."""
+    import numpy as np
+    import tvm
+    import tvm_hetero
+    from tvm_hetero.rpc import start_local_server
+
+    mod, params, inputs, _ = two_tower() if name == "two_tower" else light(name)
+    caps = tvm_hetero.Capabilities({1: NPU_OPS, 0: lambda info: True})
+    art = tvm_hetero.build(mod, [(tvm.cpu(0), "llvm"), (tvm.cpu(1), "llvm")], placement=caps, params=params)
+    with start_local_server(threads=1) as server:
+        os.sched_setaffinity(server.process.pid, [1])  # the session's worker process inherits it
+        session = server.connect()
+        devices = [tvm.cpu(0), session.cpu(0)]
+        concurrent = art.create(devices, device_options=[{"cores": [0], "num_threads": 1}, None])
+        serial = art.create(devices, execution="serial")
+        for rt in (concurrent, serial):
+            rt.set_input(**inputs)
+        reference = in_thread(lambda: (serial.run(), serial.get_output(0).numpy())[1], [0], 1)
+        concurrent.run()
+        if not np.array_equal(concurrent.get_output(0).numpy(), reference):
+            print(f"{name}: concurrent output differs from serial", file=sys.stderr)
+            return False
+        iterations = max(1, int(args.seconds / max(timed(concurrent.run, 2), 1e-6)))
+        samples: dict[str, list[float]] = {"concurrent": [], "serial": []}
+        for _ in range(args.rounds):
+            samples["concurrent"].append(timed(concurrent.run, iterations))
+            samples["serial"].append(in_thread(lambda: timed(serial.run, iterations), [0], 1))
+        conc, ser = (statistics.median(samples[k]) * 1e3 for k in ("concurrent", "serial"))
+        stats = concurrent.stats()
+        print(f"{name:<13} concurrent {conc:8.2f}ms  serial {ser:8.2f}ms  serial/concurrent {ser / conc:5.2f}x | "
+              f"remote groups {stats['offload_segments']}, remote compute calls {stats['remote_compute_calls']}, "
+              f"copy round trips {stats['remote_copies']}, round trips per inference "
+              f"{stats['cross_process_calls']}; load average {other_load():.2f}")
+    return True
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--backend", default="dnnl", choices=["none", "dnnl"])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--seconds", type=float, default=0.4, help="time per configuration per round")
+    parser.add_argument("--setup", default="A", choices=["A", "B"])
     args = parser.parse_args()
     os.environ["OMP_NUM_THREADS"] = "1"
     if len(os.sched_getaffinity(0)) < 2:
         print("needs two CPU cores", file=sys.stderr)
         return 1
+    if args.setup == "B":
+        print(f"setup B: host on core 0, RPC server ('NPU': {', '.join(sorted(NPU_OPS))}) on core 1; "
+              f"load average at start {other_load():.2f}")
+        return 0 if all(bench_remote(name, args) for name in args.models.split(",")) else 1
     print(f"setup A: cpu:0 on core 0, cpu:1 on core 1, one thread each; backend {args.backend}; "
           f"load average at start {other_load():.2f}")
     print(f"{'model':<13} {'concurrent':>11} {'serial':>9} {'bound':>9} {'1dev 1thr':>10} {'1dev 2thr':>10} "
