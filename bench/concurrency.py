@@ -172,13 +172,26 @@ def critical_path_bound(rt, graph: dict) -> float:
     return max(max(finish.values()), max(busy))
 
 
+def same_as_serial(name: str, concurrent, serial, inputs: dict) -> bool:
+    """Set ``inputs`` on both runtimes and check the concurrent output bit for bit against serial."""
+    import numpy as np
+
+    for rt in (concurrent, serial):
+        rt.set_input(**inputs)
+    reference = in_thread(lambda: (serial.run(), serial.get_output(0).numpy())[1], [0], 1)
+    concurrent.run()
+    if np.array_equal(concurrent.get_output(0).numpy(), reference):
+        return True
+    print(f"{name}: concurrent output differs from serial", file=sys.stderr)
+    return False
+
+
 def other_load() -> float:
     return os.getloadavg()[0]
 
 
 def bench_model(name: str, args: argparse.Namespace) -> bool:
     """Measure one model (a table row); False if its concurrent output differs from serial."""
-    import numpy as np
     import tvm
     import tvm_hetero
 
@@ -195,12 +208,9 @@ def bench_model(name: str, args: argparse.Namespace) -> bool:
     overlapped = overlap.create(execution="concurrent", device_options=clusters)
     serial = split.create(execution="serial")
     single_rt = single.create()
-    for rt in (concurrent, overlapped, serial, single_rt):
+    for rt in (overlapped, single_rt):
         rt.set_input(**inputs)
-    reference = in_thread(lambda: (serial.run(), serial.get_output(0).numpy())[1], [0], 1)
-    concurrent.run()
-    if not np.array_equal(concurrent.get_output(0).numpy(), reference):
-        print(f"{name}: concurrent output differs from serial", file=sys.stderr)
+    if not same_as_serial(name, concurrent, serial, inputs):
         return False
     bound = in_thread(lambda: critical_path_bound(serial, split.graph), [0], 1)
     ort = None
@@ -246,7 +256,6 @@ NPU_OPS = {"relax.nn.conv2d", "relax.nn.relu", "relax.nn.max_pool2d", "relax.nn.
 
 def bench_remote(name: str, args: argparse.Namespace) -> bool:
     """Setup B: one model offloaded NPU-style to a pinned RPC server; a table row."""
-    import numpy as np
     import tvm
     import tvm_hetero
     from tvm_hetero.rpc import start_local_server
@@ -260,12 +269,7 @@ def bench_remote(name: str, args: argparse.Namespace) -> bool:
         devices = [tvm.cpu(0), session.cpu(0)]
         concurrent = art.create(devices, device_options=[{"cores": [0], "num_threads": 1}, None])
         serial = art.create(devices, execution="serial")
-        for rt in (concurrent, serial):
-            rt.set_input(**inputs)
-        reference = in_thread(lambda: (serial.run(), serial.get_output(0).numpy())[1], [0], 1)
-        concurrent.run()
-        if not np.array_equal(concurrent.get_output(0).numpy(), reference):
-            print(f"{name}: concurrent output differs from serial", file=sys.stderr)
+        if not same_as_serial(name, concurrent, serial, inputs):
             return False
         iterations = max(1, int(args.seconds / max(timed(concurrent.run, 2), 1e-6)))
         samples: dict[str, list[float]] = {"concurrent": [], "serial": []}
