@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -120,33 +121,84 @@ def cmd_demo(args: argparse.Namespace) -> int:
         say(f"offloading device {len(devices) - 1} to the RPC session (one call per remote group)")
         run_devices = [artifact.devices[0], *artifact.devices[1:-1], session.cpu(0)]
         runtime = artifact.create(run_devices)
+        clusters = None
     else:
-        runtime = artifact.create()
+        # Two CPU devices become two clusters: each device's executor on its own core.
+        cores = sorted(os.sched_getaffinity(0))
+        cpus = all(d.startswith("cpu") for d, _ in devices)
+        clusters = ([{"cores": [c], "num_threads": 1} for c in cores[: len(devices)]]
+                    if cpus and len(cores) >= len(devices) else None)
+        runtime = artifact.create(device_options=clusters)
     say("running")
     runtime.run(**inputs)
     ours = runtime.get_output(0).numpy()
-    times = []
-    for _ in range(args.repeat):
-        t = time.perf_counter()
-        runtime.run()
-        times.append(time.perf_counter() - t)
+    times = _latencies(runtime, args.repeat)
     reference = models.onnxruntime_outputs(model, inputs)[0]
     error = float(np.abs(ours - reference).max() / max(np.abs(reference).max(), 1e-12))
     stats = runtime.stats()
-    profile = runtime.profile()
+    summary = runtime.timeline()
     print("run")
-    print(f"  latency {np.median(times) * 1e3:.1f} ms (median of {args.repeat})")
-    print(f"  groups {stats['num_groups']}, copies {stats['num_copies']}, device switches {stats['device_switches']}")
-    for device, us in sorted(profile["device_time_us"].items()):
-        print(f"  {stats['devices'][device]:<8} busy {us / 1e3:8.1f} ms ({us / profile['total_us']:.0%})")
+    print(f"  latency {np.median(times) * 1e3:.1f} ms (median of {args.repeat}), {stats['execution']} execution"
+          + (f", devices pinned to cores {[o['cores'] for o in clusters]}" if clusters else ""))
+    print(f"  groups {stats['num_groups']}, copies {stats['num_copies']} ({stats['bytes_copied']} B), tensors read "
+          f"in place {stats['shared_edges']}, cross-device waits {stats['cross_device_waits']}")
+    for device in summary["devices"]:
+        print(f"  {device['name']:<8} busy {device['busy_us'] / 1e3:8.1f} ms, waiting {device['wait_us'] / 1e3:8.1f} ms")
+    print(f"  overlap {summary['overlap_us'] / 1e3:.1f} ms (time both devices computed at once)")
     if args.remote:
         print(f"  remote compute calls per run {stats['remote_compute_calls']} "
               f"(remote groups {stats['offload_segments']}), remote copies {stats['remote_copies']}")
+    if args.compare and not args.remote:
+        _print_comparison(mod, devices, model, inputs, np.median(times), args.repeat, say)
+    if args.timeline:
+        try:
+            from tvm_hetero import timeline
+
+            timeline.draw(json.loads(runtime.module["trace"](1)), args.timeline)
+            print(f"  timeline picture: {args.timeline}")
+        except ImportError as err:
+            print(f"  timeline picture skipped: {err}")
     ok = error < 1e-4
     print(f"  logits vs onnxruntime: max relative error {error:.2e} -> {'OK' if ok else 'MISMATCH'}")
     if server is not None:
         server.stop()
     return 0 if ok else 1
+
+
+def _latencies(runtime, repeat: int) -> list[float]:
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        runtime.run()
+        times.append(time.perf_counter() - t)
+    return times
+
+
+def _print_comparison(mod, devices, model, inputs, ours: float, repeat: int, say) -> None:
+    """Latency of the split run against the model on the primary device alone and onnxruntime."""
+    import tvm_hetero
+    from tvm_hetero import models
+
+    say(f"building the model for {devices[0][0]} alone, for comparison")
+    single = tvm_hetero.build(mod, devices[:1]).create()
+    single.run(**inputs)
+    alone = float(np.median(_latencies(single, repeat)))
+    ort = {}
+    for threads in (1, 2):
+        session = models.onnxruntime_session(model, threads)
+        session.run(None, inputs)
+        ort[threads] = float(np.median([_timed(lambda s=session: s.run(None, inputs)) for _ in range(repeat)]))
+    print("compared with")
+    print(f"  {devices[0][0]} alone          {alone * 1e3:9.1f} ms  -> split is {alone / ours:.2f}x faster")
+    for threads, t in ort.items():
+        print(f"  onnxruntime, {threads} thread{'s' if threads > 1 else ' '}  {t * 1e3:9.1f} ms  -> ours / onnxruntime "
+              f"{ours / t:.2f}x")
+
+
+def _timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -332,6 +384,10 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--model", default="resnet50", help="light ONNX model (resnet50, shufflenet, ...)")
     demo.add_argument("--split", type=float, default=0.5, help="fraction of ops (in order) on the last device")
     demo.add_argument("--repeat", type=int, default=3)
+    demo.add_argument("--timeline", metavar="FILE.png", default="demo-timeline.png",
+                      help="where to draw the run's timeline ('' for none; needs matplotlib)")
+    demo.add_argument("--no-compare", dest="compare", action="store_false",
+                      help="skip the comparison with the primary device alone and onnxruntime")
     demo.add_argument("--remote", metavar="local|HOST:PORT",
                       help="run the last device in an RPC server: 'local' starts one, or give a running one")
     placement_flags(demo)

@@ -149,16 +149,20 @@ def model_inputs(model, seed: int = 1) -> dict[str, np.ndarray]:
     return out
 
 
-def onnxruntime_outputs(model, inputs: dict[str, np.ndarray], threads: int = 1) -> list[np.ndarray]:
-    """The reference: ONNX Runtime's CPU provider."""
+def onnxruntime_session(model, threads: int = 1):
+    """An ONNX Runtime CPU session with ``threads`` intra-op threads (the reference and the peer)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.log_severity_level = 3  # errors only
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    return session.run(None, inputs)
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def onnxruntime_outputs(model, inputs: dict[str, np.ndarray], threads: int = 1) -> list[np.ndarray]:
+    """The reference: ONNX Runtime's CPU provider."""
+    return onnxruntime_session(model, threads).run(None, inputs)
 
 
 def relax_module(model):
