@@ -186,3 +186,15 @@ def test_overlap_order_keeps_switches_and_outputs():
     np.testing.assert_array_equal(a.get_output(0).numpy(), b.get_output(0).numpy())
     with pytest.raises(ValueError, match="reorder must be"):
         build(mod, targets, params=params, reorder="fastest")
+
+
+def test_demo_runs_clusters_compares_and_draws(tmp_path, capsys):
+    from tvm_hetero import cli
+
+    picture = tmp_path / "demo.png"
+    assert cli.main(["demo", "--model", "squeezenet", "--repeat", "1", "--timeline", str(picture)]) == 0
+    printed = capsys.readouterr().out
+    for expected in ("concurrent execution", "devices pinned to cores", "overlap", "compared with",
+                     "onnxruntime, 2 threads", "-> OK"):
+        assert expected in printed, expected
+    assert picture.read_bytes()[:4] == b"\x89PNG"
