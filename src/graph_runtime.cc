@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <sstream>
 
 namespace tvm_hetero {
@@ -158,6 +159,9 @@ struct GraphRuntime::Concurrency {
   bool tracing = false;
   std::chrono::steady_clock::time_point run_start;
   std::vector<double> span_start_us, span_end_us;
+  /*! \brief Per step: the accelerator whose stream must drain before other devices may read
+   *         the step's results (a kernel launch returns before the work is done), or none. */
+  std::vector<std::optional<DLDevice>> sync_before_publish;
 };
 
 GraphRuntime::GraphRuntime() : concurrency_(std::make_unique<Concurrency>()) {}
@@ -522,6 +526,11 @@ void GraphRuntime::SetupExecution() {
   }
   StepSchedule schedule = DeriveStepSchedule(access, static_cast<int>(devices_.size()));
   c.num_waits = schedule.NumWaits();
+  c.sync_before_publish.assign(op_execs_.size(), std::nullopt);
+  for (uint32_t i = 0; i < op_execs_.size(); ++i) {
+    DLDevice dev = devices_[access[i].device];
+    if (schedule.awaited[i] && !IsHost(dev) && !IsRemote(dev)) c.sync_before_publish[i] = dev;
+  }
   // One device with steps and no options of its own: the serial loop on the caller is the same
   // schedule without the executors' per-step indirection.
   int busy_devices = 0, last_busy = 0;
@@ -547,6 +556,9 @@ void GraphRuntime::RunStepOnExecutor(void* self, uint32_t i) {
       call.function->CallPacked(call.args, call.num_args, &rv);
     } else {
       rt->RunOtherStep(i, &rv);
+    }
+    if (const std::optional<DLDevice>& dev = c.sync_before_publish[i]) {
+      DeviceAPI::Get(*dev)->StreamSync(*dev, nullptr);
     }
   } catch (const ffi::Error& err) {
     throw rt->ErrorAt(i, err);
