@@ -1,0 +1,215 @@
+"""Automatic placement by measured cost: lower once, measure every candidate kernel on every
+device allowed to run it, solve for the whole inference, and hand the lowering a placement.
+
+Steps (:func:`choose_placement`):
+
+1. lower the module once with every op on device 0 to find the fused kernels (fusion never crosses
+   devices, so these are the finest kernels any placement makes) -- :mod:`.kernel_graph`;
+2. for every device and every kernel it may run (capability table), look the cost up in the
+   :mod:`.cost_cache` (key: the kernel's structural hash, the target, the device and its executor
+   settings) and measure only what is missing, through a :class:`Measurer` (the runtime side does
+   the timing; this package never imports the runtime);
+3. copy costs per ordered device pair that does not share memory (fixed + per byte), the same way;
+4. :func:`.solver.solve` on the :class:`~tvm_hetero.compiler.schedule_model.CostModel`;
+5. every op gets its kernel's device; an op folded at build time (no kernel) goes to device 0, or
+   to the first device allowed to run it.
+
+The decision, its alternatives and the largest single choices are returned as a plain dict (it
+goes into the build report and the artifact's manifest); :mod:`.report` writes it out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import tvm
+
+from ..lower import lower_to_graph
+from ..placement import Capabilities, OpInfo
+from ..schedule_model import CostModel, simulate
+from .cost_cache import CostCache, settings_key
+from .kernel_graph import KernelGraph, kernel_graph, kernel_key, op_allowed
+from .solver import solve
+
+
+@dataclass
+class KernelCall:
+    """One kernel to time: its name in the module handed over, and its arguments' types."""
+
+    func_name: str
+    input_types: list[tuple[tuple[int, ...], str]]
+    output_types: list[tuple[tuple[int, ...], str]]
+
+
+class Measurer(Protocol):
+    """What the runtime side provides (tvm_hetero.autoplace_measure.RuntimeMeasurer)."""
+
+    def kernel_seconds(self, kernels: tvm.IRModule, calls: Sequence[KernelCall], device: tvm.runtime.Device,
+                       target: tvm.target.Target, options: dict | None) -> list[float]: ...
+
+    def copy_cost(self, src: tvm.runtime.Device, dst: tvm.runtime.Device) -> tuple[float, float]: ...
+
+
+@dataclass
+class AutoPlacement:
+    """The outcome: a per-op placement for the lowering, and the explanation."""
+
+    choose: Callable[[OpInfo], int]
+    explanation: dict[str, Any] = field(default_factory=dict)
+    model: CostModel | None = None
+    kernel_devices: list[int] = field(default_factory=list)
+    #: What measured the costs (the build also asks it for the built graph's latency).
+    measurer: Any = None
+
+
+def choose_placement(
+    mod: tvm.IRModule,
+    devices: Sequence[tvm.runtime.Device],
+    targets: Sequence[tvm.target.Target],
+    shares_memory: Callable[[int, int], bool],
+    measurer: Measurer,
+    cache: CostCache,
+    *,
+    params: dict[str, Any] | None = None,
+    entry: str = "main",
+    objective: str = "latency",
+    device_options: Sequence[dict | None] | None = None,
+    capabilities: Capabilities | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> AutoPlacement:
+    """Measure and solve (see the module docstring)."""
+    say = progress or (lambda _msg: None)
+    num_devices = len(devices)
+    options = list(device_options or []) + [None] * num_devices
+    ops: list[OpInfo] = []
+
+    def record(info: OpInfo) -> int:
+        ops.append(info)
+        return 0
+
+    say("automatic placement: lowering once to find the kernels")
+    lowered = lower_to_graph(mod, record, num_devices, params, entry, targets=targets)
+    kernels = kernel_graph(lowered, ops, mod[entry], num_devices, capabilities)
+    keys = [kernel_key(lowered.kernels[name]) for name in kernels.func_names]
+    cost = [[math.inf] * num_devices for _ in range(kernels.num_kernels)]
+    counts = {"measured": 0, "cached": 0}
+    for d, device in enumerate(devices):
+        settings = settings_key(str(device), options[d])
+        target = str(targets[d])
+        wanted = [k for k in range(kernels.num_kernels) if kernels.allowed[k][d]]
+        missing: dict[str, int] = {}  # key -> a kernel with it
+        for k in wanted:
+            seconds = cache.get("kernel", keys[k], target, settings)
+            if seconds is None:
+                missing.setdefault(keys[k], k)
+        counts["cached"] += len({keys[k] for k in wanted}) - len(missing)
+        if missing:
+            say(f"automatic placement: measuring {len(missing)} kernels on {device} "
+                f"({len({keys[k] for k in wanted}) - len(missing)} cached)")
+            calls = [_kernel_call(lowered, kernels, k) for k in missing.values()]
+            names = {c.func_name for c in calls}
+            module = tvm.IRModule({gv: f for gv, f in lowered.kernels.functions.items() if gv.name_hint in names})
+            times = measurer.kernel_seconds(module, calls, device, targets[d], options[d])
+            for key, seconds in zip(missing, times):
+                cache.put("kernel", key, target, settings, seconds)
+            counts["measured"] += len(missing)
+        for k in wanted:
+            cost[k][d] = cache.get("kernel", keys[k], target, settings)
+
+    latency = [[0.0] * num_devices for _ in range(num_devices)]
+    per_byte = [[0.0] * num_devices for _ in range(num_devices)]
+    shared = [[a == b or bool(shares_memory(a, b)) for b in range(num_devices)] for a in range(num_devices)]
+    for a in range(num_devices):
+        for b in range(num_devices):
+            if not shared[a][b]:
+                latency[a][b], per_byte[a][b] = _copy_cost(measurer, cache, devices, options, a, b)
+    model = CostModel(cost, kernels.preds, kernels.out_bytes, latency, per_byte, [0.0] * num_devices, shared)
+    say(f"automatic placement: solving for {kernels.num_kernels} kernels on {num_devices} devices")
+    solution = solve(model, objective)
+    assignment = solution.placement
+
+    def choose(info: OpInfo) -> int:
+        kernel = kernels.op_kernel[info.index] if info.index < len(kernels.op_kernel) else None
+        if kernel is not None:
+            return assignment[kernel]
+        allowed = [d for d in range(num_devices) if capabilities is None or op_allowed(capabilities, info, d)]
+        return allowed[0] if allowed else 0
+
+    explanation = _explain(model, kernels, assignment, [str(d) for d in devices], objective, counts)
+    return AutoPlacement(choose, explanation, model, assignment, measurer)
+
+
+def _kernel_call(lowered, kernels: KernelGraph, k: int) -> KernelCall:
+    node = lowered.graph.nodes[kernels.node_ids[k]]
+    inputs = [
+        (tuple(lowered.graph.nodes[e.node].shapes[e.index]), lowered.graph.nodes[e.node].dtypes[e.index])
+        for e in node.inputs
+    ]
+    outputs = [(tuple(s), t) for s, t in zip(node.shapes, node.dtypes)]
+    return KernelCall(node.func_name, inputs, outputs)
+
+
+def _copy_cost(measurer: Measurer, cache: CostCache, devices, options, a: int, b: int) -> tuple[float, float]:
+    src, dst = settings_key(str(devices[a]), options[a]), settings_key(str(devices[b]), options[b])
+    fixed = cache.get("copy_latency", src, dst, "")
+    slope = cache.get("copy_per_byte", src, dst, "")
+    if fixed is None or slope is None:
+        fixed, slope = measurer.copy_cost(devices[a], devices[b])
+        cache.put("copy_latency", src, dst, "", fixed)
+        cache.put("copy_per_byte", src, dst, "", slope)
+    return fixed, slope
+
+
+def alternatives(model: CostModel, kernels: KernelGraph) -> dict[str, float]:
+    """Predicted latency of the placements a person would try: everything on one device (each
+    that can run it all), and everything capable on each other device (the rest on device 0)."""
+    n, num_devices = model.num_kernels, model.num_devices
+    result: dict[str, float] = {}
+    for d in range(num_devices):
+        if model.feasible([d] * n):
+            result[f"all on device {d}"] = simulate(model, [d] * n).makespan
+    for d in range(1, num_devices):
+        capable = [d if kernels.allowed[k][d] else 0 for k in range(n)]
+        if capable != [d] * n and model.feasible(capable):
+            result[f"everything capable on device {d}"] = simulate(model, capable).makespan
+    return result
+
+
+def _explain(model: CostModel, kernels: KernelGraph, assignment: list[int], device_names: list[str],
+             objective: str, counts: dict[str, int]) -> dict[str, Any]:
+    schedule = simulate(model, assignment)
+    num_devices = model.num_devices
+    per_device = []
+    for d in range(num_devices):
+        mine = [k for k, dev in enumerate(assignment) if dev == d]
+        per_device.append({
+            "device": device_names[d],
+            "kernels": len(mine),
+            "ops": sum(len(kernels.relax_ops[k]) for k in mine),
+            "busy_seconds": sum(model.kernel_cost[k][d] for k in mine),
+        })
+    decisions = []
+    for k, d in enumerate(assignment):
+        others = [(model.kernel_cost[k][o], o) for o in range(num_devices) if o != d and math.isfinite(model.kernel_cost[k][o])]
+        if not others:
+            continue
+        other_cost, other = max(others)
+        decisions.append({
+            "kernel": kernels.func_names[k], "index": k, "device": device_names[d],
+            "seconds": model.kernel_cost[k][d], "other_device": device_names[other], "other_seconds": other_cost,
+        })
+    decisions.sort(key=lambda x: -abs(x["other_seconds"] - x["seconds"]))
+    return {
+        "objective": objective,
+        "predicted_seconds": schedule.makespan,
+        "measured_seconds": None,
+        "remote_calls": schedule.remote_calls,
+        "per_device": per_device,
+        "alternatives": alternatives(model, kernels),
+        "decisions": decisions[:5],
+        "kernels_measured": counts["measured"],
+        "kernels_cached": counts["cached"],
+    }
