@@ -67,7 +67,7 @@ def devices() -> list[DeviceInfo]:
                 dev = tvm.runtime.device(kind, index)
                 if not dev.exist:
                     break
-            except (RuntimeError, ValueError, tvm.error.TVMError):  # a runtime TVM was built without
+            except (RuntimeError, ValueError):  # a runtime TVM was built without
                 break
             found.append(DeviceInfo(dev, target, None, f"{kind} GPU {index} ({dev.device_name})"))
     return found
