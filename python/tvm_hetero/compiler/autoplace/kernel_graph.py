@@ -6,9 +6,8 @@ is the finest it will be on any device) and
 
 - numbers its kernel nodes in graph order (a topological order) with their predecessors and output
   sizes: the shape of :class:`~tvm_hetero.compiler.schedule_model.CostModel`;
-- finds the kernel of every op: the node named after the op's binding is the kernel whose output
-  the op makes; an op fused into a kernel (not its output) belongs to the kernel of its consumers,
-  found by walking the entry function's bindings backwards. Ops computed at build time (constant
+- finds the kernel of every op, from the lowering's own record (``track_ops=True``: each op's
+  kernels carry its index through legalization and fusion). Ops computed at build time (constant
   folding) belong to no kernel;
 - says which devices may run each kernel: every op of it allowed there by the capability table.
 
@@ -18,7 +17,6 @@ whose kernels are these kernels, each on its chosen device.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -28,8 +26,6 @@ from tvm import relax
 
 from ..lower import LoweredGraph
 from ..placement import Capabilities, OpInfo
-
-_UNIQUE_SUFFIX = re.compile(r"_\d+$")
 
 
 @dataclass
@@ -48,6 +44,8 @@ class KernelGraph:
     out_bytes: list[int]
     #: ``op_kernel[i]``: kernel of op ``i`` (``OpInfo.index``), or None for ops folded at build time.
     op_kernel: list[int | None]
+    #: ``op_follows[i]``: for an op with no kernel, the kernel of an op reading it (or None).
+    op_follows: list[int | None]
     #: ``allowed[k][d]``: device ``d`` may run kernel ``k``.
     allowed: list[list[bool]]
 
@@ -59,12 +57,11 @@ class KernelGraph:
 def kernel_graph(
     lowered: LoweredGraph,
     ops: Sequence[OpInfo],
-    entry_function: relax.Function,
     num_devices: int,
     capabilities: Capabilities | None = None,
 ) -> KernelGraph:
-    """The kernel DAG of ``lowered`` (see the module docstring). ``ops`` are the OpInfos the
-    lowering asked about, in order; ``entry_function`` the Relax function it lowered."""
+    """The kernel DAG of ``lowered`` (lowered with ``track_ops=True``; see the module docstring).
+    ``ops`` are the OpInfos the lowering asked about, in order."""
     graph = lowered.graph
     node_ids = [nid for nid, node in enumerate(graph.nodes) if not node.is_input]
     kernel_of_node = {nid: k for k, nid in enumerate(node_ids)}
@@ -73,7 +70,22 @@ def kernel_graph(
         node = graph.nodes[nid]
         preds.append(sorted({kernel_of_node[e.node] for e in node.inputs if e.node in kernel_of_node}))
         out_bytes.append(sum(node.output_bytes(i) for i in range(node.num_outputs)))
-    op_kernel = _op_kernels(entry_function, ops, {graph.nodes[nid].name: k for k, nid in enumerate(node_ids)})
+    op_kernel: list[int | None] = [None] * len(ops)
+    for k, nid in enumerate(node_ids):
+        for index in lowered.node_op_indices.get(graph.nodes[nid].name, []):
+            if op_kernel[index] is not None:
+                raise ValueError(f"op {ops[index]} is in kernels #{op_kernel[index]} and #{k} (internal error)")
+            op_kernel[index] = k
+    op_follows: list[int | None] = [None] * len(ops)
+    index_of_name = {info.name: i for i, info in enumerate(ops)}
+    for info, kernel in reversed(list(zip(ops, op_kernel))):
+        home = kernel if kernel is not None else op_follows[info.index]
+        if home is None or info.call is None:
+            continue
+        for var in relax.analysis.free_vars(info.call):
+            source = index_of_name.get(var.name)
+            if source is not None and op_kernel[source] is None and op_follows[source] is None:
+                op_follows[source] = home
     allowed = [[True] * num_devices for _ in node_ids]
     if capabilities is not None:
         for info, kernel in zip(ops, op_kernel):
@@ -91,6 +103,7 @@ def kernel_graph(
         preds=preds,
         out_bytes=out_bytes,
         op_kernel=op_kernel,
+        op_follows=op_follows,
         allowed=allowed,
     )
 
@@ -101,32 +114,6 @@ def op_allowed(capabilities: Capabilities, info: OpInfo, device: int) -> bool:
         if listed == device:
             return bool(supports(info))
     return True
-
-
-def _op_kernels(func: relax.Function, ops: Sequence[OpInfo], kernel_by_node_name: dict[str, int]) -> list[int | None]:
-    """Kernel of every op: its own node, else (fused inside) the kernel of its first consumer."""
-    bindings = [b for block in func.body.blocks for b in block.bindings]
-    consumers: dict[str, list[str]] = {}
-    for binding in bindings:
-        for var in relax.analysis.free_vars(binding.value):
-            consumers.setdefault(var.name, []).append(binding.var.name)
-    kernel_of_var: dict[str, int] = {}
-    for binding in reversed(bindings):
-        name = binding.var.name
-        kernel = _node_kernel(name, kernel_by_node_name)
-        if kernel is None:
-            kernel = next((kernel_of_var[c] for c in consumers.get(name, []) if c in kernel_of_var), None)
-        if kernel is not None:
-            kernel_of_var[name] = kernel
-    return [kernel_of_var.get(info.name) for info in ops]
-
-
-def _node_kernel(var_name: str, kernel_by_node_name: dict[str, int]) -> int | None:
-    """The kernel whose node is named for ``var_name`` (the graph may have made it unique: ``_1``)."""
-    if var_name in kernel_by_node_name:
-        return kernel_by_node_name[var_name]
-    matches = [k for name, k in kernel_by_node_name.items() if _UNIQUE_SUFFIX.sub("", name) == var_name]
-    return matches[0] if len(matches) == 1 else None
 
 
 def kernel_key(prim_func: tvm.tirx.PrimFunc) -> str:

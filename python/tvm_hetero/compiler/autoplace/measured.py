@@ -11,8 +11,8 @@ Steps (:func:`choose_placement`):
    the timing; this package never imports the runtime);
 3. copy costs per ordered device pair that does not share memory (fixed + per byte), the same way;
 4. :func:`.solver.solve` on the :class:`~tvm_hetero.compiler.schedule_model.CostModel`;
-5. every op gets its kernel's device; an op folded at build time (no kernel) goes to device 0, or
-   to the first device allowed to run it.
+5. every op gets its kernel's device; an op folded at build time (no kernel) goes with the kernel
+   that reads it, or to the first device allowed to run it.
 
 The decision, its alternatives and the largest single choices are returned as a plain dict (it
 goes into the build report and the artifact's manifest); :mod:`.report` writes it out.
@@ -91,8 +91,8 @@ def choose_placement(
         return 0
 
     say("automatic placement: lowering once to find the kernels")
-    lowered = lower_to_graph(mod, record, num_devices, params, entry, targets=targets)
-    kernels = kernel_graph(lowered, ops, mod[entry], num_devices, capabilities)
+    lowered = lower_to_graph(mod, record, num_devices, params, entry, targets=targets, track_ops=True)
+    kernels = kernel_graph(lowered, ops, num_devices, capabilities)
     keys = [kernel_key(lowered.kernels[name]) for name in kernels.func_names]
     cost = [[math.inf] * num_devices for _ in range(kernels.num_kernels)]
     counts = {"measured": 0, "cached": 0}
@@ -132,10 +132,15 @@ def choose_placement(
     assignment = solution.placement
 
     def choose(info: OpInfo) -> int:
-        kernel = kernels.op_kernel[info.index] if info.index < len(kernels.op_kernel) else None
+        if info.index >= len(kernels.op_kernel):
+            raise ValueError(f"automatic placement: {info} was not seen when the kernels were measured")
+        kernel = kernels.op_kernel[info.index]
         if kernel is not None:
             return assignment[kernel]
         allowed = [d for d in range(num_devices) if capabilities is None or op_allowed(capabilities, info, d)]
+        follows = kernels.op_follows[info.index]
+        if follows is not None and assignment[follows] in allowed:
+            return assignment[follows]
         return allowed[0] if allowed else 0
 
     explanation = _explain(model, kernels, assignment, [str(d) for d in devices], objective, counts)
