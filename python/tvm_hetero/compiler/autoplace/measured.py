@@ -63,6 +63,19 @@ class AutoPlacement:
     kernel_devices: list[int] = field(default_factory=list)
     #: What measured the costs (the build also asks it for the built graph's latency).
     measurer: Any = None
+    #: The kernel DAG decided on, and the ops it was lowered from (to predict other placements).
+    kernels: KernelGraph | None = None
+    ops: list[OpInfo] = field(default_factory=list)
+
+    def kernel_assignment(self, placement: Callable[[OpInfo], int]) -> list[int]:
+        """The device of every kernel under an op ``placement`` (that of its first op), to predict it."""
+        devices: list[int] = [0] * self.kernels.num_kernels
+        seen = [False] * self.kernels.num_kernels
+        for info in self.ops:
+            kernel = self.kernels.op_kernel[info.index]
+            if kernel is not None and not seen[kernel]:
+                devices[kernel], seen[kernel] = int(placement(info)), True
+        return devices
 
 
 def choose_placement(
@@ -144,7 +157,7 @@ def choose_placement(
         return allowed[0] if allowed else 0
 
     explanation = _explain(model, kernels, assignment, [str(d) for d in devices], objective, counts)
-    return AutoPlacement(choose, explanation, model, assignment, measurer)
+    return AutoPlacement(choose, explanation, model, assignment, measurer, kernels, ops)
 
 
 def _kernel_call(lowered, kernels: KernelGraph, k: int) -> KernelCall:
