@@ -468,7 +468,7 @@ def _specialize_kernels(
                 builder.update_func(gv, tagged)
                 copies[key] = gv
             else:
-                same = device == first_device[gv.name_hint] and not index
+                same = device == first_device[gv.name_hint]  # per-op copies (index) get fresh names
                 copies[key] = builder.add_func(
                     tagged, gv.name_hint if same else f"{gv.name_hint}_dev{device}"
                 )

@@ -10,7 +10,9 @@ Steps (:func:`choose_placement`):
    settings) and measure only what is missing, through a :class:`Measurer` (the runtime side does
    the timing; this package never imports the runtime);
 3. copy costs per ordered device pair that does not share memory (fixed + per byte), the same way;
-4. :func:`.solver.solve` on the :class:`~tvm_hetero.compiler.schedule_model.CostModel`;
+4. :func:`.solver.solve` on the :class:`~tvm_hetero.compiler.schedule_model.CostModel`; a split
+   over several devices predicted less than ``min_gain`` (5%) faster than the best single device
+   gives way to that device (its gain would be within the model's unmodelled costs and the noise);
 5. every op gets its kernel's device; an op folded at build time (no kernel) goes with the kernel
    that reads it, or to the first device allowed to run it.
 
@@ -32,7 +34,12 @@ from ..placement import Capabilities, OpInfo
 from ..schedule_model import CostModel, simulate
 from .cost_cache import CostCache, settings_key
 from .kernel_graph import KernelGraph, kernel_graph, kernel_key, op_allowed
-from .solver import solve
+from .solver import single_device_placements, solve
+
+#: A split over devices must be predicted this much faster than the best single device to be used:
+#: every cross-device edge costs a wake-up the model does not charge, and costs measured on a
+#: loaded machine carry a few percent of noise.
+MIN_GAIN = 0.05
 
 
 @dataclass
@@ -92,8 +99,10 @@ def choose_placement(
     device_options: Sequence[dict | None] | None = None,
     capabilities: Capabilities | None = None,
     progress: Callable[[str], None] | None = None,
+    min_gain: float = MIN_GAIN,
 ) -> AutoPlacement:
-    """Measure and solve (see the module docstring)."""
+    """Measure and solve (see the module docstring). A placement over several devices is kept
+    only if it is predicted at least ``min_gain`` (relative) faster than the best single device."""
     say = progress or (lambda _msg: None)
     num_devices = len(devices)
     options = list(device_options or []) + [None] * num_devices
@@ -143,6 +152,14 @@ def choose_placement(
     say(f"automatic placement: solving for {kernels.num_kernels} kernels on {num_devices} devices")
     solution = solve(model, objective)
     assignment = solution.placement
+    single = min(single_device_placements(model), key=lambda p: simulate(model, p).makespan, default=None)
+    kept_single = False
+    split_too_small = (
+        single is not None and len(set(assignment)) > 1 and objective == "latency"
+        and simulate(model, assignment).makespan > (1.0 - min_gain) * simulate(model, single).makespan
+    )
+    if split_too_small:
+        assignment, kept_single = single, True
 
     def choose(info: OpInfo) -> int:
         if info.index >= len(kernels.op_kernel):
@@ -157,6 +174,8 @@ def choose_placement(
         return allowed[0] if allowed else 0
 
     explanation = _explain(model, kernels, assignment, [str(d) for d in devices], objective, counts)
+    explanation["split_predicted_seconds"] = solution.latency if kept_single else None
+    explanation["min_gain"] = min_gain
     return AutoPlacement(choose, explanation, model, assignment, measurer, kernels, ops)
 
 

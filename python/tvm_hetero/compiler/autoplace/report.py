@@ -22,6 +22,11 @@ def explain(auto: dict[str, Any]) -> list[str]:
     measured = auto.get("measured_seconds")
     ratio = f" ({measured / auto['predicted_seconds']:.2f}x predicted)" if measured and auto["predicted_seconds"] else ""
     lines.append(f"    latency predicted {_ms(auto['predicted_seconds'])}, measured {_ms(measured)}{ratio}")
+    if auto.get("split_predicted_seconds") is not None:
+        lines.append(
+            f"    the best split found ({_ms(auto['split_predicted_seconds'])}) gains less than "
+            f"{auto['min_gain']:.0%} over one device: kept on one device"
+        )
     for name, seconds in auto["alternatives"].items():
         lines.append(f"    alternative {name}: predicted {_ms(seconds)}")
     if auto["decisions"]:
