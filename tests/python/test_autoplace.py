@@ -233,3 +233,14 @@ def test_a_split_that_gains_less_than_min_gain_stays_on_one_device():
     assert len(set(node_devices(art).values())) == 1
     assert auto["split_predicted_seconds"] < auto["predicted_seconds"]
     assert "kept on one device" in art.report()
+
+
+def test_targets_auto_builds_for_the_discovered_devices():
+    art = tvm_hetero.build(MLP, "auto", placement="auto", params=PARAMS, cost_cache=False,
+                           measurer=FakeMeasurer(lambda name, d: 1e-3))
+    found = tvm_hetero.devices()
+    assert [str(d) for d in art.devices] == [str(d.device) for d in found]
+    rt = art.create(execution="concurrent", device_options=[d.options for d in found])
+    rt.run(x=X)
+    expected = np.maximum(X @ PARAMS["w1"] + PARAMS["b1"], 0) @ PARAMS["w2"]
+    np.testing.assert_allclose(rt.get_output(0).numpy(), expected, rtol=1e-4, atol=1e-4)
