@@ -244,3 +244,17 @@ def test_targets_auto_builds_for_the_discovered_devices():
     rt.run(x=X)
     expected = np.maximum(X @ PARAMS["w1"] + PARAMS["b1"], 0) @ PARAMS["w2"]
     np.testing.assert_allclose(rt.get_output(0).numpy(), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_objective_calls_stays_within_ten_percent_and_bad_objective_is_named():
+    mod, params = two_towers()
+    fake = FakeMeasurer(lambda name, d: 1e-3)
+    latency = tvm_hetero.build(mod, TWO_CPUS, placement="auto", params=params, cost_cache=False, measurer=fake)
+    calls = tvm_hetero.build(mod, TWO_CPUS, placement="auto", params=params, cost_cache=False, measurer=fake,
+                             objective="calls")
+    assert calls.build_report.autoplace["objective"] == "calls"
+    best = latency.build_report.autoplace["predicted_seconds"]
+    assert calls.build_report.autoplace["predicted_seconds"] <= best * 1.10 + 1e-12
+    with pytest.raises(ValueError, match="objective 'fastest'"):
+        tvm_hetero.build(mod, TWO_CPUS, placement="auto", params=params, cost_cache=False, measurer=fake,
+                         objective="fastest")

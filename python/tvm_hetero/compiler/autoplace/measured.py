@@ -34,7 +34,7 @@ from ..placement import Capabilities, OpInfo
 from ..schedule_model import CostModel, simulate
 from .cost_cache import CostCache, settings_key
 from .kernel_graph import KernelGraph, kernel_graph, kernel_key, op_allowed
-from .solver import single_device_placements, solve
+from .solver import OBJECTIVES, single_device_placements, solve
 
 #: A split over devices must be predicted this much faster than the best single device to be used:
 #: every cross-device edge costs a wake-up the model does not charge, and costs measured on a
@@ -103,6 +103,8 @@ def choose_placement(
 ) -> AutoPlacement:
     """Measure and solve (see the module docstring). A placement over several devices is kept
     only if it is predicted at least ``min_gain`` (relative) faster than the best single device."""
+    if objective not in OBJECTIVES:  # before any measuring
+        raise ValueError(f"objective {objective!r}: expected one of {', '.join(OBJECTIVES)}")
     say = progress or (lambda _msg: None)
     num_devices = len(devices)
     options = list(device_options or []) + [None] * num_devices
