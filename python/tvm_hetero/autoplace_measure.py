@@ -1,10 +1,11 @@
 """Timing for automatic placement, on the runtime itself (:class:`RuntimeMeasurer`).
 
-Kernels are timed the way they will run: the kernels to time become one graph of independent
-nodes (each reading inputs of its own, filled with seeded random values) on the device alone, run
-by the graph runtime with that device's executor settings (``device_options``: a thread pinned to
-its cores with its own TVM thread pool), and the runtime's step trace gives each kernel's time:
-the median over several runs after a warm-up run. Copy costs between devices without shared
+Kernels are timed the way they will run: the kernels to time on a device become one graph of
+independent nodes (each reading inputs of its own, filled with seeded random values) on that device
+alone, run by the graph runtime with the device's executor settings (``device_options``: a thread
+pinned to its cores with its own TVM thread pool), and the runtime's step trace gives each kernel's
+time: the median over several runs after a warm-up run. The devices' runs are interleaved round by
+round, so that a load that comes and goes on a shared machine weighs on every device alike. Copy costs between devices without shared
 memory are fitted (fixed + bytes/s) from copies of two sizes.
 
 The compiler hands this object to its placement step; the compiler itself never imports it.
@@ -21,7 +22,7 @@ import numpy as np
 import tvm
 
 from . import graph_runtime
-from .compiler.autoplace.measured import KernelCall
+from .compiler.autoplace.measured import MeasureJob
 from .compiler.graph import Entry, Graph, Node
 from .compiler.lower import _build as compile_for_target
 
@@ -43,13 +44,40 @@ class RuntimeMeasurer:
     def __init__(self, progress: Callable[[str], None] | None = None) -> None:
         self.say = progress or (lambda _msg: None)
         self.rng = np.random.default_rng(0)
+        self._alive: list = []  # the measuring runtimes, kept while their trace functions are used
 
-    def kernel_seconds(self, kernels: tvm.IRModule, calls: Sequence[KernelCall], device: tvm.runtime.Device,
-                       target: tvm.target.Target, options: dict | None) -> list[float]:
-        lib = compile_for_target(kernels, target)
+    def kernel_seconds(self, jobs: Sequence[MeasureJob]) -> list[list[float]]:
+        """Every job's kernels, the devices' runs interleaved round by round (same load on each)."""
+        try:
+            return self._interleaved([self._prepare(job) for job in jobs], jobs)
+        finally:
+            self._alive.clear()  # the measuring runtimes go once timed
+
+    def _interleaved(self, prepared, jobs: Sequence[MeasureJob]) -> list[list[float]]:
+        first = [json.loads(trace(1))["runs"][-1] for trace, _ in prepared]  # warm-up, and a size
+        total = sum(s["end_us"] - s["start_us"] for spans in first for s in spans) * 1e-6
+        runs = max(MIN_RUNS, min(MAX_RUNS, int(TARGET_SECONDS * len(jobs) / max(total, 1e-9))))
+        durations = [{nid: [] for nid in kernel_ids} for _, kernel_ids in prepared]
+        for _ in range(runs):
+            for (trace, _ids), times in zip(prepared, durations):
+                for span in json.loads(trace(1))["runs"][-1]:
+                    if span["node"] in times and span["kind"] == "kernel":
+                        times[span["node"]].append((span["end_us"] - span["start_us"]) * 1e-6)
+        result = []
+        for job, (_, kernel_ids), times in zip(jobs, prepared, durations):
+            missing = [job.calls[i].func_name for i, nid in enumerate(kernel_ids) if not times[nid]]
+            if missing:
+                raise RuntimeError(f"measuring on {job.device}: the trace has no time for kernels {', '.join(missing)}")
+            result.append([statistics.median(times[nid]) for nid in kernel_ids])
+        return result
+
+    def _prepare(self, job: MeasureJob):
+        """A runtime running ``job``'s kernels as independent nodes on its device alone, inputs set:
+        (its trace function, the kernel node ids in call order)."""
+        lib = compile_for_target(job.kernels, job.target)
         nodes: list[Node] = []
         kernel_ids: list[int] = []
-        for i, call in enumerate(calls):
+        for i, call in enumerate(job.calls):
             inputs = []
             for j, (shape, dtype) in enumerate(call.input_types):
                 nodes.append(Node(name=f"k{i}_in{j}", op="null", shapes=[tuple(shape)], dtypes=[dtype]))
@@ -59,25 +87,13 @@ class RuntimeMeasurer:
                               dtypes=[t for _, t in call.output_types]))
             kernel_ids.append(len(nodes) - 1)
         heads = [Entry(nid, o) for nid in kernel_ids for o in range(nodes[nid].num_outputs)]
-        graph = Graph(nodes, heads)
-        module = graph_runtime.create(graph.to_json(), lib, [device], execution="concurrent",
-                                      device_options=[options] if options else None)
+        module = graph_runtime.create(Graph(nodes, heads).to_json(), lib, [job.device], execution="concurrent",
+                                      device_options=[job.options] if job.options else None)
         for node in nodes:
             if node.is_input:
                 module.set_input(node.name, random_value(node.shapes[0], node.dtypes[0], self.rng))
-        trace = module.module["trace"]
-        first = json.loads(trace(1))["runs"][-1]
-        total = sum(s["end_us"] - s["start_us"] for s in first) * 1e-6
-        runs = max(MIN_RUNS, min(MAX_RUNS, int(TARGET_SECONDS / max(total, 1e-9))))
-        durations: dict[int, list[float]] = {nid: [] for nid in kernel_ids}
-        for spans in json.loads(trace(runs))["runs"]:
-            for span in spans:
-                if span["node"] in durations and span["kind"] == "kernel":
-                    durations[span["node"]].append((span["end_us"] - span["start_us"]) * 1e-6)
-        missing = [calls[i].func_name for i, nid in enumerate(kernel_ids) if not durations[nid]]
-        if missing:
-            raise RuntimeError(f"measuring on {device}: the trace has no time for kernels {', '.join(missing)}")
-        return [statistics.median(durations[nid]) for nid in kernel_ids]
+        self._alive.append(module)
+        return module.module["trace"], kernel_ids
 
     def copy_cost(self, src: tvm.runtime.Device, dst: tvm.runtime.Device) -> tuple[float, float]:
         """(fixed seconds, seconds per byte) of one copy from ``src`` to ``dst``."""

@@ -30,9 +30,9 @@ class FakeMeasurer:
         self.rule = rule
         self.asked: list[tuple[str, int]] = []
 
-    def kernel_seconds(self, kernels, calls, device, target, options):
-        self.asked.extend((c.func_name, device.index) for c in calls)
-        return [self.rule(c.func_name, device.index) for c in calls]
+    def kernel_seconds(self, jobs):
+        self.asked.extend((c.func_name, job.device.index) for job in jobs for c in job.calls)
+        return [[self.rule(c.func_name, job.device.index) for c in job.calls] for job in jobs]
 
     def copy_cost(self, src, dst):
         raise AssertionError("CPUs of one process share memory: no copy to measure")

@@ -51,11 +51,25 @@ class KernelCall:
     output_types: list[tuple[tuple[int, ...], str]]
 
 
+@dataclass
+class MeasureJob:
+    """The kernels to time on one device: ``kernels`` holds every function ``calls`` names."""
+
+    position: int
+    kernels: tvm.IRModule
+    calls: list[KernelCall]
+    device: tvm.runtime.Device
+    target: tvm.target.Target
+    options: dict | None
+
+
 class Measurer(Protocol):
     """What the runtime side provides (tvm_hetero.autoplace_measure.RuntimeMeasurer)."""
 
-    def kernel_seconds(self, kernels: tvm.IRModule, calls: Sequence[KernelCall], device: tvm.runtime.Device,
-                       target: tvm.target.Target, options: dict | None) -> list[float]: ...
+    def kernel_seconds(self, jobs: Sequence[MeasureJob]) -> list[list[float]]:
+        """Seconds of every call of every job (all devices in one call, so that a measurer can
+        interleave them and every device sees the same load)."""
+        ...
 
     def copy_cost(self, src: tvm.runtime.Device, dst: tvm.runtime.Device) -> tuple[float, float]: ...
 
@@ -120,28 +134,33 @@ def choose_placement(
     keys = [kernel_key(lowered.kernels[name]) for name in kernels.func_names]
     cost = [[math.inf] * num_devices for _ in range(kernels.num_kernels)]
     counts = {"measured": 0, "cached": 0}
+    jobs: list[MeasureJob] = []
+    job_keys: list[list[str]] = []
+    settings = [settings_key(str(device), options[d]) for d, device in enumerate(devices)]
     for d, device in enumerate(devices):
-        settings = settings_key(str(device), options[d])
-        target = str(targets[d])
-        wanted = [k for k in range(kernels.num_kernels) if kernels.allowed[k][d]]
+        wanted = {keys[k] for k in range(kernels.num_kernels) if kernels.allowed[k][d]}
         missing: dict[str, int] = {}  # key -> a kernel with it
-        for k in wanted:
-            seconds = cache.get("kernel", keys[k], target, settings)
-            if seconds is None:
+        for k in range(kernels.num_kernels):
+            if kernels.allowed[k][d] and cache.get("kernel", keys[k], str(targets[d]), settings[d]) is None:
                 missing.setdefault(keys[k], k)
-        counts["cached"] += len({keys[k] for k in wanted}) - len(missing)
+        counts["cached"] += len(wanted) - len(missing)
         if missing:
-            say(f"automatic placement: measuring {len(missing)} kernels on {device} "
-                f"({len({keys[k] for k in wanted}) - len(missing)} cached)")
             calls = [_kernel_call(lowered, kernels, k) for k in missing.values()]
             names = {c.func_name for c in calls}
             module = tvm.IRModule({gv: f for gv, f in lowered.kernels.functions.items() if gv.name_hint in names})
-            times = measurer.kernel_seconds(module, calls, device, targets[d], options[d])
-            for key, seconds in zip(missing, times):
-                cache.put("kernel", key, target, settings, seconds)
-            counts["measured"] += len(missing)
-        for k in wanted:
-            cost[k][d] = cache.get("kernel", keys[k], target, settings)
+            jobs.append(MeasureJob(d, module, calls, device, targets[d], options[d]))
+            job_keys.append(list(missing))
+    if jobs:
+        say("automatic placement: measuring " + ", ".join(
+            f"{len(job.calls)} kernels on {job.device}" for job in jobs) + f" ({counts['cached']} cached)")
+        for job, job_times, key_list in zip(jobs, measurer.kernel_seconds(jobs), job_keys):
+            for key, seconds in zip(key_list, job_times):
+                cache.put("kernel", key, str(targets[job.position]), settings[job.position], seconds)
+            counts["measured"] += len(key_list)
+    for d in range(num_devices):
+        for k in range(kernels.num_kernels):
+            if kernels.allowed[k][d]:
+                cost[k][d] = cache.get("kernel", keys[k], str(targets[d]), settings[d])
 
     latency = [[0.0] * num_devices for _ in range(num_devices)]
     per_byte = [[0.0] * num_devices for _ in range(num_devices)]
