@@ -258,3 +258,9 @@ def test_objective_calls_stays_within_ten_percent_and_bad_objective_is_named():
     with pytest.raises(ValueError, match="objective 'fastest'"):
         tvm_hetero.build(mod, TWO_CPUS, placement="auto", params=params, cost_cache=False, measurer=fake,
                          objective="fastest")
+
+
+def test_a_measurer_that_answers_nonsense_is_named():
+    with pytest.raises(ValueError, match="measurer on cpu:1: expected .* finite non-negative"):
+        tvm_hetero.build(MLP, TWO_CPUS, placement="auto", params=PARAMS, cost_cache=False,
+                         measurer=FakeMeasurer(lambda name, d: float("nan") if d == 1 else 1e-3))

@@ -153,7 +153,14 @@ def choose_placement(
     if jobs:
         say("automatic placement: measuring " + ", ".join(
             f"{len(job.calls)} kernels on {job.device}" for job in jobs) + f" ({counts['cached']} cached)")
-        for job, job_times, key_list in zip(jobs, measurer.kernel_seconds(jobs), job_keys):
+        measured = measurer.kernel_seconds(jobs)
+        if len(measured) != len(jobs):
+            raise ValueError(f"measurer answered for {len(measured)} devices, asked for {len(jobs)}")
+        for job, job_times, key_list in zip(jobs, measured, job_keys):
+            bad = len(job_times) != len(key_list) or not all(math.isfinite(t) and t >= 0 for t in job_times)
+            if bad:
+                raise ValueError(f"measurer on {job.device}: expected {len(key_list)} finite non-negative "
+                                 f"times, got {list(job_times)[:8]}")
             for key, seconds in zip(key_list, job_times):
                 cache.put("kernel", key, str(targets[job.position]), settings[job.position], seconds)
             counts["measured"] += len(key_list)
