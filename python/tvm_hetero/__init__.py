@@ -11,5 +11,6 @@ from . import (
 )
 from .compiler.build import Artifact, BuildReport, build, load
 from .compiler.placement import Capabilities, OpInfo
+from .device_discovery import devices
 
-__all__ = ["Artifact", "BuildReport", "Capabilities", "OpInfo", "build", "graph_runtime", "load", "pipeline"]
+__all__ = ["Artifact", "BuildReport", "Capabilities", "OpInfo", "build", "devices", "graph_runtime", "load", "pipeline"]

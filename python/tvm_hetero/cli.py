@@ -38,7 +38,12 @@ def parse_device_specs(specs: list[str]) -> list[tuple[str, str]]:
 
 
 def parse_placement(place: list[str], split: float | None, num_devices: int, num_ops: int | None = None):
-    """``--place OP=DEV`` (repeatable) and/or ``--split F`` (the first F of the ops on the last device)."""
+    """``--place OP=DEV`` (repeatable) and/or ``--split F`` (the first F of the ops on the last device);
+    ``--place auto`` alone: automatic placement by measured cost (``--split`` is then ignored)."""
+    if "auto" in place:
+        if len(place) > 1:
+            raise SystemExit("--place auto: give it alone (automatic placement chooses every op)")
+        return "auto"
     table: dict[str, int] = {}
     for item in place:
         op, sep, dev = item.partition("=")
@@ -102,8 +107,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     mod = models.relax_module(model)
     num_ops = count_ops(mod)
     placement = parse_placement(args.place, args.split, len(devices), num_ops)
-    say(f"{num_ops} Relax ops; the first {args.split:.0%} go to {devices[-1][0]}, the rest to {devices[0][0]}")
-    artifact = tvm_hetero.build(mod, devices, placement=placement, progress=say)
+    if placement == "auto":
+        say(f"{num_ops} Relax ops; automatic placement by measured cost")
+    else:
+        say(f"{num_ops} Relax ops; the first {args.split:.0%} go to {devices[-1][0]}, the rest to {devices[0][0]}")
+    artifact = tvm_hetero.build(mod, devices, placement=placement, progress=say, **auto_options(args, len(devices)))
     print(artifact.report())
 
     inputs = models.model_inputs(model)
@@ -223,11 +231,23 @@ def cmd_compile(args: argparse.Namespace) -> int:
         raise ValueError(f"model {args.model}: not an ONNX model ({error_line(err)})") from None
     mod = models.relax_module(model)
     placement = parse_placement(args.place, args.split, len(devices), count_ops(mod) if args.split else None)
-    artifact = tvm_hetero.build(mod, devices, placement=placement, progress=say)
+    artifact = tvm_hetero.build(mod, devices, placement=placement, progress=say, **auto_options(args, len(devices)))
     out = artifact.export(args.output)
     print(artifact.report())
     print(f"wrote {out}/ (graph.json, lib.so, params.bin, manifest.json)")
     return 0
+
+
+def auto_options(args: argparse.Namespace, num_devices: int) -> dict:
+    """build()'s automatic-placement arguments from the flags (empty unless ``--place auto``)."""
+    if args.place != ["auto"]:
+        return {}
+    cache = args.cost_cache
+    return {
+        "objective": args.objective,
+        "device_options": parse_clusters(args.cluster, num_devices),
+        "cost_cache": False if cache == "none" else cache,
+    }
 
 
 def _load_input(spec: str) -> tuple[str, np.ndarray]:
@@ -378,7 +398,14 @@ def main(argv: list[str] | None = None) -> int:
     def placement_flags(p):
         p.add_argument("--device", action="append", default=[], metavar="DEV=TARGET",
                        help="device and its target, primary first (default: cpu:0=llvm, then cuda:0 or cpu:1)")
-        p.add_argument("--place", action="append", default=[], metavar="OP=DEV", help="put every OP on DEV")
+        p.add_argument("--place", action="append", default=[], metavar="OP=DEV",
+                       help="put every OP on DEV; '--place auto': choose every op's device by measured cost")
+        p.add_argument("--objective", choices=["latency", "calls"], default="latency",
+                       help="with --place auto: lowest latency, or fewest remote calls within 10%% of it")
+        p.add_argument("--cost-cache", default=None, metavar="FILE|none",
+                       help="with --place auto: measurement cache (default ~/.cache/tvm-hetero/costs.sqlite)")
+        p.add_argument("--cluster", action="append", default=[], metavar="DEV=CORES[:THREADS]",
+                       help="with --place auto: time device DEV pinned to CORES with THREADS threads")
 
     demo = sub.add_parser("demo", help="compile a real model for two devices, run it, check it")
     demo.add_argument("--model", default="resnet50", help="light ONNX model (resnet50, shufflenet, ...)")

@@ -86,6 +86,8 @@ class BuildReport:
     backend_regions: list[tuple[str, int, int, int]] = field(default_factory=list)
     # tensors read in place on another device that shares memory (no copy)
     shared_edges: int = 0
+    # placement="auto": the choice explained (compiler/autoplace/measured.py), else None
+    autoplace: dict | None = None
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -123,6 +125,10 @@ class BuildReport:
             lines.extend(f"    {f}" for f in self.fallbacks)
         else:
             lines.append("  fallbacks: none")
+        if self.autoplace:
+            from .autoplace.report import explain
+
+            lines.extend(explain(self.autoplace))
         return "\n".join(lines)
 
 
@@ -246,6 +252,11 @@ def build(
     entry: str = "main",
     progress: Callable[[str], None] | None = None,
     backends: Sequence[Any] = (),
+    objective: str = "latency",
+    device_options: Sequence[dict | None] | None = None,
+    cost_cache: Any = None,
+    capabilities: Any = None,
+    measurer: Any = None,
 ) -> Artifact:
     """Compile ``mod`` for several devices.
 
@@ -264,11 +275,29 @@ def build(
     progress : called with a line of text as each step starts (the CLI prints them).
     backends : external backends (BYOC), e.g. ``["dnnl"]`` or ``[("dnnl", 1)]`` (name, device
         position): their patterns are offloaded first, as regions on that device (docs/byoc.md).
+
+    With ``placement="auto"`` (docs/autoplace.md) every candidate kernel is timed on every device
+    allowed to run it and the placement minimising the predicted latency of one inference is chosen:
+    objective : ``"latency"`` or ``"calls"`` (fewest remote calls within 10% of the best latency).
+    device_options : each device's executor settings as for the runtime (``{"cores": [0],
+        "num_threads": 1}``); kernels are timed with them, and the artifact should run with them.
+    cost_cache : where measurements are kept: None (``~/.cache/tvm-hetero/costs.sqlite``), a path,
+        or False (not kept).
+    capabilities : a :class:`Capabilities` table restricting which device may run which op.
+    measurer : what times kernels (default: ``tvm_hetero.autoplace_measure.RuntimeMeasurer``).
+    targets may be ``"auto"``: the devices :func:`tvm_hetero.devices` finds (with their settings).
     """
     say = progress or (lambda _msg: None)
     if not isinstance(mod, tvm.IRModule):
         hint = " (import ONNX first: tvm.relax.frontend.onnx.from_onnx(model))" if type(mod).__name__ == "ModelProto" else ""
         raise TypeError(f"build: mod must be a Relax tvm.IRModule, got {type(mod).__name__}{hint}")
+    if isinstance(targets, str) and targets == "auto":
+        from ..device_discovery import devices as discover
+
+        found = discover()
+        targets = [(d.device, d.target) for d in found]
+        if device_options is None:
+            device_options = [d.options for d in found]
     if not targets:
         raise ValueError("targets: at least one (device, target) pair is needed")
     try:
@@ -280,6 +309,15 @@ def build(
         raise ValueError(f"output_device {output_device} is out of range for {len(devices)} devices")
 
     start = time.perf_counter()
+    auto = None
+    if isinstance(placement, str):
+        if placement != "auto":
+            raise ValueError(f"placement {placement!r}: the only placement given by name is 'auto'")
+        if backends:
+            raise ValueError("placement='auto' does not choose between backends yet: build without backends")
+        auto = _auto_placement(mod, devices, target_list, params, entry, objective, device_options,
+                               cost_cache, capabilities, measurer, say)
+        placement = auto.choose
     say("placing and lowering Relax ops")
     lowered = lower_to_graph(mod, placement, len(devices), params, entry, backends, targets=target_list)
     graph = lowered.graph
@@ -296,7 +334,7 @@ def build(
     lib, device_libs = compile_kernel_libraries(lowered, target_list, devices)
     report = _make_report(lowered, graph, plan, devices, target_list, (switches_original, switches_reordered))
     report.compile_seconds = time.perf_counter() - start
-    return Artifact(
+    artifact = Artifact(
         graph_json=graph.to_json(plan.storage_ids, plan.storage_offsets),
         lib=lib,
         params=lowered.params,
@@ -305,6 +343,35 @@ def build(
         build_report=report,
         device_libs=device_libs,
     )
+    if auto is not None:
+        report.autoplace = auto.explanation
+        measure_latency = getattr(auto.measurer, "latency_seconds", None)
+        if measure_latency is not None:
+            say("automatic placement: measuring the built graph")
+            report.autoplace["measured_seconds"] = measure_latency(artifact, device_options)
+    return artifact
+
+
+def _auto_placement(mod, devices, targets, params, entry, objective, device_options, cost_cache, capabilities,
+                    measurer, say):
+    """placement="auto": measure (through the runtime, imported only here) and solve."""
+    from .autoplace.cost_cache import open_cache
+    from .autoplace.measured import choose_placement
+
+    if measurer is None:
+        from ..autoplace_measure import RuntimeMeasurer  # the runtime side, never at module level
+
+        measurer = RuntimeMeasurer(say)
+    cache = open_cache(cost_cache)
+    try:
+        auto = choose_placement(
+            mod, devices, targets, shares_memory_between(devices, targets), measurer, cache,
+            params=params, entry=entry, objective=objective, device_options=device_options,
+            capabilities=capabilities, progress=say,
+        )
+    finally:
+        cache.close()
+    return auto
 
 
 def shares_memory_between(devices: Sequence[tvm.runtime.Device], targets: Sequence[tvm.target.Target]):

@@ -59,6 +59,7 @@ from .placement import Fallback, OpInfo, PlacementSpec, resolve_placement
 ALIAS_OPS = frozenset({"relax.hint_on_device", "relax.to_vdevice"})
 DEVICE_ATTR = "tvm_hetero.device"
 OP_ATTR = "tvm_hetero.relax_op"
+OP_INDEX_ATTR = "tvm_hetero.relax_op_index"  # only when the lowering tracks ops (track_ops=True)
 FENCE_PREFIX = "tvm_hetero_fence"
 OPAQUE = 8  # relax OpPatternKind::kOpaque
 
@@ -93,6 +94,8 @@ class LoweredGraph:
     regions: dict[str, Region] = field(default_factory=dict)
     #: The backends that made them.
     backends: list[Backend] = field(default_factory=list)
+    #: With ``track_ops``: the ops (:attr:`OpInfo.index`) each kernel node computes, by node name.
+    node_op_indices: dict[str, list[int]] = field(default_factory=dict)
 
     def kernel_ops(self, func_name: str) -> list[str]:
         """Relax ops fused into the kernel ``func_name`` (from the first node calling it)."""
@@ -112,6 +115,7 @@ def lower_to_graph(
     backends: Sequence[Any] = (),
     fold: bool = True,
     targets: Sequence[Any] | None = None,
+    track_ops: bool = False,
 ) -> LoweredGraph:
     """Lower the Relax function ``entry`` of ``mod`` to a device-placed kernel graph.
 
@@ -124,6 +128,9 @@ def lower_to_graph(
     ``fold``: run the kernels that read only IR-bound constants at build time (:mod:`.fold_constants`).
     ``targets[d]`` is device ``d``'s target, for the ops TVM dispatches per target before
     legalization (:mod:`.dispatch`; ``llvm`` for every device when None).
+    ``track_ops``: record which ops each kernel node computes (:attr:`LoweredGraph.node_op_indices`;
+    automatic placement needs it). Every op then gets a kernel of its own before fusion, so equal
+    kernels are no longer shared: the kernels are the same computations, under more names.
     """
     resolved = resolve_placement(placement, num_devices)
     backend_list = resolve_backends(backends)
@@ -152,15 +159,19 @@ def lower_to_graph(
 
     mod = dispatch_library_ops(mod, entry, {var: dev for var, (dev, _op) in op_of_var.items()}, targets)
     mod = relax.transform.LegalizeOps()(mod)
+    if track_ops:
+        index_of = {var: i for i, var in enumerate(op_of_var) if i < len(op_placement)}  # ops come first
+        op_of_var = {var: (*tag, index_of[var]) if var in index_of else tag for var, tag in op_of_var.items()}
     tags = _trace_legalized(mod[entry], op_of_var)
     mod = _specialize_kernels(mod, entry, tags)
     mod = _fence_devices(mod, entry, regions)
     mod = relax.transform.AnnotateTIROpPattern()(mod)
     mod = relax.transform.FuseOps()(mod)
     fused_tags = _fused_group_tags(mod)
+    fused_indices = _fused_op_indices(mod) if track_ops else {}
     mod = relax.transform.FuseTIR()(mod)
 
-    builder = _GraphBuilder(mod, mod[entry], fused_tags, param_values, regions)
+    builder = _GraphBuilder(mod, mod[entry], fused_tags, param_values, regions, fused_indices)
     graph, kernels, kernel_devices = builder.build()
     param_arrays = builder.param_arrays
     if fold:
@@ -182,6 +193,7 @@ def lower_to_graph(
         op_placement=op_placement,
         regions={name: r for name, r in regions.items() if name in called},
         backends=backend_list,
+        node_op_indices={n.name: builder.node_op_indices[n.name] for n in graph.nodes if n.name in builder.node_op_indices},
     )
 
 
@@ -446,16 +458,18 @@ def _specialize_kernels(
     copies: dict[tuple[str, int, str], tvm.ir.GlobalVar] = {}
     first_device: dict[str, int] = {}
 
-    def kernel_for(gv: tvm.ir.GlobalVar, device: int, op: str) -> tvm.ir.GlobalVar:
-        key = (gv.name_hint, device, op)
+    def kernel_for(gv: tvm.ir.GlobalVar, device: int, op: str, *index: int) -> tvm.ir.GlobalVar:
+        key = (gv.name_hint, device, op, *index)
         if key not in copies:
             tagged = mod[gv].with_attr(DEVICE_ATTR, device).with_attr(OP_ATTR, op)
+            if index:
+                tagged = tagged.with_attr(OP_INDEX_ATTR, index[0])
             if gv.name_hint not in first_device:
                 first_device[gv.name_hint] = device
                 builder.update_func(gv, tagged)
                 copies[key] = gv
             else:
-                same = device == first_device[gv.name_hint]
+                same = device == first_device[gv.name_hint]  # per-op copies (index) get fresh names
                 copies[key] = builder.add_func(
                     tagged, gv.name_hint if same else f"{gv.name_hint}_dev{device}"
                 )
@@ -467,8 +481,8 @@ def _specialize_kernels(
         for binding in block.bindings:
             value = binding.value
             if binding.var in tags and _is_call_tir(value):
-                device, op = tags[binding.var]
-                kernel = kernel_for(value.args[0], device, op)
+                device, op, *index = tags[binding.var]
+                kernel = kernel_for(value.args[0], device, op, *index)
                 value = relax.Call(value.op, [kernel, *value.args[1:]], value.attrs, value.ty_args)
                 binding = relax.VarBinding(binding.var, value)
             bindings.append(binding)
@@ -608,6 +622,22 @@ def _fused_group_tags(mod: tvm.IRModule) -> dict[str, tuple[int, list[str]]]:
     return tags
 
 
+def _fused_op_indices(mod: tvm.IRModule) -> dict[str, list[int]]:
+    """``fused function name -> indices of the ops it computes`` (from its kernels' tags)."""
+    indices: dict[str, list[int]] = {}
+    for gv, func in mod.functions.items():
+        if isinstance(func, relax.Function) and func.attrs is not None and "Primitive" in func.attrs:
+            found = []
+            for block in func.body.blocks:
+                for binding in block.bindings:
+                    if _is_call_tir(binding.value):
+                        attrs = mod[binding.value.args[0]].attrs
+                        if attrs is not None and OP_INDEX_ATTR in attrs:
+                            found.append(int(attrs[OP_INDEX_ATTR]))
+            indices[gv.name_hint] = sorted(set(found))
+    return indices
+
+
 class _GraphBuilder:
     """Walks the fused entry function once and emits the Graph and its kernels."""
 
@@ -618,8 +648,12 @@ class _GraphBuilder:
         fused_tags: dict[str, tuple[int, list[str]]],
         param_values: dict[str, np.ndarray],
         regions: dict[str, Region] | None = None,
+        fused_indices: dict[str, list[int]] | None = None,
     ) -> None:
         self.mod = mod
+        self.fused_indices = fused_indices or {}
+        #: Ops computed by each kernel node (by node name), when the lowering tracks ops.
+        self.node_op_indices: dict[str, list[int]] = {}
         self.regions = regions or {}
         self.func = func
         self.fused_tags = fused_tags
@@ -722,7 +756,13 @@ class _GraphBuilder:
         name = gv.name_hint
         if self.kernels.setdefault(name, (self.mod[gv], device))[1] != device:
             raise LoweringError(f"kernel {name} is used on two devices (internal error)")
-        return self._add_call(var, name, args, device, list(ops))
+        entries = self._add_call(var, name, args, device, list(ops))
+        attrs = self.mod[gv].attrs
+        if name in self.fused_indices:
+            self.node_op_indices[self.nodes[-1].name] = self.fused_indices[name]
+        elif attrs is not None and OP_INDEX_ATTR in attrs:
+            self.node_op_indices[self.nodes[-1].name] = [int(attrs[OP_INDEX_ATTR])]
+        return entries
 
     def _add_call(self, var: relax.Var, name: str, args: list[Any], device: int, ops: list[str]) -> Any:
         """A node calling ``name`` (a kernel or a region) on ``device``; returns its entries."""
@@ -797,7 +837,7 @@ def _drop_dead_kernels(graph: Graph) -> Graph:
 
 
 def _clean_kernel(prim: tvm.tirx.PrimFunc, name: str) -> tvm.tirx.PrimFunc:
-    for key in (DEVICE_ATTR, OP_ATTR, "target"):
+    for key in (DEVICE_ATTR, OP_ATTR, OP_INDEX_ATTR, "target"):
         if prim.attrs is not None and key in prim.attrs:
             prim = prim.without_attr(key)
     return prim.with_attr("global_symbol", name)

@@ -1,0 +1,134 @@
+"""Timing for automatic placement, on the runtime itself (:class:`RuntimeMeasurer`).
+
+Kernels are timed the way they will run: the kernels to time on a device become one graph of
+independent nodes (each reading inputs of its own, filled with seeded random values) on that device
+alone, run by the graph runtime with the device's executor settings (``device_options``: a thread
+pinned to its cores with its own TVM thread pool), and the runtime's step trace gives each kernel's
+time: the median over several runs after a warm-up run. The devices' runs are interleaved round by
+round, so that a load that comes and goes on a shared machine weighs on every device alike. Copy costs between devices without shared
+memory are fitted (fixed + bytes/s) from copies of two sizes.
+
+The compiler hands this object to its placement step; the compiler itself never imports it.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import tvm
+
+from . import graph_runtime
+from .compiler.autoplace.measured import MeasureJob
+from .compiler.graph import Entry, Graph, Node
+from .compiler.lower import _build as compile_for_target
+
+#: Aim for this much traced time per device, within [MIN_RUNS, MAX_RUNS] runs.
+TARGET_SECONDS, MIN_RUNS, MAX_RUNS = 0.3, 3, 25
+COPY_SIZES = (4 << 10, 4 << 20)
+
+
+def random_value(shape: Sequence[int], dtype: str, rng: np.random.Generator) -> np.ndarray:
+    """Seeded values that keep kernels on their ordinary path (no NaN, no out-of-range index)."""
+    if dtype.startswith(("float", "bfloat")):
+        return rng.uniform(-1.0, 1.0, size=tuple(shape)).astype(dtype)
+    return np.zeros(tuple(shape), dtype=dtype)
+
+
+class RuntimeMeasurer:
+    """Times kernels and copies on this machine's devices (see the module docstring)."""
+
+    def __init__(self, progress: Callable[[str], None] | None = None) -> None:
+        self.say = progress or (lambda _msg: None)
+        self.rng = np.random.default_rng(0)
+        self._alive: list = []  # the measuring runtimes, kept while their trace functions are used
+
+    def kernel_seconds(self, jobs: Sequence[MeasureJob]) -> list[list[float]]:
+        """Every job's kernels, the devices' runs interleaved round by round (same load on each)."""
+        try:
+            return self._interleaved([self._prepare(job) for job in jobs], jobs)
+        finally:
+            self._alive.clear()  # the measuring runtimes go once timed
+
+    def _interleaved(self, prepared, jobs: Sequence[MeasureJob]) -> list[list[float]]:
+        first = [json.loads(trace(1))["runs"][-1] for trace, _ in prepared]  # warm-up, and a size
+        total = sum(s["end_us"] - s["start_us"] for spans in first for s in spans) * 1e-6
+        runs = max(MIN_RUNS, min(MAX_RUNS, int(TARGET_SECONDS * len(jobs) / max(total, 1e-9))))
+        durations = [{nid: [] for nid in kernel_ids} for _, kernel_ids in prepared]
+        for _ in range(runs):
+            for (trace, _ids), times in zip(prepared, durations):
+                for span in json.loads(trace(1))["runs"][-1]:
+                    if span["node"] in times and span["kind"] == "kernel":
+                        times[span["node"]].append((span["end_us"] - span["start_us"]) * 1e-6)
+        result = []
+        for job, (_, kernel_ids), times in zip(jobs, prepared, durations):
+            missing = [job.calls[i].func_name for i, nid in enumerate(kernel_ids) if not times[nid]]
+            if missing:
+                raise RuntimeError(f"measuring on {job.device}: the trace has no time for kernels {', '.join(missing)}")
+            result.append([statistics.median(times[nid]) for nid in kernel_ids])
+        return result
+
+    def _prepare(self, job: MeasureJob):
+        """A runtime running ``job``'s kernels as independent nodes on its device alone, inputs set:
+        (its trace function, the kernel node ids in call order)."""
+        lib = compile_for_target(job.kernels, job.target)
+        nodes: list[Node] = []
+        kernel_ids: list[int] = []
+        for i, call in enumerate(job.calls):
+            inputs = []
+            for j, (shape, dtype) in enumerate(call.input_types):
+                nodes.append(Node(name=f"k{i}_in{j}", op="null", shapes=[tuple(shape)], dtypes=[dtype]))
+                inputs.append(Entry(len(nodes) - 1, 0))
+            nodes.append(Node(name=f"k{i}", inputs=inputs, func_name=call.func_name, device=0,
+                              shapes=[tuple(s) for s, _ in call.output_types],
+                              dtypes=[t for _, t in call.output_types]))
+            kernel_ids.append(len(nodes) - 1)
+        heads = [Entry(nid, o) for nid in kernel_ids for o in range(nodes[nid].num_outputs)]
+        module = graph_runtime.create(Graph(nodes, heads).to_json(), lib, [job.device], execution="concurrent",
+                                      device_options=[job.options] if job.options else None)
+        for node in nodes:
+            if node.is_input:
+                module.set_input(node.name, random_value(node.shapes[0], node.dtypes[0], self.rng))
+        self._alive.append(module)
+        return module.module["trace"], kernel_ids
+
+    def copy_cost(self, src: tvm.runtime.Device, dst: tvm.runtime.Device) -> tuple[float, float]:
+        """(fixed seconds, seconds per byte) of one copy from ``src`` to ``dst``."""
+        times = []
+        for nbytes in COPY_SIZES:
+            a = tvm.runtime.empty((nbytes // 4,), "float32", src)
+            b = tvm.runtime.empty((nbytes // 4,), "float32", dst)
+            samples = []
+            for _ in range(7):
+                start = time.perf_counter()
+                a.copyto(b)
+                if dst.dlpack_device_type() != 1:
+                    dst.sync()
+                samples.append(time.perf_counter() - start)
+            times.append(statistics.median(samples))
+        slope = max(0.0, (times[1] - times[0]) / (COPY_SIZES[1] - COPY_SIZES[0]))
+        return max(0.0, times[0] - slope * COPY_SIZES[0]), slope
+
+    def latency_seconds(self, artifact, device_options: Sequence[dict | None] | None = None) -> float:
+        """The built graph's measured latency, for the report's predicted-vs-measured line."""
+        return measure_latency(artifact, device_options)
+
+
+def measure_latency(artifact, device_options: Sequence[dict | None] | None = None, runs: int = 10) -> float:
+    """Median seconds of one inference of ``artifact`` (concurrent execution, random inputs)."""
+    module = artifact.create(execution="concurrent", device_options=device_options)
+    rng = np.random.default_rng(0)
+    for name in artifact.input_names:
+        current = module.get_input(name)
+        module.set_input(name, random_value(current.shape, str(current.dtype), rng))
+    module.run()
+    samples = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        module.run()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+

@@ -1,0 +1,74 @@
+"""Measured costs kept on disk, so that a rebuild measures only what is new.
+
+One SQLite file (``~/.cache/tvm-hetero/costs.sqlite`` by default; ``$XDG_CACHE_HOME`` is honoured)
+with one table: ``(kind, key, target, settings) -> seconds``. ``kind`` is ``"kernel"`` (``key``: the
+kernel's structural hash), ``"copy"`` or ``"call"``; ``target`` is the target string and
+``settings`` the device and its executor settings (cores, threads) as JSON. A measurement taken
+with other settings is another row, never a hit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+_SCHEMA = """CREATE TABLE IF NOT EXISTS costs (
+    kind TEXT NOT NULL, key TEXT NOT NULL, target TEXT NOT NULL, settings TEXT NOT NULL,
+    seconds REAL NOT NULL, PRIMARY KEY (kind, key, target, settings))"""
+
+
+def default_path() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "tvm-hetero" / "costs.sqlite"
+
+
+def settings_key(device: str, options: dict | None) -> str:
+    """The device and its executor settings, written the same way every time."""
+    return json.dumps({"device": device, "options": options or {}}, sort_keys=True)
+
+
+class CostCache:
+    """``get``/``put`` of measured seconds; ``CostCache(None)`` keeps them in memory only."""
+
+    def __init__(self, path: str | os.PathLike | None) -> None:
+        self.path = Path(path) if path is not None else None
+        if self.path is not None:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._db = sqlite3.connect(str(self.path))
+                self._db.execute(_SCHEMA)
+            except (OSError, sqlite3.Error) as err:
+                raise ValueError(f"cost_cache {str(self.path)!r}: cannot open ({err})") from err
+        else:
+            self._db = sqlite3.connect(":memory:")
+            self._db.execute(_SCHEMA)
+
+    def get(self, kind: str, key: str, target: str, settings: str) -> float | None:
+        row = self._db.execute(
+            "SELECT seconds FROM costs WHERE kind=? AND key=? AND target=? AND settings=?",
+            (kind, key, target, settings),
+        ).fetchone()
+        return None if row is None else float(row[0])
+
+    def put(self, kind: str, key: str, target: str, settings: str, seconds: float) -> None:
+        self._db.execute(
+            "INSERT OR REPLACE INTO costs VALUES (?, ?, ?, ?, ?)", (kind, key, target, settings, float(seconds))
+        )
+        self._db.commit()
+
+    def close(self) -> None:
+        self._db.close()
+
+
+def open_cache(spec: Any) -> CostCache:
+    """``cost_cache=`` as given to build: None (the default file), False (memory only), or a path."""
+    if spec is False:
+        return CostCache(None)
+    if spec is None or spec is True:
+        return CostCache(default_path())
+    if isinstance(spec, (str, os.PathLike)):
+        return CostCache(spec)
+    raise TypeError(f"cost_cache must be None, False or a path, got {type(spec).__name__}")

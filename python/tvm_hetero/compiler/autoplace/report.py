@@ -1,0 +1,39 @@
+"""The automatic placement's explanation (the dict :mod:`.measured` makes), as text for the report."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.3f} ms"
+
+
+def explain(auto: dict[str, Any]) -> list[str]:
+    """Lines: per device what it got, predicted vs measured, the alternatives, the largest choices."""
+    lines = [
+        (f"  automatic placement (objective {auto['objective']}): {auto['kernels_measured']} kernel costs measured, "
+        f"{auto['kernels_cached']} from the cost cache")
+    ]
+    for row in auto["per_device"]:
+        lines.append(
+            f"    {row['device']:<8} {row['kernels']:4d} kernels ({row['ops']} relax ops), busy {_ms(row['busy_seconds'])}"
+        )
+    measured = auto.get("measured_seconds")
+    ratio = f" ({measured / auto['predicted_seconds']:.2f}x predicted)" if measured and auto["predicted_seconds"] else ""
+    lines.append(f"    latency predicted {_ms(auto['predicted_seconds'])}, measured {_ms(measured)}{ratio}")
+    if auto.get("split_predicted_seconds") is not None:
+        lines.append(
+            f"    the best split found ({_ms(auto['split_predicted_seconds'])}) gains less than "
+            f"{auto['min_gain']:.0%} over one device: kept on one device"
+        )
+    for name, seconds in auto["alternatives"].items():
+        lines.append(f"    alternative {name}: predicted {_ms(seconds)}")
+    if auto["decisions"]:
+        lines.append("    largest single decisions:")
+    for d in auto["decisions"]:
+        lines.append(
+            f"      kernel {d['kernel']} #{d['index']} on {d['device']}: {_ms(d['seconds'])}, "
+            f"vs {_ms(d['other_seconds'])} on {d['other_device']}"
+        )
+    return lines

@@ -1,0 +1,266 @@
+"""placement="auto": measured costs drive the placement; the cache, capabilities, the way back from
+kernels to ops, device discovery, and a real build whose outputs match the reference."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import tvm
+import tvm_hetero
+from tvm import relax
+from tvm_hetero import cli, models
+from tvm_hetero.compiler.autoplace.cost_cache import CostCache, settings_key
+from tvm_hetero.compiler.autoplace.measured import choose_placement
+from tvm_hetero.compiler.build import shares_memory_between
+from tvm_hetero.compiler.lower import lower_to_graph
+from tvm_hetero.device_discovery import cpu_clusters
+
+TWO_CPUS = [(tvm.cpu(0), "llvm"), (tvm.cpu(1), "llvm")]
+ONE_THREAD_EACH = [{"cores": [0], "num_threads": 1}, {"cores": [1], "num_threads": 1}]
+MLP, PARAMS = models.mlp()
+X = np.random.default_rng(0).standard_normal((4, 16)).astype("float32")
+
+
+class FakeMeasurer:
+    """Costs from a rule ``(func_name, device index) -> seconds``; counts what it was asked."""
+
+    def __init__(self, rule):
+        self.rule = rule
+        self.asked: list[tuple[str, int]] = []
+
+    def kernel_seconds(self, jobs):
+        self.asked.extend((c.func_name, job.device.index) for job in jobs for c in job.calls)
+        return [[self.rule(c.func_name, job.device.index) for c in job.calls] for job in jobs]
+
+    def copy_cost(self, src, dst):
+        raise AssertionError("CPUs of one process share memory: no copy to measure")
+
+
+def two_towers():
+    """Two independent chains (matmul + relu, three deep) joined by an add."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((8, 32), "float32"))
+    ws = [relax.Var(f"w{i}", relax.TensorType((32, 32), "float32")) for i in range(6)]
+    with bb.function("main", [x, *ws]):
+        with bb.dataflow():
+            a = b = x
+            for i in range(3):
+                a = bb.emit(relax.op.nn.relu(bb.emit(relax.op.matmul(a, ws[i]))))
+                b = bb.emit(relax.op.nn.relu(bb.emit(relax.op.matmul(b, ws[3 + i]))))
+            y = bb.emit_output(relax.op.add(a, b))
+        bb.emit_func_output(y)
+    rng = np.random.default_rng(0)
+    return bb.get(), {f"w{i}": rng.standard_normal((32, 32)).astype("float32") / 8 for i in range(6)}
+
+
+def node_devices(artifact) -> dict[str, int]:
+    graph = artifact.graph
+    devices = graph["attrs"]["device_index"][1]
+    return {n["name"]: devices[i] for i, n in enumerate(graph["nodes"]) if n["op"] != "null"
+            and not n["attrs"]["func_name"].startswith("__")}
+
+
+def test_fake_costs_that_favour_one_device_put_everything_there():
+    fake = FakeMeasurer(lambda name, d: 1e-3 if d == 1 else 1e-2)
+    art = tvm_hetero.build(MLP, TWO_CPUS, placement="auto", params=PARAMS, cost_cache=False, measurer=fake)
+    assert set(node_devices(art).values()) == {1}
+    auto = art.build_report.autoplace
+    assert auto["predicted_seconds"] == pytest.approx(auto["alternatives"]["all on device 1"])
+    assert auto["predicted_seconds"] < auto["alternatives"]["all on device 0"]
+
+
+def test_fake_equal_costs_split_independent_towers_across_devices():
+    mod, params = two_towers()
+    art = tvm_hetero.build(mod, TWO_CPUS, placement="auto", params=params, cost_cache=False,
+                           measurer=FakeMeasurer(lambda name, d: 1e-3))
+    auto = art.build_report.autoplace
+    # n kernels of 1 ms: two equal towers on two devices that share memory overlap, the join
+    # follows: the best is half of the others, then the last one
+    n = round(auto["alternatives"]["all on device 0"] / 1e-3)
+    assert auto["predicted_seconds"] == pytest.approx(((n - 1 + 1) // 2 + 1) * 1e-3)
+    assert set(node_devices(art).values()) == {0, 1}
+    rt = art.create(execution="concurrent")
+    rt.run(x=np.ones((8, 32), "float32"))
+    reference = tvm_hetero.build(mod, TWO_CPUS, params=params).create()
+    reference.run(x=np.ones((8, 32), "float32"))
+    np.testing.assert_allclose(rt.get_output(0).numpy(), reference.get_output(0).numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_second_build_measures_nothing_new(tmp_path):
+    path = tmp_path / "costs.sqlite"
+    first = FakeMeasurer(lambda name, d: 1e-3 * (d + 1))
+    art = tvm_hetero.build(MLP, TWO_CPUS, placement="auto", params=PARAMS, cost_cache=path, measurer=first)
+    assert first.asked and path.is_file()
+    assert art.build_report.autoplace["kernels_measured"] == len(first.asked)
+    second = FakeMeasurer(lambda name, d: pytest.fail("measured again"))
+    again = tvm_hetero.build(MLP, TWO_CPUS, placement="auto", params=PARAMS, cost_cache=path, measurer=second)
+    assert second.asked == []
+    assert again.build_report.autoplace["kernels_cached"] == len(first.asked)
+    assert node_devices(again) == node_devices(art)
+
+
+def test_other_executor_settings_are_a_cache_miss(tmp_path):
+    path = tmp_path / "costs.sqlite"
+    tvm_hetero.build(MLP, TWO_CPUS, placement="auto", params=PARAMS, cost_cache=path,
+                     measurer=FakeMeasurer(lambda name, d: 1e-3))
+    other = FakeMeasurer(lambda name, d: 1e-3)
+    tvm_hetero.build(MLP, TWO_CPUS, placement="auto", params=PARAMS, cost_cache=path, measurer=other,
+                     device_options=ONE_THREAD_EACH)
+    assert other.asked  # same kernels, other cores/threads: measured again
+    cache = CostCache(path)
+    assert cache.get("kernel", "nope", "llvm", settings_key("cpu:0", None)) is None
+    cache.close()
+
+
+def test_cost_cache_false_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    tvm_hetero.build(MLP, TWO_CPUS, placement="auto", params=PARAMS, cost_cache=False,
+                     measurer=FakeMeasurer(lambda name, d: 1e-3))
+    assert list(tmp_path.iterdir()) == []
+    tvm_hetero.build(MLP, TWO_CPUS, placement="auto", params=PARAMS,
+                     measurer=FakeMeasurer(lambda name, d: 1e-3))
+    assert (tmp_path / "tvm-hetero" / "costs.sqlite").is_file()
+
+
+def test_capabilities_are_respected_even_when_the_other_device_is_far_faster():
+    fake = FakeMeasurer(lambda name, d: 1e-4 if d == 1 else 1e-1)
+    caps = tvm_hetero.Capabilities({1: {"matmul"}})
+    targets = [tvm.target.Target("llvm")] * 2
+    auto = choose_placement(MLP, [tvm.cpu(0), tvm.cpu(1)], targets, lambda a, b: True, fake, CostCache(None),
+                            params=PARAMS, capabilities=caps)
+    decisions = lower_to_graph(MLP, auto.choose, 2, PARAMS).op_placement
+    assert any(d == 1 for _info, d in decisions), "the lone matmul kernel goes to the faster device"
+    assert all(info.op == "relax.matmul" for info, d in decisions if d == 1)
+    # the fused matmul + add + relu may not go to device 1: it was never even timed there
+    assert len([name for name, d in fake.asked if d == 1]) == 1
+    art = tvm_hetero.build(MLP, TWO_CPUS, placement="auto", params=PARAMS, cost_cache=False, measurer=fake,
+                           capabilities=caps)
+    assert set(node_devices(art).values()) == {0, 1}
+
+
+def test_every_op_lands_on_its_kernels_device():
+    """Random kernel costs on SqueezeNet: the rebuilt graph has every kernel on the solver's device."""
+    model = models.light_model("squeezenet")
+    mod = models.relax_module(model)
+    rng = np.random.default_rng(3)
+    costs: dict[tuple[str, int], float] = {}
+
+    def rule(name, d):
+        return costs.setdefault((name, d), float(rng.uniform(1e-4, 1e-2)))
+
+    targets = [tvm.target.Target("llvm")] * 2
+    auto = choose_placement(mod, [tvm.cpu(0), tvm.cpu(1)], targets, shares_memory_between([tvm.cpu(0)] * 2, targets),
+                            FakeMeasurer(rule), CostCache(None))
+    assert set(auto.kernel_devices) == {0, 1}
+    first = lower_to_graph(mod, lambda info: 0, 2, targets=targets, track_ops=True).graph
+    kernel_of_name = {n.name: k for k, n in enumerate(n for n in first.nodes if not n.is_input)}
+    placed = lower_to_graph(mod, auto.choose, 2, targets=targets).graph
+    kernels = [n for n in placed.nodes if not n.is_input]
+    assert len(kernels) == len(kernel_of_name)  # fusion is the same: no kernel split or merged
+    for node in kernels:
+        assert node.device == auto.kernel_devices[kernel_of_name[node.name]], node.name
+
+
+def test_real_measurement_on_two_pinned_cores_matches_reference(tmp_path):
+    art = tvm_hetero.build(MLP, TWO_CPUS, placement="auto", params=PARAMS, device_options=ONE_THREAD_EACH,
+                           cost_cache=tmp_path / "c.sqlite")
+    auto = art.build_report.autoplace
+    assert auto["kernels_measured"] > 0 and auto["measured_seconds"] > 0
+    assert auto["predicted_seconds"] <= auto["alternatives"]["all on device 0"] * (1 + 1e-9)
+    rt = art.create(execution="concurrent", device_options=ONE_THREAD_EACH)
+    rt.run(x=X)
+    expected = X @ PARAMS["w1"] + PARAMS["b1"]
+    expected = np.maximum(expected, 0) @ PARAMS["w2"]
+    np.testing.assert_allclose(rt.get_output(0).numpy(), expected, rtol=1e-4, atol=1e-4)
+    assert "automatic placement" in art.report() and "predicted" in art.report()
+    exported = tvm_hetero.load(art.export(tmp_path / "art"))
+    assert exported.build_report.autoplace["predicted_seconds"] == auto["predicted_seconds"]
+
+
+def test_bad_placement_name_and_backends_with_auto_are_clear_errors():
+    with pytest.raises(ValueError, match="only placement given by name is 'auto'"):
+        tvm_hetero.build(MLP, TWO_CPUS, placement="fastest", params=PARAMS)
+    with pytest.raises(ValueError, match="backends"):
+        tvm_hetero.build(MLP, TWO_CPUS, placement="auto", params=PARAMS, backends=["dnnl"], cost_cache=False)
+
+
+def test_cpu_clusters_group_cores_by_maximum_frequency(tmp_path):
+    for core, khz in [(0, 1800000), (1, 1800000), (2, 2400000), (3, 2400000)]:
+        (tmp_path / f"cpu{core}" / "cpufreq").mkdir(parents=True)
+        (tmp_path / f"cpu{core}" / "cpufreq" / "cpuinfo_max_freq").write_text(f"{khz}\n")
+    assert cpu_clusters([0, 1, 2, 3], tmp_path) == [[2, 3], [0, 1]]
+    assert cpu_clusters([0, 1, 7], tmp_path) == [[0, 1, 7]]  # core 7 says nothing: one cluster
+
+
+def test_devices_lists_this_machine_primary_cpu_first():
+    found = tvm_hetero.devices()
+    assert found and found[0].device.dlpack_device_type() == 1
+    assert sorted(c for d in found if d.options for c in d.options["cores"]) == sorted(
+        __import__("os").sched_getaffinity(0))
+
+
+def test_cli_compile_place_auto(tmp_path, capsys):
+    model = models.light_model("squeezenet")
+    import onnx
+
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    rc = cli.main(["compile", str(path), "-o", str(tmp_path / "out"), "--place", "auto", "--cluster", "0=0:1",
+                   "--cluster", "1=1:1", "--cost-cache", str(tmp_path / "c.sqlite"),
+                   "--device", "cpu:0=llvm", "--device", "cpu:1=llvm"])
+    assert rc == 0
+    assert "automatic placement" in capsys.readouterr().out
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["report"]["autoplace"]["kernels_measured"] > 0
+    with pytest.raises(SystemExit, match="give it alone"):
+        cli.parse_placement(["auto", "conv2d=1"], None, 2)
+
+
+def test_a_split_that_gains_less_than_min_gain_stays_on_one_device():
+    # device 1 is 2% faster on the first kernel only: a split gains under 5%, so one device wins
+    first = []
+
+    def rule(name, d):
+        if not first:
+            first.append(name)
+        return 0.98e-3 if (d == 1 and name == first[0]) else 1e-3 * (1.0 + 0.001 * d)
+
+    art = tvm_hetero.build(MLP, TWO_CPUS, placement="auto", params=PARAMS, cost_cache=False,
+                           measurer=FakeMeasurer(rule))
+    auto = art.build_report.autoplace
+    assert len(set(node_devices(art).values())) == 1
+    assert auto["split_predicted_seconds"] < auto["predicted_seconds"]
+    assert "kept on one device" in art.report()
+
+
+def test_targets_auto_builds_for_the_discovered_devices():
+    art = tvm_hetero.build(MLP, "auto", placement="auto", params=PARAMS, cost_cache=False,
+                           measurer=FakeMeasurer(lambda name, d: 1e-3))
+    found = tvm_hetero.devices()
+    assert [str(d) for d in art.devices] == [str(d.device) for d in found]
+    rt = art.create(execution="concurrent", device_options=[d.options for d in found])
+    rt.run(x=X)
+    expected = np.maximum(X @ PARAMS["w1"] + PARAMS["b1"], 0) @ PARAMS["w2"]
+    np.testing.assert_allclose(rt.get_output(0).numpy(), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_objective_calls_stays_within_ten_percent_and_bad_objective_is_named():
+    mod, params = two_towers()
+    fake = FakeMeasurer(lambda name, d: 1e-3)
+    latency = tvm_hetero.build(mod, TWO_CPUS, placement="auto", params=params, cost_cache=False, measurer=fake)
+    calls = tvm_hetero.build(mod, TWO_CPUS, placement="auto", params=params, cost_cache=False, measurer=fake,
+                             objective="calls")
+    assert calls.build_report.autoplace["objective"] == "calls"
+    best = latency.build_report.autoplace["predicted_seconds"]
+    assert calls.build_report.autoplace["predicted_seconds"] <= best * 1.10 + 1e-12
+    with pytest.raises(ValueError, match="objective 'fastest'"):
+        tvm_hetero.build(mod, TWO_CPUS, placement="auto", params=params, cost_cache=False, measurer=fake,
+                         objective="fastest")
+
+
+def test_a_measurer_that_answers_nonsense_is_named():
+    with pytest.raises(ValueError, match="measurer on cpu:1: expected .* finite non-negative"):
+        tvm_hetero.build(MLP, TWO_CPUS, placement="auto", params=PARAMS, cost_cache=False,
+                         measurer=FakeMeasurer(lambda name, d: float("nan") if d == 1 else 1e-3))
