@@ -124,6 +124,8 @@ def test_registry_resolves_names_pairs_and_instances():
     b = resolve_backends(["dnnl"])[0]
     assert isinstance(b, DnnlBackend) and b.device == 0
     assert resolve_backends([("dnnl", 1)])[0].device == 1
+    follows = resolve_backends([("dnnl", None)])[0]
+    assert follows.follows_placement() and follows.runs_on(0) and follows.runs_on(3)
     inst = DnnlBackend(device=1)
     assert resolve_backends([inst]) == [inst]
     with pytest.raises(ValueError, match="unknown backend"):
@@ -200,6 +202,99 @@ def test_backend_on_second_device_gets_copies_and_report_lines():
     device_of = art.graph["attrs"]["device_index"][1]
     nid = art.graph["nodes"].index(region_nodes(art)[0])
     assert device_of[nid] == 1
+
+
+# ---- on by default: every host CPU, each region where its anchor op is placed ---------------
+def two_conv_model() -> onnx.ModelProto:
+    """3x3 conv+relu, then 1x1 conv+bias+relu: two regions, for a placement that splits them."""
+    c = 8
+    inits = [_weight("W1", (c, c, 3, 3)), _weight("W2", (c, c, 1, 1)), _weight("B2", (c,))]
+    nodes = [
+        helper.make_node("Conv", ["x", "W1"], ["y1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["y1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "W2", "B2"], ["y2"]),
+        helper.make_node("Relu", ["y2"], ["z"]),
+    ]
+    return _model(nodes, {"x": (1, c, 9, 9)}, ("z", (1, c, 9, 9)), inits)
+
+
+def build_and_check(model: onnx.ModelProto, targets=CPU, **build_args) -> tvm_hetero.Artifact:
+    """Build (no ``backends`` unless given), run, compare with onnxruntime."""
+    inputs = models.model_inputs(model)
+    expected = models.onnxruntime_outputs(model, inputs)
+    art = tvm_hetero.build(models.relax_module(model), list(targets), **build_args)
+    rt = art.create()
+    rt.run(**inputs)
+    np.testing.assert_allclose(rt.get_output(0).numpy(), expected[0], rtol=1e-4, atol=1e-4)
+    return art
+
+
+@needs_dnnl
+def test_a_build_without_backends_runs_onednn_on_the_cpu():
+    art = build_and_check(conv_model(bn=True, residual=True))
+    assert len(region_nodes(art)) == 1
+    assert [(b, d) for b, d, _n, _ops in art.build_report.backend_regions] == [("dnnl", 0)]
+    assert "backend dnnl on device 0" in art.report()
+
+
+def test_empty_backends_opt_out_and_say_so():
+    art = build_and_check(conv_model(bn=True, residual=True), backends=())
+    assert region_nodes(art) == []
+    assert art.build_report.backend_regions == []
+    assert "backends: none, TVM kernels run every op" in art.report()
+
+
+@needs_dnnl
+@pytest.mark.parametrize("split", [(0, 1), (1, 0), (1, 1)])
+def test_default_regions_follow_the_placement_of_their_anchor_op(split):
+    # The 3x3 conv goes to device split[0], the 1x1 to split[1]; each region (conv + its bias
+    # and relu) runs on its conv's device, whatever device the relu alone would get.
+    def place(info):
+        if info.op != "relax.nn.conv2d":
+            return 0
+        return split[0] if info.input_shapes[1][-1] == 3 else split[1]
+
+    targets = [(tvm.cpu(0), "llvm"), (tvm.cpu(1), "llvm")]
+    art = build_and_check(two_conv_model(), targets=targets, placement=place)
+    device_index = art.graph["attrs"]["device_index"][1]
+    nodes = art.graph["nodes"]
+    got = [device_index[nodes.index(n)] for n in region_nodes(art)]
+    assert sorted(got) == sorted(split)
+    expected_lines = sorted({(d, split.count(d)) for d in split})
+    assert sorted((d, n) for _b, d, n, _ops in art.build_report.backend_regions) == expected_lines
+
+
+@needs_dnnl
+def test_default_leaves_an_anchor_placed_on_a_device_that_cannot_run_it_to_tvm():
+    # Only host CPUs run oneDNN: a backend limited to device 0 leaves the conv placed on device 1.
+    targets = [(tvm.cpu(0), "llvm"), (tvm.cpu(1), "llvm")]
+    backend = DnnlBackend(device=None, devices=[0])
+    art = build_and_check(
+        two_conv_model(),
+        targets=targets,
+        placement=lambda info: int(info.op == "relax.nn.conv2d" and info.input_shapes[1][-1] == 1),
+        backends=[backend],
+    )
+    assert [(d, n) for _b, d, n, _ops in art.build_report.backend_regions] == [(0, 1)]
+    assert art.build_report.kernels_per_device[1] >= 1
+
+
+def test_default_without_onednn_falls_back_to_tvm_kernels_and_reports_it(monkeypatch):
+    monkeypatch.setattr(DnnlBackend, "available", lambda self: False)
+    art = build_and_check(conv_model())
+    assert region_nodes(art) == []
+    assert "oneDNN: not built into libtvm_hetero" in art.report()
+    with pytest.raises(RuntimeError, match="not available"):
+        tvm_hetero.build(models.relax_module(conv_model()), CPU, backends=["dnnl"])
+
+
+def test_no_default_backend_for_a_device_that_is_not_a_host_cpu():
+    from tvm_hetero.backends import default_backends
+
+    assert default_backends([]) == ([], [])
+    if HAS_DNNL:
+        (backend,), notes = default_backends([0, 2])
+        assert backend.device is None and backend.devices == frozenset({0, 2}) and notes == []
 
 
 # ---- light models, export/load --------------------------------------------------------------

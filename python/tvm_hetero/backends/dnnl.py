@@ -57,7 +57,8 @@ class DnnlBackend(Backend):
             for relu in (True, False):
                 out.append(self._matmul_pattern(bias, relu, is_weight))
         for op in ("max_pool2d", "avg_pool2d"):
-            out.append(FusionPattern(f"dnnl.{op}", is_op(f"relax.nn.{op}")(wildcard()), {}, _check_pool))
+            pool = is_op(f"relax.nn.{op}")(wildcard())
+            out.append(FusionPattern(f"dnnl.{op}", pool, {"anchor": pool}, _check_pool))
         return out
 
     def describe(self, composite: relax.Function, pattern: str) -> dict:
@@ -74,7 +75,7 @@ class DnnlBackend(Backend):
         """``residual``: None, or which operand of the residual add the conv is (left / right)."""
         data, weight = wildcard(), wildcard()
         top = conv = is_op("relax.nn.conv2d")(data, weight)
-        ann = {"conv": conv, "weight": weight}
+        ann = {"conv": conv, "anchor": conv, "weight": weight}
         if bias:
             top, ann["bias_add"], ann["bias"] = _bias_add(top)
         if residual:
@@ -91,7 +92,7 @@ class DnnlBackend(Backend):
         data, weight_src = wildcard(), wildcard()
         weight = is_op("relax.permute_dims")(weight_src) | weight_src
         top = mm = is_op("relax.matmul")(data, weight)
-        ann = {"matmul": mm, "weight": weight_src}
+        ann = {"matmul": mm, "anchor": mm, "weight": weight_src}
         if bias:
             top, ann["bias_add"], ann["bias"] = _bias_add(top)
         if relu:

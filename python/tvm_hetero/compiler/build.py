@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import tvm
 
+from ..backends import default_backends
 from . import artifact_files
 from .copies import copy_stats, insert_copies, shared_edges
 from .graph import Graph
@@ -78,6 +79,8 @@ class BuildReport:
     backend_regions: list[tuple[str, int, int, int]] = field(default_factory=list)
     # tensors read in place on another device that shares memory (no copy)
     shared_edges: int = 0
+    # why a default backend did not run (e.g. the library was built without it)
+    backend_notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -98,6 +101,9 @@ class BuildReport:
                 f"  backend {backend} on device {device} ({self.devices[device]}): {regions} regions "
                 f"holding {ops} relax ops; the rest runs as TVM kernels"
             )
+        if not self.backend_regions:
+            lines.append("  backends: none, TVM kernels run every op")
+        lines.extend(f"  backend note: {note}" for note in self.backend_notes)
         lines.append(
             f"  copies {self.num_copies}, {_size(self.bytes_copied)} copied per inference; "
             f"{self.shared_edges} tensors read in place by another device (shared memory, no copy)"
@@ -229,7 +235,7 @@ def build(
     reorder: bool = True,
     entry: str = "main",
     progress: Callable[[str], None] | None = None,
-    backends: Sequence[Any] = (),
+    backends: Sequence[Any] | None = None,
 ) -> Artifact:
     """Compile ``mod`` for several devices.
 
@@ -246,6 +252,8 @@ def build(
     progress : called with a line of text as each step starts (the CLI prints them).
     backends : external backends (BYOC), e.g. ``["dnnl"]`` or ``[("dnnl", 1)]`` (name, device
         position): their patterns are offloaded first, as regions on that device (docs/byoc.md).
+        None (default): oneDNN on every host-CPU device, each region where the placement puts its
+        anchor op, when libtvm_hetero was built with it; ``()``: TVM kernels only.
     """
     say = progress or (lambda _msg: None)
     if not isinstance(mod, tvm.IRModule):
@@ -261,6 +269,10 @@ def build(
     if output_device is not None and not 0 <= output_device < len(devices):
         raise ValueError(f"output_device {output_device} is out of range for {len(devices)} devices")
 
+    notes: list[str] = []
+    if backends is None:
+        host_cpus = shares_memory_between(devices, target_list)
+        backends, notes = default_backends([d for d in range(len(devices)) if host_cpus(d, d)])
     start = time.perf_counter()
     say("placing and lowering Relax ops")
     lowered = lower_to_graph(mod, placement, len(devices), params, entry, backends, targets=target_list)
@@ -276,6 +288,7 @@ def build(
     lib = compile_kernels(lowered, target_list)
     report = _make_report(lowered, graph, plan, devices, target_list, (switches_original, switches_reordered))
     report.compile_seconds = time.perf_counter() - start
+    report.backend_notes = notes
     return Artifact(
         graph_json=graph.to_json(plan.storage_ids, plan.storage_offsets),
         lib=lib,
