@@ -58,6 +58,26 @@ bool BoolOr(const json::Object& obj, const char* key, bool fallback) {
   return it == obj.end() ? fallback : (*it).second.cast<bool>();
 }
 
+double FloatOr(const json::Object& obj, const char* key, double fallback) {
+  auto it = obj.find(ffi::String(key));
+  if (it == obj.end()) return fallback;
+  const ffi::Any& v = (*it).second;
+  if (auto f = v.try_cast<double>()) return *f;
+  return static_cast<double>(v.cast<int64_t>());
+}
+
+const char* const kActivations[] = {"clip", "sigmoid", "hardswish", "gelu", "gelu_tanh", "silu"};
+
+std::string ActivationOf(const json::Object& obj, const std::string& region) {
+  auto it = obj.find(ffi::String("activation"));
+  if (it == obj.end()) return "";
+  std::string name((*it).second.cast<ffi::String>());
+  for (const char* known : kActivations) {
+    if (name == known) return name;
+  }
+  TVM_FFI_THROW(ValueError) << "oneDNN region '" << region << "': unknown activation '" << name << "'";
+}
+
 }  // namespace
 
 std::vector<RegionSpec> ParseRegions(const std::string& json_text) {
@@ -78,6 +98,9 @@ std::vector<RegionSpec> ParseRegions(const std::string& json_text) {
     r.bias = static_cast<int>(IntOr(obj, "bias", -1));
     r.residual = static_cast<int>(IntOr(obj, "residual", -1));
     r.relu = BoolOr(obj, "relu", false);
+    r.activation = ActivationOf(obj, r.name);
+    r.alpha = static_cast<float>(FloatOr(obj, "alpha", 0.0));
+    r.beta = static_cast<float>(FloatOr(obj, "beta", 0.0));
     r.weight_transposed = BoolOr(obj, "weight_transposed", false);
     r.count_include_pad = BoolOr(obj, "count_include_pad", false);
     r.strides = IntList(obj, "strides");
@@ -216,9 +239,24 @@ class RegionExec {
     dnnl::post_ops ops;
     if (sum) ops.append_sum(1.f);
     if (spec_.relu) ops.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
+    if (!spec_.activation.empty()) {
+      float alpha = spec_.activation == "silu" ? 1.f : spec_.alpha;
+      ops.append_eltwise(1.f, Activation(), alpha, spec_.beta);
+    }
     dnnl::primitive_attr attr;
     attr.set_post_ops(ops);
     return attr;
+  }
+
+  /*! \brief oneDNN's algorithm for spec_.activation (checked when parsed); silu is swish with alpha 1. */
+  dnnl::algorithm Activation() const {
+    const std::string& a = spec_.activation;
+    if (a == "clip") return dnnl::algorithm::eltwise_clip;
+    if (a == "sigmoid") return dnnl::algorithm::eltwise_logistic;
+    if (a == "hardswish") return dnnl::algorithm::eltwise_hardswish;
+    if (a == "gelu") return dnnl::algorithm::eltwise_gelu_erf;
+    if (a == "gelu_tanh") return dnnl::algorithm::eltwise_gelu_tanh;
+    return dnnl::algorithm::eltwise_swish;
   }
 
   void SetupConv(const std::vector<DLTensor*>& t) {

@@ -372,3 +372,84 @@ def test_two_runtimes_of_one_library_keep_their_own_weights_and_scratch():
         first.run(**inputs)
         np.testing.assert_allclose(first.get_output(0).numpy(), want, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(second.get_output(0).numpy(), 2 * want, rtol=1e-5, atol=1e-5)
+
+
+# ---- fused activations (post-ops) against numpy ---------------------------------------------
+def _np_activation(name: str, v: np.ndarray) -> np.ndarray:
+    import math
+
+    erf = np.vectorize(math.erf)
+    return {
+        "relu": lambda: np.maximum(v, 0),
+        "relu6": lambda: np.clip(v, 0, 6),
+        "hardtanh": lambda: np.clip(v, -1, 1),
+        "sigmoid": lambda: 1 / (1 + np.exp(-v)),
+        "hardswish": lambda: v * np.clip(v + 3, 0, 6) / 6,
+        "gelu": lambda: 0.5 * v * (1 + erf(v / np.sqrt(2))),
+        "gelu_tanh": lambda: 0.5 * v * (1 + np.tanh(np.sqrt(2 / np.pi) * (v + 0.044715 * v**3))),
+        "silu": lambda: v / (1 + np.exp(-v)),
+    }[name]()
+
+
+def _relax_activation(name: str, v):
+    from tvm import relax
+
+    op = relax.op
+    return {
+        "relu": lambda: op.nn.relu(v),
+        "relu6": lambda: op.clip(v, 0, 6),
+        "hardtanh": lambda: op.clip(v, -1, 1),
+        "sigmoid": lambda: op.sigmoid(v),
+        # the frontends' hardswish (ONNX HardSwish, torch hardswish)
+        "hardswish": lambda: op.multiply(
+            v, op.divide(op.clip(op.add(v, relax.const(3.0)), 0, 6), relax.const(6.0))
+        ),
+        "gelu": lambda: op.nn.gelu(v),
+        "gelu_tanh": lambda: op.nn.gelu_tanh(v),
+        "silu": lambda: op.nn.silu(v),
+    }[name]()
+
+
+def _anchor_with_activation(anchor: str, act: str):
+    """``act(conv2d_1x1(x, W) + b)`` or ``act(matmul(x, W) + b)`` in Relax, with its weights."""
+    from tvm import relax
+
+    rng = np.random.default_rng(1)
+    if anchor == "conv2d":
+        xs, ws, bs = (1, 8, 5, 5), (16, 8, 1, 1), (1, 16, 1, 1)
+    else:
+        xs, ws, bs = (4, 32), (32, 24), (24,)
+    params = {"w": rng.standard_normal(ws).astype("float32") * 0.5, "b": rng.standard_normal(bs).astype("float32")}
+    x, w, b = (relax.Var(n, relax.TensorType(s, "float32")) for n, s in (("x", xs), ("w", ws), ("b", bs)))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, w, b]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, w) if anchor == "conv2d" else relax.op.matmul(x, w))
+            y = bb.emit(relax.op.add(y, b))
+            out = bb.emit_output(_relax_activation(act, y))
+        bb.emit_func_output(out)
+    x_value = rng.standard_normal(xs).astype("float32") * 2
+    if anchor == "conv2d":
+        pre = np.einsum("oc,nchw->nohw", params["w"][:, :, 0, 0], x_value) + params["b"]
+    else:
+        pre = x_value @ params["w"] + params["b"]
+    return bb.get(), params, x_value, _np_activation(act, pre.astype(np.float64))
+
+
+@needs_dnnl
+@pytest.mark.parametrize("anchor", ["conv2d", "matmul"])
+@pytest.mark.parametrize("act", ["relu", "relu6", "hardtanh", "sigmoid", "hardswish", "gelu", "gelu_tanh", "silu"])
+def test_activation_fuses_into_the_region_and_matches_numpy(anchor, act):
+    mod, params, x, expected = _anchor_with_activation(anchor, act)
+    art = tvm_hetero.build(mod, CPU, params=params)
+    assert len(region_nodes(art)) == 1
+    assert len([n for n in art.graph["nodes"] if n["op"] != "null"]) == 1, "all in one region"
+    rt = art.create()
+    rt.run(x=x)
+    np.testing.assert_allclose(rt.get_output(0).numpy(), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_unknown_activation_in_a_region_document_is_an_error_naming_it():
+    doc = '{"format": "tvm-hetero-dnnl/1", "regions": [{"name": "r0", "op": "conv2d", "activation": "cube"}]}'
+    with pytest.raises(Exception, match="r0.*unknown activation 'cube'"):
+        tvm.get_global_func("tvm_hetero.dnnl.create_module")(doc)

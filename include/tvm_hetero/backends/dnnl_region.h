@@ -41,6 +41,10 @@ struct RegionSpec {
   int data = 0, weight = -1, bias = -1, residual = -1;
   /*! \brief ReLU after everything else. */
   bool relu = false;
+  /*! \brief Another activation after everything else (empty: none): "clip" (alpha, beta = min, max),
+   *         "sigmoid", "hardswish", "gelu", "gelu_tanh" or "silu". */
+  std::string activation;
+  float alpha = 0.f, beta = 0.f;
   /*! \brief matmul: the weight is stored (N, K) (ONNX Gemm transB), not (K, N). */
   bool weight_transposed = false;
   /*! \brief avg_pool2d: padded elements count in the average. */

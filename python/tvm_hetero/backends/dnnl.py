@@ -30,6 +30,7 @@ from tvm.relax.transform import FusionPattern
 from .base import Backend, Region, WeightPredicate
 
 _FORMAT = "tvm-hetero-dnnl/1"
+_F32_MAX = float(np.finfo(np.float32).max)
 
 
 class DnnlBackend(Backend):
@@ -51,11 +52,11 @@ class DnnlBackend(Backend):
             # The residual's two operand orders are separate patterns: when one order's match is
             # rejected (e.g. it would swallow a value read outside), the other is still tried.
             for residual in ("left", "right", None):
-                for relu in (True, False):
-                    out.append(self._conv_pattern(bias, residual, relu, is_weight))
+                for act in ACTIVATIONS:
+                    out.append(self._conv_pattern(bias, residual, act, is_weight))
         for bias in (True, False):
-            for relu in (True, False):
-                out.append(self._matmul_pattern(bias, relu, is_weight))
+            for act in ACTIVATIONS:
+                out.append(self._matmul_pattern(bias, act, is_weight))
         for op in ("max_pool2d", "avg_pool2d"):
             pool = is_op(f"relax.nn.{op}")(wildcard())
             out.append(FusionPattern(f"dnnl.{op}", pool, {"anchor": pool}, _check_pool))
@@ -70,7 +71,7 @@ class DnnlBackend(Backend):
 
     # -- patterns --
     def _conv_pattern(
-        self, bias: bool, residual: str | None, relu: bool, is_weight: WeightPredicate
+        self, bias: bool, residual: str | None, act: str | None, is_weight: WeightPredicate
     ) -> FusionPattern:
         """``residual``: None, or which operand of the residual add the conv is (left / right)."""
         data, weight = wildcard(), wildcard()
@@ -83,25 +84,23 @@ class DnnlBackend(Backend):
             operands = (top, res) if residual == "left" else (res, top)
             top = ann["residual_add"] = is_op("relax.add")(*operands)
             ann["residual"] = res
-        if relu:
-            top = is_op("relax.nn.relu")(top)
-        name = "dnnl.conv2d" + "_bias" * bias + "_residual" * bool(residual) + "_relu" * relu
+        top = _activation(top, act, ann)
+        name = "dnnl.conv2d" + "_bias" * bias + "_residual" * bool(residual) + (f"_{act}" if act else "")
         return FusionPattern(name, top, ann, lambda ctx: self._check_conv(ctx, is_weight))
 
-    def _matmul_pattern(self, bias: bool, relu: bool, is_weight: WeightPredicate) -> FusionPattern:
+    def _matmul_pattern(self, bias: bool, act: str | None, is_weight: WeightPredicate) -> FusionPattern:
         data, weight_src = wildcard(), wildcard()
         weight = is_op("relax.permute_dims")(weight_src) | weight_src
         top = mm = is_op("relax.matmul")(data, weight)
         ann = {"matmul": mm, "anchor": mm, "weight": weight_src}
         if bias:
             top, ann["bias_add"], ann["bias"] = _bias_add(top)
-        if relu:
-            top = is_op("relax.nn.relu")(top)
-        name = "dnnl.matmul" + "_bias" * bias + "_relu" * relu
+        top = _activation(top, act, ann)
+        name = "dnnl.matmul" + "_bias" * bias + (f"_{act}" if act else "")
         return FusionPattern(name, top, ann, lambda ctx: self._check_matmul(ctx, is_weight))
 
     def _check_conv(self, ctx: Any, is_weight: WeightPredicate) -> bool:
-        if has_leaking_intermediate_variables(ctx):  # a region has one output
+        if has_leaking_intermediate_variables(ctx) or not _check_activation(ctx):  # one output
             return False
         conv = ctx.annotated_expr["conv"]
         a = conv.attrs
@@ -127,7 +126,7 @@ class DnnlBackend(Backend):
         return True
 
     def _check_matmul(self, ctx: Any, is_weight: WeightPredicate) -> bool:
-        if has_leaking_intermediate_variables(ctx):  # a region has one output
+        if has_leaking_intermediate_variables(ctx) or not _check_activation(ctx):  # one output
             return False
         mm = ctx.annotated_expr["matmul"]
         x, w, out = _shape(mm.args[0]), _shape(mm.args[1]), _shape(mm)
@@ -158,6 +157,72 @@ def info() -> dict:
 
 
 # ---- pattern helpers ------------------------------------------------------------------------
+#: Activations fused as the last post-op of a conv or matmul region (None: no activation).
+#: ``clip`` covers ReLU6 and hardtanh; ``hardswish`` is the frontends' decomposition
+#: ``x * clip(x + 3, 0, 6) / 6``.
+ACTIVATIONS = ("relu", "clip", "sigmoid", "hardswish", "gelu", "gelu_tanh", "silu", None)
+_UNARY_ACTIVATIONS = {
+    "relu": "relax.nn.relu",
+    "sigmoid": "relax.sigmoid",
+    "gelu": "relax.nn.gelu",
+    "gelu_tanh": "relax.nn.gelu_tanh",
+    "silu": "relax.nn.silu",
+}
+
+
+def _activation(top: Any, act: str | None, ann: dict) -> Any:
+    """``act`` applied to ``top``; the activation's root call is annotated as ``"activation"``."""
+    if act is None:
+        return top
+    if act in _UNARY_ACTIVATIONS:
+        out = is_op(_UNARY_ACTIVATIONS[act])(top)
+    elif act == "clip":
+        out = is_op("relax.clip")(top, wildcard(), wildcard())
+    else:  # hardswish: top * clip(top + 3, 0, 6) / 6
+        three, six = is_const(), is_const()
+        clip = is_op("relax.clip")(is_op("relax.add")(top, three), wildcard(), wildcard())
+        out = is_op("relax.multiply")(top, is_op("relax.divide")(clip, six))
+        ann.update(hs_three=three, hs_six=six, hs_clip=clip)
+    ann["activation"] = out
+    return out
+
+
+def _check_activation(ctx: Any) -> bool:
+    """Clip bounds are numbers; hardswish's constants are 3, (0, 6) and 6."""
+    ann = ctx.annotated_expr
+    if "activation" not in ann:
+        return True
+    act = ann["activation"]
+    if "hs_clip" in ann:
+        return (
+            _scalar(ann["hs_three"]) == 3.0
+            and _scalar(ann["hs_six"]) == 6.0
+            and _clip_bounds(ann["hs_clip"]) == (0.0, 6.0)
+        )
+    if act.op.name == "relax.clip":
+        return _clip_bounds(act) is not None
+    return True
+
+
+def _scalar(expr: Any) -> float | None:
+    if not isinstance(expr, tvm.ir.Constant) or expr.value.numpy().size != 1:
+        return None
+    return float(expr.value.numpy().reshape(()))
+
+
+def _clip_bounds(call: relax.Call) -> tuple[float, float] | None:
+    """The (min, max) of a ``relax.clip`` whose bounds are numbers."""
+    bounds = []
+    for arg in call.args[1:3]:
+        value = arg
+        for _ in range(2):  # a PrimValue holding an IntImm / FloatImm holding a number
+            value = getattr(value, "value", value)
+        if not isinstance(value, (int, float)):
+            return None
+        bounds.append(float(value))
+    return bounds[0], bounds[1]
+
+
 def _bias_add(top: Any) -> tuple[Any, Any, Any]:
     """``add(top, bias)`` where the bias may be reshaped on the way (ONNX Conv's B)."""
     src = wildcard()
@@ -218,6 +283,12 @@ def _describe(composite: relax.Function, pattern: str) -> dict:
     spec: dict[str, Any] = {"num_inputs": len(composite.params)}
     anchor_out = None
     adds = 0
+    clip_inputs = {
+        b.value.args[0]
+        for block in composite.body.blocks
+        for b in block.bindings
+        if "_hardswish" in pattern and isinstance(b.value, relax.Call) and b.value.op.name == "relax.clip"
+    }
     for block in composite.body.blocks:
         for binding in block.bindings:
             value = binding.value
@@ -240,6 +311,8 @@ def _describe(composite: relax.Function, pattern: str) -> dict:
                 else:
                     spec.update(_ints(a, "strides", "padding", "dilation", "pool_size"))
                     spec["count_include_pad"] = bool(a.count_include_pad)
+            elif op == "relax.add" and binding.var in clip_inputs:
+                continue  # hardswish's + 3
             elif op == "relax.add":
                 other = value.args[1] if _derives_from(value.args[0], anchor_out, bound) else value.args[0]
                 role = "bias" if "_bias" in pattern and adds == 0 else "residual"
@@ -247,7 +320,18 @@ def _describe(composite: relax.Function, pattern: str) -> dict:
                 adds += 1
             elif op == "relax.nn.relu":
                 spec["relu"] = True
+            elif op == "relax.clip" and "_hardswish" not in pattern:
+                spec["activation"] = "clip"
+                lo, hi = _clip_bounds(value)  # JSON has no infinity; float32's extremes do the same
+                spec["alpha"], spec["beta"] = max(lo, -_F32_MAX), min(hi, _F32_MAX)
+            elif op in _ACTIVATION_OF_OP:
+                spec["activation"] = _ACTIVATION_OF_OP[op]
+    if "_hardswish" in pattern:
+        spec["activation"] = "hardswish"
     return spec
+
+
+_ACTIVATION_OF_OP = {v: k for k, v in _UNARY_ACTIVATIONS.items() if k != "relu"}
 
 
 def _ints(attrs: Any, *names: str) -> dict[str, list[int]]:
