@@ -279,6 +279,22 @@ def test_default_leaves_an_anchor_placed_on_a_device_that_cannot_run_it_to_tvm()
     assert art.build_report.kernels_per_device[1] >= 1
 
 
+@needs_dnnl
+def test_following_the_placement_takes_every_region_a_fixed_device_takes():
+    # Matching sees other call objects than the function the placement was asked about (after
+    # batch-norm folding and bias unsharing); every match must still find its anchor's device.
+    from tvm_hetero.compiler.lower import lower_to_graph
+
+    mod = models.relax_module(models.light_model("squeezenet"))
+
+    def regions(backends):
+        graph = lower_to_graph(mod, None, 1, None, "main", backends).graph
+        return sorted(n.func_name.rstrip("0123456789") for n in graph.nodes if "_dnnl" in n.func_name)
+
+    fixed = regions([("dnnl", 0)])
+    assert len(fixed) >= 20 and regions([("dnnl", None)]) == fixed
+
+
 def test_default_without_onednn_falls_back_to_tvm_kernels_and_reports_it(monkeypatch):
     monkeypatch.setattr(DnnlBackend, "available", lambda self: False)
     art = build_and_check(conv_model())

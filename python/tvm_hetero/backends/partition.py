@@ -37,8 +37,8 @@ DEVICE_ATTR = "tvm_hetero.device"
 ANCHOR = "anchor"
 
 
-#: ``place(entry_function) -> {op call: device}``: the placement's decision for every op call.
-PlaceCalls = Callable[[relax.Function], dict[Any, int]]
+#: ``place(entry_function) -> {bound variable: device}``: the placement's decision for every op call.
+PlaceCalls = Callable[[relax.Function], dict[relax.Var, int]]
 
 
 def partition_for_backends(
@@ -105,21 +105,28 @@ def region_of(value: Any, regions: dict[str, Region]) -> Region | None:
     return None
 
 
-def _on_placed_device(pattern: FusionPattern, backend: Backend, device_of: dict[Any, int]) -> FusionPattern:
+def _on_placed_device(pattern: FusionPattern, backend: Backend, device_of: dict[relax.Var, int]) -> FusionPattern:
     """``pattern`` whose check also wants the anchor op on a device the backend runs on, and
     whose composite function records that device (:data:`DEVICE_ATTR`): composites on different
-    devices are different functions, so each region symbol has one device."""
-    inner, inner_attrs = pattern.check, pattern.attrs_getter
+    devices are different functions, so each region symbol has one device. The placement is keyed
+    by binding variable: matching sees other call objects than the function it was given, but
+    the same variables."""
+    inner = pattern.check
+    chosen: dict[Any, int] = {}  # anchor call (as matching sees it) -> device
 
     def check(ctx: Any) -> bool:
         if inner is not None and not inner(ctx):
             return False
-        device = device_of.get(ctx.annotated_expr.get(ANCHOR))
-        return device is not None and backend.runs_on(device)
+        anchor = ctx.annotated_expr.get(ANCHOR)
+        device = device_of.get(ctx.value_to_bound_var.get(anchor))
+        if device is None or not backend.runs_on(device):
+            return False
+        chosen[anchor] = device
+        return True
 
     def attrs(annotated: Any) -> dict[str, str]:
-        out = dict(inner_attrs(annotated)) if inner_attrs is not None else {}
-        out[DEVICE_ATTR] = str(device_of[annotated[ANCHOR]])
+        out = dict(pattern.attrs_getter(annotated)) if pattern.attrs_getter is not None else {}
+        out[DEVICE_ATTR] = str(chosen[annotated[ANCHOR]])
         return out
 
     return FusionPattern(pattern.name, pattern.pattern, pattern.annotation_patterns, check, attrs)

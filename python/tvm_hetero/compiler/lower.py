@@ -362,19 +362,18 @@ def _place_ops(
 
 
 def _call_placer(mod: tvm.IRModule, entry: str, placement: Any, annotations: bool):
-    """``place(func) -> {op call: device}`` for backends that follow the placement. It asks the
+    """``place(func) -> {bound variable: device}`` for backends that follow the placement. It asks the
     placement before partitioning; the ops left after it are asked again, so fallbacks and their
     warnings are recorded then, once."""
 
-    def place(func: relax.Function) -> dict[Any, int]:
+    def place(func: relax.Function) -> dict[relax.Var, int]:
         annotated = _annotated_devices(_with_function(mod, entry, func), entry) if annotations else {}
         kept = len(placement.fallbacks)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             _decisions, op_of_var = _place_ops(func, placement, annotated)
         del placement.fallbacks[kept:]
-        values = {b.var: b.value for block in func.body.blocks for b in block.bindings}
-        return {values[var]: device for var, (device, _op) in op_of_var.items()}
+        return {var: device for var, (device, _op) in op_of_var.items()}
 
     return place
 
