@@ -185,4 +185,6 @@ def _is_weight(expr: Any, weights: frozenset[str]) -> bool:
     if isinstance(expr, tvm.ir.Constant):
         return True
     # Function parameters are the only non-dataflow vars a match can see.
-    return isinstance(expr, relax.Var) and not isinstance(expr, relax.DataflowVar) and expr.name in weights
+    return (
+        isinstance(expr, relax.Var) and not isinstance(expr, relax.DataflowVar) and expr.name in weights
+    )
