@@ -218,6 +218,8 @@ class RegionExec {
         SetupMatmul(t);
       } else if (spec_.op == "max_pool2d" || spec_.op == "avg_pool2d") {
         SetupPool(t);
+      } else if (spec_.op == "channel_shuffle") {
+        SetupChannelShuffle(t);
       } else {
         TVM_FFI_THROW(ValueError) << "oneDNN region '" << spec_.name << "': unknown op '" << spec_.op << "'";
       }
@@ -337,6 +339,28 @@ class RegionExec {
     user_dst_ = memory(memory::desc(Dims(y), dt::f32, tag::nchw), CpuEngine(), nullptr);
     src_ = Reordered(pd.src_desc(), user_src_, &reorder_src_);
     dst_ = Reordered(pd.dst_desc(), user_dst_, &reorder_dst_);
+  }
+
+  /*!
+   * \brief Channel shuffle (reshape to (N, g, C/g, H, W), swap g and C/g, reshape back) as one
+   *        reorder: the source viewed as (N, g, C/g, H, W), the destination as the same dims with
+   *        the strides of (N, C/g, g, H, W).
+   */
+  void SetupChannelShuffle(const std::vector<DLTensor*>& t) {
+    const DLTensor* x = t[spec_.data];
+    const DLTensor* y = t.back();
+    int64_t g = spec_.groups;
+    if (x->ndim != 4 || y->ndim != 4 || g < 1 || x->shape[1] % g != 0) {
+      TVM_FFI_THROW(ValueError) << "oneDNN region '" << spec_.name << "': channel_shuffle needs NCHW tensors "
+                                << "whose channels divide into " << g << " groups";
+    }
+    int64_t n = x->shape[0], c = x->shape[1], h = x->shape[2], w = x->shape[3];
+    memory::dims dims{n, g, c / g, h, w};
+    memory::desc src_md(dims, dt::f32, tag::abcde);
+    memory::desc dst_md(dims, dt::f32, memory::dims{c * h * w, h * w, g * h * w, w, 1});
+    user_src_ = src_ = memory(src_md, CpuEngine(), nullptr);
+    user_dst_ = dst_ = memory(dst_md, CpuEngine(), nullptr);
+    prim_ = dnnl::reorder(src_, dst_);
   }
 
   /*! \brief The argument maps and reorders of every call, bound to the memories above. */

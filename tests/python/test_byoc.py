@@ -469,3 +469,39 @@ def test_unknown_activation_in_a_region_document_is_an_error_naming_it():
     doc = '{"format": "tvm-hetero-dnnl/1", "regions": [{"name": "r0", "op": "conv2d", "activation": "cube"}]}'
     with pytest.raises(Exception, match="r0.*unknown activation 'cube'"):
         tvm.get_global_func("tvm_hetero.dnnl.create_module")(doc)
+
+
+# ---- channel shuffle as one reorder against onnxruntime -------------------------------------
+def shuffle_model(groups: int, channels: int = 12) -> onnx.ModelProto:
+    """ShuffleNet's shuffle: Reshape (N, g, C/g, H, W), Transpose (0, 2, 1, 3, 4), Reshape back."""
+    shape = (1, channels, 5, 4)
+    grouped = numpy_helper.from_array(np.array([1, groups, channels // groups, 5, 4], np.int64), "grouped")
+    flat = numpy_helper.from_array(np.array(shape, np.int64), "flat")
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"]),  # the shuffle's input is computed, as in ShuffleNet
+        helper.make_node("Reshape", ["r", "grouped"], ["g"]),
+        helper.make_node("Transpose", ["g"], ["t"], perm=[0, 2, 1, 3, 4]),
+        helper.make_node("Reshape", ["t", "flat"], ["z"]),
+    ]
+    return _model(nodes, {"x": shape}, ("z", shape), [grouped, flat])
+
+
+@needs_dnnl
+@pytest.mark.parametrize("groups", [2, 3, 4])
+def test_channel_shuffle_is_one_region_and_matches_onnxruntime(groups):
+    art = run_both(shuffle_model(groups), rtol=0, atol=0)
+    (node,) = region_nodes(art)
+    assert "transpose" in node["attrs"]["func_name"] or "permute_dims" in node["attrs"]["func_name"]
+
+
+def test_a_transpose_that_is_not_a_channel_shuffle_stays_with_tvm():
+    shape = (1, 12, 5, 4)
+    grouped = numpy_helper.from_array(np.array([1, 3, 4, 5, 4], np.int64), "grouped")
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"]),
+        helper.make_node("Reshape", ["r", "grouped"], ["g"]),
+        helper.make_node("Transpose", ["g"], ["z"], perm=[0, 1, 2, 4, 3]),
+    ]
+    model = _model(nodes, {"x": shape}, ("z", (1, 3, 4, 4, 5)), [grouped])
+    art = run_both(model, backends=["dnnl"] if HAS_DNNL else [])
+    assert region_nodes(art) == []

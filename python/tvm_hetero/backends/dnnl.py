@@ -57,6 +57,7 @@ class DnnlBackend(Backend):
         for bias in (True, False):
             for act in ACTIVATIONS:
                 out.append(self._matmul_pattern(bias, act, is_weight))
+        out.append(_channel_shuffle_pattern())
         for op in ("max_pool2d", "avg_pool2d"):
             pool = is_op(f"relax.nn.{op}")(wildcard())
             out.append(FusionPattern(f"dnnl.{op}", pool, {"anchor": pool}, _check_pool))
@@ -243,6 +244,34 @@ def _is_channel_bias(ctx: Any, is_weight: WeightPredicate, channels: int, rank: 
     return padded == want
 
 
+def _channel_shuffle_pattern() -> FusionPattern:
+    """ShuffleNet's channel shuffle: reshape to (N, g, C/g, H, W), swap axes 1 and 2, reshape back."""
+    x = wildcard()
+    grouped = is_op("relax.reshape")(x, wildcard())
+    swapped = is_op("relax.permute_dims")(grouped)
+    out = is_op("relax.reshape")(swapped, wildcard())
+    ann = {"anchor": swapped, "data": x, "grouped": grouped, "swapped": swapped}
+    return FusionPattern("dnnl.channel_shuffle", out, ann, _check_channel_shuffle)
+
+
+def _check_channel_shuffle(ctx: Any) -> bool:
+    if has_leaking_intermediate_variables(ctx):
+        return False
+    ann = ctx.annotated_expr
+    x, grouped, out = _shape(ann["data"]), _shape(ann["grouped"]), _shape(ctx.matched_expr)
+    axes = ann["swapped"].attrs.axes
+    if x is None or grouped is None or len(x) != 4 or out != x or not _all_f32(ann["data"]):
+        return False
+    n, c, h, w = x
+    g = grouped[1] if len(grouped) == 5 else 0
+    return (
+        axes is not None
+        and [int(a) for a in axes] == [0, 2, 1, 3, 4]
+        and g > 0
+        and grouped == (n, g, c // g, h, w)
+    )
+
+
 def _check_pool(ctx: Any) -> bool:
     call = ctx.matched_expr
     a = call.attrs
@@ -294,6 +323,12 @@ def _describe(composite: relax.Function, pattern: str) -> dict:
             value = binding.value
             bound[binding.var] = value
             op = value.op.name
+            if pattern == "dnnl.channel_shuffle":
+                if op == "relax.permute_dims":
+                    spec.update(op="channel_shuffle", groups=int(_shape(value.args[0])[1]))
+                elif "data" not in spec:
+                    spec["data"] = _input(value.args[0], index, bound)
+                continue
             if op in ("relax.nn.conv2d", "relax.matmul", "relax.nn.max_pool2d", "relax.nn.avg_pool2d"):
                 spec["op"] = op.rsplit(".", 1)[1]
                 spec["data"] = _input(value.args[0], index, bound)
