@@ -108,6 +108,7 @@ std::vector<RegionSpec> ParseRegions(const std::string& json_text) {
     r.dilation = IntList(obj, "dilation");
     r.pool_size = IntList(obj, "pool_size");
     r.groups = IntOr(obj, "groups", 1);
+    r.axis = IntOr(obj, "axis", -1);
     for (int role : {r.data, r.weight, r.bias, r.residual}) {
       if (role >= r.num_inputs) {
         TVM_FFI_THROW(ValueError) << "oneDNN region '" << r.name << "': argument " << role << " of "
@@ -220,6 +221,8 @@ class RegionExec {
         SetupPool(t);
       } else if (spec_.op == "channel_shuffle") {
         SetupChannelShuffle(t);
+      } else if (spec_.op == "softmax") {
+        SetupSoftmax(t);
       } else {
         TVM_FFI_THROW(ValueError) << "oneDNN region '" << spec_.name << "': unknown op '" << spec_.op << "'";
       }
@@ -361,6 +364,21 @@ class RegionExec {
     user_src_ = src_ = memory(src_md, CpuEngine(), nullptr);
     user_dst_ = dst_ = memory(dst_md, CpuEngine(), nullptr);
     prim_ = dnnl::reorder(src_, dst_);
+  }
+
+  /*! \brief Softmax along spec_.axis of a plain (row-major) tensor of rank 1-5. */
+  void SetupSoftmax(const std::vector<DLTensor*>& t) {
+    const DLTensor* x = t[spec_.data];
+    if (x->ndim < 1 || x->ndim > 5 || spec_.axis < 0 || spec_.axis >= x->ndim) {
+      TVM_FFI_THROW(ValueError) << "oneDNN region '" << spec_.name << "': softmax needs a 1-5-D tensor and an "
+                                << "axis inside it, got rank " << x->ndim << " and axis " << spec_.axis;
+    }
+    static const tag kPlain[] = {tag::a, tag::ab, tag::abc, tag::abcd, tag::abcde};
+    memory::desc md(Dims(x), dt::f32, kPlain[x->ndim - 1]);
+    dnnl::softmax_forward::desc desc(dnnl::prop_kind::forward_inference, md, static_cast<int>(spec_.axis));
+    prim_ = dnnl::softmax_forward(dnnl::softmax_forward::primitive_desc(desc, CpuEngine()));
+    user_src_ = src_ = memory(md, CpuEngine(), nullptr);
+    user_dst_ = dst_ = memory(md, CpuEngine(), nullptr);
   }
 
   /*! \brief The argument maps and reorders of every call, bound to the memories above. */

@@ -505,3 +505,13 @@ def test_a_transpose_that_is_not_a_channel_shuffle_stays_with_tvm():
     model = _model(nodes, {"x": shape}, ("z", (1, 3, 4, 4, 5)), [grouped])
     art = run_both(model, backends=["dnnl"] if HAS_DNNL else [])
     assert region_nodes(art) == []
+
+
+# ---- softmax against onnxruntime ------------------------------------------------------------
+@needs_dnnl
+@pytest.mark.parametrize("shape,axis", [((2, 3, 5, 7), -1), ((2, 3, 5, 7), 1), ((4, 10), 1), ((2, 4, 6), 0)])
+def test_softmax_is_one_region_and_matches_onnxruntime(shape, axis):
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Softmax", ["r"], ["z"], axis=axis)]
+    art = run_both(_model(nodes, {"x": shape}, ("z", shape)), rtol=1e-5, atol=1e-6)
+    (node,) = region_nodes(art)
+    assert "softmax" in node["attrs"]["func_name"]

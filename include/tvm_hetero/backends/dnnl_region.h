@@ -33,7 +33,7 @@ namespace dnnl_backend {
 struct RegionSpec {
   /*! \brief The symbol the graph's func_name uses. */
   std::string name;
-  /*! \brief "conv2d", "matmul", "max_pool2d", "avg_pool2d" or "channel_shuffle". */
+  /*! \brief "conv2d", "matmul", "max_pool2d", "avg_pool2d", "channel_shuffle" or "softmax". */
   std::string op;
   /*! \brief Number of inputs of the call (the output follows them). */
   int num_inputs = 1;
@@ -51,6 +51,8 @@ struct RegionSpec {
   bool count_include_pad = false;
   /*! \brief conv2d / pooling attributes, Relax conventions (padding is top, left, bottom, right). */
   std::vector<int64_t> strides, padding, dilation, pool_size;
+  /*! \brief softmax: the axis (non-negative). */
+  int64_t axis = -1;
   /*! \brief conv2d groups; channel_shuffle: the number of groups. */
   int64_t groups = 1;
 };

@@ -58,6 +58,8 @@ class DnnlBackend(Backend):
             for act in ACTIVATIONS:
                 out.append(self._matmul_pattern(bias, act, is_weight))
         out.append(_channel_shuffle_pattern())
+        softmax = is_op("relax.nn.softmax")(wildcard())
+        out.append(FusionPattern("dnnl.softmax", softmax, {"anchor": softmax}, _check_softmax))
         for op in ("max_pool2d", "avg_pool2d"):
             pool = is_op(f"relax.nn.{op}")(wildcard())
             out.append(FusionPattern(f"dnnl.{op}", pool, {"anchor": pool}, _check_pool))
@@ -272,6 +274,12 @@ def _check_channel_shuffle(ctx: Any) -> bool:
     )
 
 
+def _check_softmax(ctx: Any) -> bool:
+    call = ctx.matched_expr
+    shape = _shape(call.args[0])
+    return shape is not None and 1 <= len(shape) <= 5 and _all_f32(call.args[0], call)
+
+
 def _check_pool(ctx: Any) -> bool:
     call = ctx.matched_expr
     a = call.attrs
@@ -323,6 +331,10 @@ def _describe(composite: relax.Function, pattern: str) -> dict:
             value = binding.value
             bound[binding.var] = value
             op = value.op.name
+            if op == "relax.nn.softmax":
+                rank = len(_shape(value.args[0]))
+                spec.update(op="softmax", axis=int(value.attrs.axis) % rank, data=_input(value.args[0], index, bound))
+                continue
             if pattern == "dnnl.channel_shuffle":
                 if op == "relax.permute_dims":
                     spec.update(op="channel_shuffle", groups=int(_shape(value.args[0])[1]))
