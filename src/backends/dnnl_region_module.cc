@@ -109,6 +109,7 @@ std::vector<RegionSpec> ParseRegions(const std::string& json_text) {
     r.pool_size = IntList(obj, "pool_size");
     r.groups = IntOr(obj, "groups", 1);
     r.axis = IntOr(obj, "axis", -1);
+    r.epsilon = static_cast<float>(FloatOr(obj, "epsilon", 1e-5));
     for (int role : {r.data, r.weight, r.bias, r.residual}) {
       if (role >= r.num_inputs) {
         TVM_FFI_THROW(ValueError) << "oneDNN region '" << r.name << "': argument " << role << " of "
@@ -223,6 +224,8 @@ class RegionExec {
         SetupChannelShuffle(t);
       } else if (spec_.op == "softmax") {
         SetupSoftmax(t);
+      } else if (spec_.op == "layer_norm") {
+        SetupLayerNorm(t);
       } else {
         TVM_FFI_THROW(ValueError) << "oneDNN region '" << spec_.name << "': unknown op '" << spec_.op << "'";
       }
@@ -381,11 +384,46 @@ class RegionExec {
     user_dst_ = dst_ = memory(md, CpuEngine(), nullptr);
   }
 
+  /*! \brief Layer norm over the last axis of a plain tensor of rank 2-5, with scale and shift. */
+  void SetupLayerNorm(const std::vector<DLTensor*>& t) {
+    const DLTensor* x = t[spec_.data];
+    if (x->ndim < 2 || x->ndim > 5 || spec_.weight < 0 || spec_.bias < 0) {
+      TVM_FFI_THROW(ValueError) << "oneDNN region '" << spec_.name << "': layer_norm needs a 2-5-D tensor, "
+                                << "a scale and a shift";
+    }
+    int64_t channels = x->shape[x->ndim - 1];
+    for (int role : {spec_.weight, spec_.bias}) {
+      const DLTensor* v = t[role];
+      int64_t size = 1;
+      for (int d = 0; d < v->ndim; ++d) size *= v->shape[d];
+      if (size != channels) {
+        TVM_FFI_THROW(ValueError) << "oneDNN region '" << spec_.name << "': layer_norm argument " << role
+                                  << " has " << size << " elements, the last axis " << channels;
+      }
+    }
+    static const tag kPlain[] = {tag::a, tag::ab, tag::abc, tag::abcd, tag::abcde};
+    memory::desc md(Dims(x), dt::f32, kPlain[x->ndim - 1]);
+    memory::desc vec({channels}, dt::f32, tag::a);
+    auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
+    dnnl::layer_normalization_forward::desc desc(dnnl::prop_kind::forward_inference, md, spec_.epsilon, flags);
+    prim_ = dnnl::layer_normalization_forward(dnnl::layer_normalization_forward::primitive_desc(desc, CpuEngine()));
+    user_src_ = src_ = memory(md, CpuEngine(), nullptr);
+    user_dst_ = dst_ = memory(md, CpuEngine(), nullptr);
+    user_wei_ = wei_ = memory(vec, CpuEngine(), nullptr);
+    bias_ = memory(vec, CpuEngine(), nullptr);
+  }
+
   /*! \brief The argument maps and reorders of every call, bound to the memories above. */
   void SetupArguments() {
     margs_ = {{DNNL_ARG_SRC, src_}, {DNNL_ARG_DST, dst_}};
     if (spec_.weight >= 0) margs_[DNNL_ARG_WEIGHTS] = wei_;
     if (spec_.bias >= 0) margs_[DNNL_ARG_BIAS] = bias_;
+    if (spec_.op == "layer_norm") {  // the same memories under layer norm's argument names
+      margs_.erase(DNNL_ARG_WEIGHTS);
+      margs_.erase(DNNL_ARG_BIAS);
+      margs_[DNNL_ARG_SCALE] = wei_;
+      margs_[DNNL_ARG_SHIFT] = bias_;
+    }
     if (reorder_src_) src_in_ = PreparedReorder(user_src_, src_);
     if (reorder_dst_) dst_out_ = PreparedReorder(dst_, user_dst_);
     if (reorder_wei_) wei_in_ = PreparedReorder(user_wei_, wei_);

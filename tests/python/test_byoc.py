@@ -515,3 +515,31 @@ def test_softmax_is_one_region_and_matches_onnxruntime(shape, axis):
     art = run_both(_model(nodes, {"x": shape}, ("z", shape)), rtol=1e-5, atol=1e-6)
     (node,) = region_nodes(art)
     assert "softmax" in node["attrs"]["func_name"]
+
+
+# ---- layer norm against numpy ---------------------------------------------------------------
+@needs_dnnl
+@pytest.mark.parametrize("shape", [(4, 16), (2, 5, 32)])
+def test_layer_norm_is_one_region_and_matches_numpy(shape):
+    from tvm import relax
+
+    rng = np.random.default_rng(2)
+    c = shape[-1]
+    gamma, beta = rng.standard_normal(c).astype("float32"), rng.standard_normal(c).astype("float32")
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    g, b = relax.Var("g", relax.TensorType((c,), "float32")), relax.Var("b", relax.TensorType((c,), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, g, b]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.layer_norm(x, g, b, axes=[-1], epsilon=1e-3))
+        bb.emit_func_output(out)
+    art = tvm_hetero.build(bb.get(), CPU, params={"g": gamma, "b": beta})
+    (node,) = region_nodes(art)
+    assert "layer_norm" in node["attrs"]["func_name"]
+    value = rng.standard_normal(shape).astype("float32") * 3 + 1
+    rt = art.create()
+    rt.run(x=value)
+    v = value.astype(np.float64)
+    mean, var = v.mean(-1, keepdims=True), v.var(-1, keepdims=True)
+    expected = (v - mean) / np.sqrt(var + 1e-3) * gamma + beta
+    np.testing.assert_allclose(rt.get_output(0).numpy(), expected, rtol=1e-4, atol=1e-4)

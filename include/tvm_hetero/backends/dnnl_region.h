@@ -33,7 +33,8 @@ namespace dnnl_backend {
 struct RegionSpec {
   /*! \brief The symbol the graph's func_name uses. */
   std::string name;
-  /*! \brief "conv2d", "matmul", "max_pool2d", "avg_pool2d", "channel_shuffle" or "softmax". */
+  /*! \brief "conv2d", "matmul", "max_pool2d", "avg_pool2d", "channel_shuffle", "softmax" or
+   *         "layer_norm" (over the last axis; weight and bias are its scale and shift). */
   std::string op;
   /*! \brief Number of inputs of the call (the output follows them). */
   int num_inputs = 1;
@@ -53,6 +54,8 @@ struct RegionSpec {
   std::vector<int64_t> strides, padding, dilation, pool_size;
   /*! \brief softmax: the axis (non-negative). */
   int64_t axis = -1;
+  /*! \brief layer_norm: the epsilon added to the variance. */
+  float epsilon = 1e-5f;
   /*! \brief conv2d groups; channel_shuffle: the number of groups. */
   int64_t groups = 1;
 };

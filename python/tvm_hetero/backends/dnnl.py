@@ -58,6 +58,8 @@ class DnnlBackend(Backend):
             for act in ACTIVATIONS:
                 out.append(self._matmul_pattern(bias, act, is_weight))
         out.append(_channel_shuffle_pattern())
+        norm = is_op("relax.nn.layer_norm")(wildcard(), wildcard(), wildcard())
+        out.append(FusionPattern("dnnl.layer_norm", norm, {"anchor": norm}, _check_layer_norm))
         softmax = is_op("relax.nn.softmax")(wildcard())
         out.append(FusionPattern("dnnl.softmax", softmax, {"anchor": softmax}, _check_softmax))
         for op in ("max_pool2d", "avg_pool2d"):
@@ -274,6 +276,18 @@ def _check_channel_shuffle(ctx: Any) -> bool:
     )
 
 
+def _check_layer_norm(ctx: Any) -> bool:
+    """Over the last axis only, with scale and shift, each a vector of the last axis' size."""
+    call = ctx.matched_expr
+    a = call.attrs
+    shape = _shape(call.args[0])
+    if shape is None or not 2 <= len(shape) <= 5 or not (bool(a.center) and bool(a.scale)):
+        return False
+    if [int(v) % len(shape) for v in a.axes] != [len(shape) - 1] or not _all_f32(*call.args, call):
+        return False
+    return all(_shape(v) is not None and int(np.prod(_shape(v))) == shape[-1] for v in call.args[1:3])
+
+
 def _check_softmax(ctx: Any) -> bool:
     call = ctx.matched_expr
     shape = _shape(call.args[0])
@@ -331,6 +345,15 @@ def _describe(composite: relax.Function, pattern: str) -> dict:
             value = binding.value
             bound[binding.var] = value
             op = value.op.name
+            if op == "relax.nn.layer_norm":
+                spec.update(
+                    op="layer_norm",
+                    data=_input(value.args[0], index, bound),
+                    weight=_input(value.args[1], index, bound),
+                    bias=_input(value.args[2], index, bound),
+                    epsilon=float(value.attrs.epsilon),
+                )
+                continue
             if op == "relax.nn.softmax":
                 rank = len(_shape(value.args[0]))
                 spec.update(op="softmax", axis=int(value.attrs.axis) % rank, data=_input(value.args[0], index, bound))
