@@ -308,11 +308,14 @@ class RegionExec {
     const DLTensor* x = t[spec_.data];
     const DLTensor* w = t[spec_.weight];
     const DLTensor* y = t.back();
-    if (x->ndim != 2 || w->ndim != 2 || y->ndim != 2) {
-      TVM_FFI_THROW(ValueError) << "oneDNN region '" << spec_.name << "': matmul needs 2-D tensors";
+    if (x->ndim < 2 || w->ndim != 2 || y->ndim != x->ndim) {
+      TVM_FFI_THROW(ValueError) << "oneDNN region '" << spec_.name
+                                << "': matmul needs data of rank 2-5 and a 2-D weight";
     }
-    int64_t k = x->shape[1], n = y->shape[1];
-    memory::desc src_md(Dims(x), dt::f32, tag::ab), dst_md(Dims(y), dt::f32, tag::ab);
+    // Data of higher rank is contiguous, so it is read as rows x K (and written as rows x N).
+    int64_t k = x->shape[x->ndim - 1], n = y->shape[y->ndim - 1], rows = 1;
+    for (int d = 0; d + 1 < x->ndim; ++d) rows *= x->shape[d];
+    memory::desc src_md({rows, k}, dt::f32, tag::ab), dst_md({rows, n}, dt::f32, tag::ab);
     memory::desc w_md({k, n}, dt::f32, spec_.weight_transposed ? tag::ba : tag::ab);
     memory::desc b_md = spec_.bias >= 0 ? memory::desc({1, n}, dt::f32, tag::ab) : memory::desc();
     dnnl::matmul::desc desc(src_md, w_md, b_md, dst_md);

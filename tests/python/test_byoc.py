@@ -543,3 +543,30 @@ def test_layer_norm_is_one_region_and_matches_numpy(shape):
     mean, var = v.mean(-1, keepdims=True), v.var(-1, keepdims=True)
     expected = (v - mean) / np.sqrt(var + 1e-3) * gamma + beta
     np.testing.assert_allclose(rt.get_output(0).numpy(), expected, rtol=1e-4, atol=1e-4)
+
+
+@needs_dnnl
+@pytest.mark.parametrize("act", [None, "gelu"])
+def test_matmul_on_token_batches_is_one_region_and_matches_numpy(act):
+    # A transformer's linear layer: (batch, tokens, K) @ (K, N) + b, then GELU.
+    from tvm import relax
+
+    rng = np.random.default_rng(3)
+    params = {"w": rng.standard_normal((32, 24)).astype("float32"), "b": rng.standard_normal(24).astype("float32")}
+    x = relax.Var("x", relax.TensorType((2, 5, 32), "float32"))
+    w, b = relax.Var("w", relax.TensorType((32, 24), "float32")), relax.Var("b", relax.TensorType((24,), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, w, b]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.add(relax.op.matmul(x, w), b))
+            out = bb.emit_output(relax.op.nn.gelu(y) if act else y)
+        bb.emit_func_output(out)
+    art = tvm_hetero.build(bb.get(), CPU, params=params)
+    assert len(region_nodes(art)) == 1
+    assert len([n for n in art.graph["nodes"] if n["op"] != "null"]) == 1
+    value = rng.standard_normal((2, 5, 32)).astype("float32")
+    rt = art.create()
+    rt.run(x=value)
+    pre = value.astype(np.float64) @ params["w"] + params["b"]
+    expected = _np_activation("gelu", pre) if act else pre
+    np.testing.assert_allclose(rt.get_output(0).numpy(), expected, rtol=1e-4, atol=1e-4)

@@ -135,7 +135,10 @@ class DnnlBackend(Backend):
             return False
         mm = ctx.annotated_expr["matmul"]
         x, w, out = _shape(mm.args[0]), _shape(mm.args[1]), _shape(mm)
-        if x is None or w is None or len(x) != 2 or len(w) != 2 or not _all_f32(mm.args[0], mm.args[1], mm):
+        # data of rank 2-5 (a transformer's (batch, tokens, features)) is read as 2-D: rows x K
+        if x is None or w is None or not 2 <= len(x) <= 5 or len(w) != 2:
+            return False
+        if not _all_f32(mm.args[0], mm.args[1], mm):
             return False
         weight_arg = mm.args[1]
         if isinstance(weight_arg, relax.Var):
@@ -146,9 +149,9 @@ class DnnlBackend(Backend):
                     return False
         if not is_weight(ctx.annotated_expr["weight"]):
             return False
-        if 2.0 * x[0] * x[1] * w[1] < self.min_flops:
+        if 2.0 * np.prod(x) * w[1] < self.min_flops:
             return False
-        return "bias" not in ctx.annotated_expr or _is_channel_bias(ctx, is_weight, out[1], rank=2)
+        return "bias" not in ctx.annotated_expr or _is_last_axis_bias(ctx, is_weight, out)
 
 
 def set_num_threads(threads: int) -> None:
@@ -246,6 +249,17 @@ def _is_channel_bias(ctx: Any, is_weight: WeightPredicate, channels: int, rank: 
     padded = (1,) * (rank - len(shape)) + tuple(shape)
     want = (1, channels) + (1,) * (rank - 2)
     return padded == want
+
+
+def _is_last_axis_bias(ctx: Any, is_weight: WeightPredicate, out: tuple[int, ...]) -> bool:
+    """A weight of shape (..., 1, N) broadcast along every axis of ``out`` but the last."""
+    if not is_weight(ctx.annotated_expr["bias"]):
+        return False
+    operand = ctx.annotated_expr["bias_add"].args[1]
+    shape = _shape(operand)
+    if shape is None or len(shape) > len(out) or not _all_f32(operand):
+        return False
+    return (1,) * (len(out) - len(shape)) + tuple(shape) == (1,) * (len(out) - 1) + (out[-1],)
 
 
 def _channel_shuffle_pattern() -> FusionPattern:
