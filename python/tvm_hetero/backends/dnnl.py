@@ -1,4 +1,5 @@
-"""The oneDNN backend: conv2d, matmul and pooling, each with fused bias / residual sum / ReLU.
+"""The oneDNN backend: conv2d and matmul with fused bias / residual sum / activation, pooling,
+channel shuffle, softmax and layer norm.
 
 - ``prepare`` folds per-channel affine ops into convolutions whose weights are constants:
   ``batch_norm`` (inference), ``multiply`` and ``add`` by per-channel constants become the
@@ -7,10 +8,13 @@
   residual (:class:`SimplifyStackSum`). A reshape of a constant read by several ops (rewrites
   merge the reshapes of equal biases) is copied per reader (:class:`UnshareConstantReshapes`), so
   each conv can take its bias in without leaking it to the other reader.
-- ``patterns``: ``conv2d [+bias] [+residual] [+relu]`` (NCHW/OIHW, any strides, padding,
-  dilation and groups), ``matmul [+bias] [+relu]`` on 2-D data with a (K, N) or transposed
-  (N, K) weight, ``max_pool2d`` and ``avg_pool2d`` (NCHW, no ceil mode). Weights and biases must
-  be weights (constants or params), so the runtime may keep them reordered.
+- ``patterns``: ``conv2d [+bias] [+residual] [+activation]`` (NCHW/OIHW, any strides, padding,
+  dilation and groups), ``matmul [+bias] [+activation]`` on data of rank 2-5 with a (K, N) or
+  transposed (N, K) weight (activation: relu, clip, sigmoid, hardswish, gelu, gelu_tanh, silu),
+  ``max_pool2d`` and ``avg_pool2d`` (NCHW, no ceil mode), ShuffleNet's channel shuffle
+  (reshape-transpose-reshape, run as one reorder), ``softmax`` and last-axis ``layer_norm``.
+  Conv and matmul weights and biases must be weights (constants or params), so the runtime may
+  keep them reordered. Every pattern annotates its anchor op as ``"anchor"``.
 - ``codegen``: one ``tvm_hetero_dnnl`` module (src/backends/dnnl_region_module.cc) holding every
   region's description as JSON; it builds the primitives on first call and is binary-serializable.
 """
