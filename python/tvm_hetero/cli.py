@@ -37,6 +37,21 @@ def parse_device_specs(specs: list[str]) -> list[tuple[str, str]]:
     return pairs
 
 
+def parse_backends(specs: list[str] | None) -> list | None:
+    """``--backend`` values: None (the build's default), [] for 'none', else names / (name, device)."""
+    if specs is None:
+        return None
+    out: list = []
+    for spec in specs:
+        if spec == "none":
+            continue
+        name, _, device = spec.partition("=")
+        if device and not device.isdigit():
+            raise ValueError(f"--backend {spec}: expected NAME or NAME=DEVICE_POSITION")
+        out.append((name, int(device)) if device else name)
+    return out
+
+
 def parse_placement(place: list[str], split: float | None, num_devices: int, num_ops: int | None = None):
     """``--place OP=DEV`` (repeatable) and/or ``--split F`` (the first F of the ops on the last device);
     ``--place auto`` alone: automatic placement by measured cost (``--split`` is then ignored)."""
@@ -111,7 +126,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         say(f"{num_ops} Relax ops; automatic placement by measured cost")
     else:
         say(f"{num_ops} Relax ops; the first {args.split:.0%} go to {devices[-1][0]}, the rest to {devices[0][0]}")
-    artifact = tvm_hetero.build(mod, devices, placement=placement, progress=say, **auto_options(args, len(devices)))
+    artifact = tvm_hetero.build(mod, devices, placement=placement, progress=say,
+                                backends=parse_backends(args.backend), **auto_options(args, len(devices)))
     print(artifact.report())
 
     inputs = models.model_inputs(model)
@@ -231,7 +247,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
         raise ValueError(f"model {args.model}: not an ONNX model ({error_line(err)})") from None
     mod = models.relax_module(model)
     placement = parse_placement(args.place, args.split, len(devices), count_ops(mod) if args.split else None)
-    artifact = tvm_hetero.build(mod, devices, placement=placement, progress=say, **auto_options(args, len(devices)))
+    artifact = tvm_hetero.build(mod, devices, placement=placement, progress=say,
+                                backends=parse_backends(args.backend), **auto_options(args, len(devices)))
     out = artifact.export(args.output)
     print(artifact.report())
     print(f"wrote {out}/ (graph.json, lib.so, params.bin, manifest.json)")
@@ -406,6 +423,9 @@ def main(argv: list[str] | None = None) -> int:
                        help="with --place auto: measurement cache (default ~/.cache/tvm-hetero/costs.sqlite)")
         p.add_argument("--cluster", action="append", default=[], metavar="DEV=CORES[:THREADS]",
                        help="with --place auto: time device DEV pinned to CORES with THREADS threads")
+        p.add_argument("--backend", action="append", default=None, metavar="NAME[=DEV]|none",
+                       help="external backend, e.g. dnnl or dnnl=1; 'none': TVM kernels only "
+                            "(default: oneDNN on every host CPU when libtvm_hetero has it)")
 
     demo = sub.add_parser("demo", help="compile a real model for two devices, run it, check it")
     demo.add_argument("--model", default="resnet50", help="light ONNX model (resnet50, shufflenet, ...)")

@@ -58,6 +58,26 @@ bool BoolOr(const json::Object& obj, const char* key, bool fallback) {
   return it == obj.end() ? fallback : (*it).second.cast<bool>();
 }
 
+double FloatOr(const json::Object& obj, const char* key, double fallback) {
+  auto it = obj.find(ffi::String(key));
+  if (it == obj.end()) return fallback;
+  const ffi::Any& v = (*it).second;
+  if (auto f = v.try_cast<double>()) return *f;
+  return static_cast<double>(v.cast<int64_t>());
+}
+
+const char* const kActivations[] = {"clip", "sigmoid", "hardswish", "gelu", "gelu_tanh", "silu"};
+
+std::string ActivationOf(const json::Object& obj, const std::string& region) {
+  auto it = obj.find(ffi::String("activation"));
+  if (it == obj.end()) return "";
+  std::string name((*it).second.cast<ffi::String>());
+  for (const char* known : kActivations) {
+    if (name == known) return name;
+  }
+  TVM_FFI_THROW(ValueError) << "oneDNN region '" << region << "': unknown activation '" << name << "'";
+}
+
 }  // namespace
 
 std::vector<RegionSpec> ParseRegions(const std::string& json_text) {
@@ -78,6 +98,9 @@ std::vector<RegionSpec> ParseRegions(const std::string& json_text) {
     r.bias = static_cast<int>(IntOr(obj, "bias", -1));
     r.residual = static_cast<int>(IntOr(obj, "residual", -1));
     r.relu = BoolOr(obj, "relu", false);
+    r.activation = ActivationOf(obj, r.name);
+    r.alpha = static_cast<float>(FloatOr(obj, "alpha", 0.0));
+    r.beta = static_cast<float>(FloatOr(obj, "beta", 0.0));
     r.weight_transposed = BoolOr(obj, "weight_transposed", false);
     r.count_include_pad = BoolOr(obj, "count_include_pad", false);
     r.strides = IntList(obj, "strides");
@@ -85,6 +108,8 @@ std::vector<RegionSpec> ParseRegions(const std::string& json_text) {
     r.dilation = IntList(obj, "dilation");
     r.pool_size = IntList(obj, "pool_size");
     r.groups = IntOr(obj, "groups", 1);
+    r.axis = IntOr(obj, "axis", -1);
+    r.epsilon = static_cast<float>(FloatOr(obj, "epsilon", 1e-5));
     for (int role : {r.data, r.weight, r.bias, r.residual}) {
       if (role >= r.num_inputs) {
         TVM_FFI_THROW(ValueError) << "oneDNN region '" << r.name << "': argument " << role << " of "
@@ -195,6 +220,12 @@ class RegionExec {
         SetupMatmul(t);
       } else if (spec_.op == "max_pool2d" || spec_.op == "avg_pool2d") {
         SetupPool(t);
+      } else if (spec_.op == "channel_shuffle") {
+        SetupChannelShuffle(t);
+      } else if (spec_.op == "softmax") {
+        SetupSoftmax(t);
+      } else if (spec_.op == "layer_norm") {
+        SetupLayerNorm(t);
       } else {
         TVM_FFI_THROW(ValueError) << "oneDNN region '" << spec_.name << "': unknown op '" << spec_.op << "'";
       }
@@ -216,9 +247,24 @@ class RegionExec {
     dnnl::post_ops ops;
     if (sum) ops.append_sum(1.f);
     if (spec_.relu) ops.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
+    if (!spec_.activation.empty()) {
+      float alpha = spec_.activation == "silu" ? 1.f : spec_.alpha;
+      ops.append_eltwise(1.f, Activation(), alpha, spec_.beta);
+    }
     dnnl::primitive_attr attr;
     attr.set_post_ops(ops);
     return attr;
+  }
+
+  /*! \brief oneDNN's algorithm for spec_.activation (checked when parsed); silu is swish with alpha 1. */
+  dnnl::algorithm Activation() const {
+    const std::string& a = spec_.activation;
+    if (a == "clip") return dnnl::algorithm::eltwise_clip;
+    if (a == "sigmoid") return dnnl::algorithm::eltwise_logistic;
+    if (a == "hardswish") return dnnl::algorithm::eltwise_hardswish;
+    if (a == "gelu") return dnnl::algorithm::eltwise_gelu_erf;
+    if (a == "gelu_tanh") return dnnl::algorithm::eltwise_gelu_tanh;
+    return dnnl::algorithm::eltwise_swish;
   }
 
   void SetupConv(const std::vector<DLTensor*>& t) {
@@ -262,11 +308,14 @@ class RegionExec {
     const DLTensor* x = t[spec_.data];
     const DLTensor* w = t[spec_.weight];
     const DLTensor* y = t.back();
-    if (x->ndim != 2 || w->ndim != 2 || y->ndim != 2) {
-      TVM_FFI_THROW(ValueError) << "oneDNN region '" << spec_.name << "': matmul needs 2-D tensors";
+    if (x->ndim < 2 || w->ndim != 2 || y->ndim != x->ndim) {
+      TVM_FFI_THROW(ValueError) << "oneDNN region '" << spec_.name
+                                << "': matmul needs data of rank 2-5 and a 2-D weight";
     }
-    int64_t k = x->shape[1], n = y->shape[1];
-    memory::desc src_md(Dims(x), dt::f32, tag::ab), dst_md(Dims(y), dt::f32, tag::ab);
+    // Data of higher rank is contiguous, so it is read as rows x K (and written as rows x N).
+    int64_t k = x->shape[x->ndim - 1], n = y->shape[y->ndim - 1], rows = 1;
+    for (int d = 0; d + 1 < x->ndim; ++d) rows *= x->shape[d];
+    memory::desc src_md({rows, k}, dt::f32, tag::ab), dst_md({rows, n}, dt::f32, tag::ab);
     memory::desc w_md({k, n}, dt::f32, spec_.weight_transposed ? tag::ba : tag::ab);
     memory::desc b_md = spec_.bias >= 0 ? memory::desc({1, n}, dt::f32, tag::ab) : memory::desc();
     dnnl::matmul::desc desc(src_md, w_md, b_md, dst_md);
@@ -301,11 +350,83 @@ class RegionExec {
     dst_ = Reordered(pd.dst_desc(), user_dst_, &reorder_dst_);
   }
 
+  /*!
+   * \brief Channel shuffle (reshape to (N, g, C/g, H, W), swap g and C/g, reshape back) as one
+   *        reorder: the source viewed as (N, g, C/g, H, W), the destination as the same dims with
+   *        the strides of (N, C/g, g, H, W).
+   */
+  void SetupChannelShuffle(const std::vector<DLTensor*>& t) {
+    const DLTensor* x = t[spec_.data];
+    const DLTensor* y = t.back();
+    int64_t g = spec_.groups;
+    if (x->ndim != 4 || y->ndim != 4 || g < 1 || x->shape[1] % g != 0) {
+      TVM_FFI_THROW(ValueError) << "oneDNN region '" << spec_.name << "': channel_shuffle needs NCHW tensors "
+                                << "whose channels divide into " << g << " groups";
+    }
+    int64_t n = x->shape[0], c = x->shape[1], h = x->shape[2], w = x->shape[3];
+    memory::dims dims{n, g, c / g, h, w};
+    memory::desc src_md(dims, dt::f32, tag::abcde);
+    memory::desc dst_md(dims, dt::f32, memory::dims{c * h * w, h * w, g * h * w, w, 1});
+    user_src_ = src_ = memory(src_md, CpuEngine(), nullptr);
+    user_dst_ = dst_ = memory(dst_md, CpuEngine(), nullptr);
+    prim_ = dnnl::reorder(src_, dst_);
+  }
+
+  /*! \brief Softmax along spec_.axis of a plain (row-major) tensor of rank 1-5. */
+  void SetupSoftmax(const std::vector<DLTensor*>& t) {
+    const DLTensor* x = t[spec_.data];
+    if (x->ndim < 1 || x->ndim > 5 || spec_.axis < 0 || spec_.axis >= x->ndim) {
+      TVM_FFI_THROW(ValueError) << "oneDNN region '" << spec_.name << "': softmax needs a 1-5-D tensor and an "
+                                << "axis inside it, got rank " << x->ndim << " and axis " << spec_.axis;
+    }
+    static const tag kPlain[] = {tag::a, tag::ab, tag::abc, tag::abcd, tag::abcde};
+    memory::desc md(Dims(x), dt::f32, kPlain[x->ndim - 1]);
+    dnnl::softmax_forward::desc desc(dnnl::prop_kind::forward_inference, md, static_cast<int>(spec_.axis));
+    prim_ = dnnl::softmax_forward(dnnl::softmax_forward::primitive_desc(desc, CpuEngine()));
+    user_src_ = src_ = memory(md, CpuEngine(), nullptr);
+    user_dst_ = dst_ = memory(md, CpuEngine(), nullptr);
+  }
+
+  /*! \brief Layer norm over the last axis of a plain tensor of rank 2-5, with scale and shift. */
+  void SetupLayerNorm(const std::vector<DLTensor*>& t) {
+    const DLTensor* x = t[spec_.data];
+    if (x->ndim < 2 || x->ndim > 5 || spec_.weight < 0 || spec_.bias < 0) {
+      TVM_FFI_THROW(ValueError) << "oneDNN region '" << spec_.name << "': layer_norm needs a 2-5-D tensor, "
+                                << "a scale and a shift";
+    }
+    int64_t channels = x->shape[x->ndim - 1];
+    for (int role : {spec_.weight, spec_.bias}) {
+      const DLTensor* v = t[role];
+      int64_t size = 1;
+      for (int d = 0; d < v->ndim; ++d) size *= v->shape[d];
+      if (size != channels) {
+        TVM_FFI_THROW(ValueError) << "oneDNN region '" << spec_.name << "': layer_norm argument " << role
+                                  << " has " << size << " elements, the last axis " << channels;
+      }
+    }
+    static const tag kPlain[] = {tag::a, tag::ab, tag::abc, tag::abcd, tag::abcde};
+    memory::desc md(Dims(x), dt::f32, kPlain[x->ndim - 1]);
+    memory::desc vec({channels}, dt::f32, tag::a);
+    auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
+    dnnl::layer_normalization_forward::desc desc(dnnl::prop_kind::forward_inference, md, spec_.epsilon, flags);
+    prim_ = dnnl::layer_normalization_forward(dnnl::layer_normalization_forward::primitive_desc(desc, CpuEngine()));
+    user_src_ = src_ = memory(md, CpuEngine(), nullptr);
+    user_dst_ = dst_ = memory(md, CpuEngine(), nullptr);
+    user_wei_ = wei_ = memory(vec, CpuEngine(), nullptr);
+    bias_ = memory(vec, CpuEngine(), nullptr);
+  }
+
   /*! \brief The argument maps and reorders of every call, bound to the memories above. */
   void SetupArguments() {
     margs_ = {{DNNL_ARG_SRC, src_}, {DNNL_ARG_DST, dst_}};
     if (spec_.weight >= 0) margs_[DNNL_ARG_WEIGHTS] = wei_;
     if (spec_.bias >= 0) margs_[DNNL_ARG_BIAS] = bias_;
+    if (spec_.op == "layer_norm") {  // the same memories under layer norm's argument names
+      margs_.erase(DNNL_ARG_WEIGHTS);
+      margs_.erase(DNNL_ARG_BIAS);
+      margs_[DNNL_ARG_SCALE] = wei_;
+      margs_[DNNL_ARG_SHIFT] = bias_;
+    }
     if (reorder_src_) src_in_ = PreparedReorder(user_src_, src_);
     if (reorder_dst_) dst_out_ = PreparedReorder(dst_, user_dst_);
     if (reorder_wei_) wei_in_ = PreparedReorder(user_wei_, wei_);

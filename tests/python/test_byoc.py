@@ -124,6 +124,8 @@ def test_registry_resolves_names_pairs_and_instances():
     b = resolve_backends(["dnnl"])[0]
     assert isinstance(b, DnnlBackend) and b.device == 0
     assert resolve_backends([("dnnl", 1)])[0].device == 1
+    follows = resolve_backends([("dnnl", None)])[0]
+    assert follows.follows_placement() and follows.runs_on(0) and follows.runs_on(3)
     inst = DnnlBackend(device=1)
     assert resolve_backends([inst]) == [inst]
     with pytest.raises(ValueError, match="unknown backend"):
@@ -202,6 +204,115 @@ def test_backend_on_second_device_gets_copies_and_report_lines():
     assert device_of[nid] == 1
 
 
+# ---- on by default: every host CPU, each region where its anchor op is placed ---------------
+def two_conv_model() -> onnx.ModelProto:
+    """3x3 conv+relu, then 1x1 conv+bias+relu: two regions, for a placement that splits them."""
+    c = 8
+    inits = [_weight("W1", (c, c, 3, 3)), _weight("W2", (c, c, 1, 1)), _weight("B2", (c,))]
+    nodes = [
+        helper.make_node("Conv", ["x", "W1"], ["y1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["y1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "W2", "B2"], ["y2"]),
+        helper.make_node("Relu", ["y2"], ["z"]),
+    ]
+    return _model(nodes, {"x": (1, c, 9, 9)}, ("z", (1, c, 9, 9)), inits)
+
+
+def build_and_check(model: onnx.ModelProto, targets=CPU, **build_args) -> tvm_hetero.Artifact:
+    """Build (no ``backends`` unless given), run, compare with onnxruntime."""
+    inputs = models.model_inputs(model)
+    expected = models.onnxruntime_outputs(model, inputs)
+    art = tvm_hetero.build(models.relax_module(model), list(targets), **build_args)
+    rt = art.create()
+    rt.run(**inputs)
+    np.testing.assert_allclose(rt.get_output(0).numpy(), expected[0], rtol=1e-4, atol=1e-4)
+    return art
+
+
+@needs_dnnl
+def test_a_build_without_backends_runs_onednn_on_the_cpu():
+    art = build_and_check(conv_model(bn=True, residual=True))
+    assert len(region_nodes(art)) == 1
+    assert [(b, d) for b, d, _n, _ops in art.build_report.backend_regions] == [("dnnl", 0)]
+    assert "backend dnnl on device 0" in art.report()
+
+
+def test_empty_backends_opt_out_and_say_so():
+    art = build_and_check(conv_model(bn=True, residual=True), backends=())
+    assert region_nodes(art) == []
+    assert art.build_report.backend_regions == []
+    assert "backends: none, TVM kernels run every op" in art.report()
+
+
+@needs_dnnl
+@pytest.mark.parametrize("split", [(0, 1), (1, 0), (1, 1)])
+def test_default_regions_follow_the_placement_of_their_anchor_op(split):
+    # The 3x3 conv goes to device split[0], the 1x1 to split[1]; each region (conv + its bias
+    # and relu) runs on its conv's device, whatever device the relu alone would get.
+    def place(info):
+        if info.op != "relax.nn.conv2d":
+            return 0
+        return split[0] if info.input_shapes[1][-1] == 3 else split[1]
+
+    targets = [(tvm.cpu(0), "llvm"), (tvm.cpu(1), "llvm")]
+    art = build_and_check(two_conv_model(), targets=targets, placement=place)
+    device_index = art.graph["attrs"]["device_index"][1]
+    nodes = art.graph["nodes"]
+    got = [device_index[nodes.index(n)] for n in region_nodes(art)]
+    assert sorted(got) == sorted(split)
+    expected_lines = sorted({(d, split.count(d)) for d in split})
+    assert sorted((d, n) for _b, d, n, _ops in art.build_report.backend_regions) == expected_lines
+
+
+@needs_dnnl
+def test_default_leaves_an_anchor_placed_on_a_device_that_cannot_run_it_to_tvm():
+    # Only host CPUs run oneDNN: a backend limited to device 0 leaves the conv placed on device 1.
+    targets = [(tvm.cpu(0), "llvm"), (tvm.cpu(1), "llvm")]
+    backend = DnnlBackend(device=None, devices=[0])
+    art = build_and_check(
+        two_conv_model(),
+        targets=targets,
+        placement=lambda info: int(info.op == "relax.nn.conv2d" and info.input_shapes[1][-1] == 1),
+        backends=[backend],
+    )
+    assert [(d, n) for _b, d, n, _ops in art.build_report.backend_regions] == [(0, 1)]
+    assert art.build_report.kernels_per_device[1] >= 1
+
+
+@needs_dnnl
+def test_following_the_placement_takes_every_region_a_fixed_device_takes():
+    # Matching sees other call objects than the function the placement was asked about (after
+    # batch-norm folding and bias unsharing); every match must still find its anchor's device.
+    from tvm_hetero.compiler.lower import lower_to_graph
+
+    mod = models.relax_module(models.light_model("squeezenet"))
+
+    def regions(backends):
+        graph = lower_to_graph(mod, None, 1, None, "main", backends).graph
+        return sorted(n.func_name.rstrip("0123456789") for n in graph.nodes if "_dnnl" in n.func_name)
+
+    fixed = regions([("dnnl", 0)])
+    assert len(fixed) >= 20 and regions([("dnnl", None)]) == fixed
+
+
+def test_default_without_onednn_falls_back_to_tvm_kernels_and_reports_it(monkeypatch):
+    monkeypatch.setattr(DnnlBackend, "available", lambda self: False)
+    art = build_and_check(conv_model())
+    assert region_nodes(art) == []
+    assert "oneDNN: not built into libtvm_hetero" in art.report()
+    with pytest.raises(RuntimeError, match="not available"):
+        tvm_hetero.build(models.relax_module(conv_model()), CPU, backends=["dnnl"])
+
+
+def test_no_default_backend_for_a_device_that_is_not_a_host_cpu():
+    from tvm_hetero.backends import default_backends
+
+    assert default_backends([]) == ([], [])
+    if HAS_DNNL:
+        (backend,), notes = default_backends([0, 2])
+        assert backend.device is None and backend.devices == frozenset({0, 2}) and notes == []
+
+
 # ---- light models, export/load --------------------------------------------------------------
 @needs_dnnl
 @pytest.mark.parametrize("name", ["squeezenet", "resnet50"])
@@ -277,3 +388,185 @@ def test_two_runtimes_of_one_library_keep_their_own_weights_and_scratch():
         first.run(**inputs)
         np.testing.assert_allclose(first.get_output(0).numpy(), want, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(second.get_output(0).numpy(), 2 * want, rtol=1e-5, atol=1e-5)
+
+
+# ---- fused activations (post-ops) against numpy ---------------------------------------------
+def _np_activation(name: str, v: np.ndarray) -> np.ndarray:
+    import math
+
+    erf = np.vectorize(math.erf)
+    return {
+        "relu": lambda: np.maximum(v, 0),
+        "relu6": lambda: np.clip(v, 0, 6),
+        "hardtanh": lambda: np.clip(v, -1, 1),
+        "sigmoid": lambda: 1 / (1 + np.exp(-v)),
+        "hardswish": lambda: v * np.clip(v + 3, 0, 6) / 6,
+        "gelu": lambda: 0.5 * v * (1 + erf(v / np.sqrt(2))),
+        "gelu_tanh": lambda: 0.5 * v * (1 + np.tanh(np.sqrt(2 / np.pi) * (v + 0.044715 * v**3))),
+        "silu": lambda: v / (1 + np.exp(-v)),
+    }[name]()
+
+
+def _relax_activation(name: str, v):
+    from tvm import relax
+
+    op = relax.op
+    return {
+        "relu": lambda: op.nn.relu(v),
+        "relu6": lambda: op.clip(v, 0, 6),
+        "hardtanh": lambda: op.clip(v, -1, 1),
+        "sigmoid": lambda: op.sigmoid(v),
+        # the frontends' hardswish (ONNX HardSwish, torch hardswish)
+        "hardswish": lambda: op.multiply(
+            v, op.divide(op.clip(op.add(v, relax.const(3.0)), 0, 6), relax.const(6.0))
+        ),
+        "gelu": lambda: op.nn.gelu(v),
+        "gelu_tanh": lambda: op.nn.gelu_tanh(v),
+        "silu": lambda: op.nn.silu(v),
+    }[name]()
+
+
+def _anchor_with_activation(anchor: str, act: str):
+    """``act(conv2d_1x1(x, W) + b)`` or ``act(matmul(x, W) + b)`` in Relax, with its weights."""
+    from tvm import relax
+
+    rng = np.random.default_rng(1)
+    if anchor == "conv2d":
+        xs, ws, bs = (1, 8, 5, 5), (16, 8, 1, 1), (1, 16, 1, 1)
+    else:
+        xs, ws, bs = (4, 32), (32, 24), (24,)
+    params = {"w": rng.standard_normal(ws).astype("float32") * 0.5, "b": rng.standard_normal(bs).astype("float32")}
+    x, w, b = (relax.Var(n, relax.TensorType(s, "float32")) for n, s in (("x", xs), ("w", ws), ("b", bs)))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, w, b]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, w) if anchor == "conv2d" else relax.op.matmul(x, w))
+            y = bb.emit(relax.op.add(y, b))
+            out = bb.emit_output(_relax_activation(act, y))
+        bb.emit_func_output(out)
+    x_value = rng.standard_normal(xs).astype("float32") * 2
+    if anchor == "conv2d":
+        pre = np.einsum("oc,nchw->nohw", params["w"][:, :, 0, 0], x_value) + params["b"]
+    else:
+        pre = x_value @ params["w"] + params["b"]
+    return bb.get(), params, x_value, _np_activation(act, pre.astype(np.float64))
+
+
+@needs_dnnl
+@pytest.mark.parametrize("anchor", ["conv2d", "matmul"])
+@pytest.mark.parametrize("act", ["relu", "relu6", "hardtanh", "sigmoid", "hardswish", "gelu", "gelu_tanh", "silu"])
+def test_activation_fuses_into_the_region_and_matches_numpy(anchor, act):
+    mod, params, x, expected = _anchor_with_activation(anchor, act)
+    art = tvm_hetero.build(mod, CPU, params=params)
+    assert len(region_nodes(art)) == 1
+    assert len([n for n in art.graph["nodes"] if n["op"] != "null"]) == 1, "all in one region"
+    rt = art.create()
+    rt.run(x=x)
+    np.testing.assert_allclose(rt.get_output(0).numpy(), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_unknown_activation_in_a_region_document_is_an_error_naming_it():
+    doc = '{"format": "tvm-hetero-dnnl/1", "regions": [{"name": "r0", "op": "conv2d", "activation": "cube"}]}'
+    with pytest.raises(Exception, match="r0.*unknown activation 'cube'"):
+        tvm.get_global_func("tvm_hetero.dnnl.create_module")(doc)
+
+
+# ---- channel shuffle as one reorder against onnxruntime -------------------------------------
+def shuffle_model(groups: int, channels: int = 12) -> onnx.ModelProto:
+    """ShuffleNet's shuffle: Reshape (N, g, C/g, H, W), Transpose (0, 2, 1, 3, 4), Reshape back."""
+    shape = (1, channels, 5, 4)
+    grouped = numpy_helper.from_array(np.array([1, groups, channels // groups, 5, 4], np.int64), "grouped")
+    flat = numpy_helper.from_array(np.array(shape, np.int64), "flat")
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"]),  # the shuffle's input is computed, as in ShuffleNet
+        helper.make_node("Reshape", ["r", "grouped"], ["g"]),
+        helper.make_node("Transpose", ["g"], ["t"], perm=[0, 2, 1, 3, 4]),
+        helper.make_node("Reshape", ["t", "flat"], ["z"]),
+    ]
+    return _model(nodes, {"x": shape}, ("z", shape), [grouped, flat])
+
+
+@needs_dnnl
+@pytest.mark.parametrize("groups", [2, 3, 4])
+def test_channel_shuffle_is_one_region_and_matches_onnxruntime(groups):
+    art = run_both(shuffle_model(groups), rtol=0, atol=0)
+    (node,) = region_nodes(art)
+    assert "transpose" in node["attrs"]["func_name"] or "permute_dims" in node["attrs"]["func_name"]
+
+
+def test_a_transpose_that_is_not_a_channel_shuffle_stays_with_tvm():
+    shape = (1, 12, 5, 4)
+    grouped = numpy_helper.from_array(np.array([1, 3, 4, 5, 4], np.int64), "grouped")
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"]),
+        helper.make_node("Reshape", ["r", "grouped"], ["g"]),
+        helper.make_node("Transpose", ["g"], ["z"], perm=[0, 1, 2, 4, 3]),
+    ]
+    model = _model(nodes, {"x": shape}, ("z", (1, 3, 4, 4, 5)), [grouped])
+    art = run_both(model, backends=["dnnl"] if HAS_DNNL else [])
+    assert region_nodes(art) == []
+
+
+# ---- softmax against onnxruntime ------------------------------------------------------------
+@needs_dnnl
+@pytest.mark.parametrize("shape,axis", [((2, 3, 5, 7), -1), ((2, 3, 5, 7), 1), ((4, 10), 1), ((2, 4, 6), 0)])
+def test_softmax_is_one_region_and_matches_onnxruntime(shape, axis):
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Softmax", ["r"], ["z"], axis=axis)]
+    art = run_both(_model(nodes, {"x": shape}, ("z", shape)), rtol=1e-5, atol=1e-6)
+    (node,) = region_nodes(art)
+    assert "softmax" in node["attrs"]["func_name"]
+
+
+# ---- layer norm against numpy ---------------------------------------------------------------
+@needs_dnnl
+@pytest.mark.parametrize("shape", [(4, 16), (2, 5, 32)])
+def test_layer_norm_is_one_region_and_matches_numpy(shape):
+    from tvm import relax
+
+    rng = np.random.default_rng(2)
+    c = shape[-1]
+    gamma, beta = rng.standard_normal(c).astype("float32"), rng.standard_normal(c).astype("float32")
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    g, b = relax.Var("g", relax.TensorType((c,), "float32")), relax.Var("b", relax.TensorType((c,), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, g, b]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.layer_norm(x, g, b, axes=[-1], epsilon=1e-3))
+        bb.emit_func_output(out)
+    art = tvm_hetero.build(bb.get(), CPU, params={"g": gamma, "b": beta})
+    (node,) = region_nodes(art)
+    assert "layer_norm" in node["attrs"]["func_name"]
+    value = rng.standard_normal(shape).astype("float32") * 3 + 1
+    rt = art.create()
+    rt.run(x=value)
+    v = value.astype(np.float64)
+    mean, var = v.mean(-1, keepdims=True), v.var(-1, keepdims=True)
+    expected = (v - mean) / np.sqrt(var + 1e-3) * gamma + beta
+    np.testing.assert_allclose(rt.get_output(0).numpy(), expected, rtol=1e-4, atol=1e-4)
+
+
+@needs_dnnl
+@pytest.mark.parametrize("act", [None, "gelu"])
+def test_matmul_on_token_batches_is_one_region_and_matches_numpy(act):
+    # A transformer's linear layer: (batch, tokens, K) @ (K, N) + b, then GELU.
+    from tvm import relax
+
+    rng = np.random.default_rng(3)
+    params = {"w": rng.standard_normal((32, 24)).astype("float32"), "b": rng.standard_normal(24).astype("float32")}
+    x = relax.Var("x", relax.TensorType((2, 5, 32), "float32"))
+    w, b = relax.Var("w", relax.TensorType((32, 24), "float32")), relax.Var("b", relax.TensorType((24,), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, w, b]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.add(relax.op.matmul(x, w), b))
+            out = bb.emit_output(relax.op.nn.gelu(y) if act else y)
+        bb.emit_func_output(out)
+    art = tvm_hetero.build(bb.get(), CPU, params=params)
+    assert len(region_nodes(art)) == 1
+    assert len([n for n in art.graph["nodes"] if n["op"] != "null"]) == 1
+    value = rng.standard_normal((2, 5, 32)).astype("float32")
+    rt = art.create()
+    rt.run(x=value)
+    pre = value.astype(np.float64) @ params["w"] + params["b"]
+    expected = _np_activation("gelu", pre) if act else pre
+    np.testing.assert_allclose(rt.get_output(0).numpy(), expected, rtol=1e-4, atol=1e-4)

@@ -75,7 +75,7 @@ def three_stages() -> pipeline.PipelineArtifact:
 @pytest.fixture(scope="module")
 def unsplit():
     """tvm_hetero.build of the same module on one device (its own compilation)."""
-    art = tvm_hetero.build(Net, [(tvm.cpu(0), "llvm")], params=PARAMS)
+    art = tvm_hetero.build(Net, [(tvm.cpu(0), "llvm")], params=PARAMS, backends=())  # as the pipeline
     runtime = art.create()
 
     def run(x: np.ndarray) -> list[np.ndarray]:
@@ -90,7 +90,7 @@ def test_kernel_order_is_the_one_device_build_order():
     plan = pipeline.split(Net, [], PARAMS)
     assert [k.name for k in plan.kernels] == KERNELS
     assert plan.kernels[1].func_name == plan.kernels[2].func_name  # h2 and h3: one kernel
-    built = tvm_hetero.build(Net, [(tvm.cpu(0), "llvm")], params=PARAMS).graph
+    built = tvm_hetero.build(Net, [(tvm.cpu(0), "llvm")], params=PARAMS, backends=()).graph
     assert [n["name"] for n in built["nodes"] if n["op"] != "null"] == KERNELS
     assert "   3 lv8" in plan.describe(kernels=True)
 

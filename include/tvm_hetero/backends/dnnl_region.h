@@ -33,7 +33,8 @@ namespace dnnl_backend {
 struct RegionSpec {
   /*! \brief The symbol the graph's func_name uses. */
   std::string name;
-  /*! \brief "conv2d", "matmul", "max_pool2d" or "avg_pool2d". */
+  /*! \brief "conv2d", "matmul", "max_pool2d", "avg_pool2d", "channel_shuffle", "softmax" or
+   *         "layer_norm" (over the last axis; weight and bias are its scale and shift). */
   std::string op;
   /*! \brief Number of inputs of the call (the output follows them). */
   int num_inputs = 1;
@@ -41,13 +42,21 @@ struct RegionSpec {
   int data = 0, weight = -1, bias = -1, residual = -1;
   /*! \brief ReLU after everything else. */
   bool relu = false;
+  /*! \brief Another activation after everything else (empty: none): "clip" (alpha, beta = min, max),
+   *         "sigmoid", "hardswish", "gelu", "gelu_tanh" or "silu". */
+  std::string activation;
+  float alpha = 0.f, beta = 0.f;
   /*! \brief matmul: the weight is stored (N, K) (ONNX Gemm transB), not (K, N). */
   bool weight_transposed = false;
   /*! \brief avg_pool2d: padded elements count in the average. */
   bool count_include_pad = false;
   /*! \brief conv2d / pooling attributes, Relax conventions (padding is top, left, bottom, right). */
   std::vector<int64_t> strides, padding, dilation, pool_size;
-  /*! \brief conv2d groups. */
+  /*! \brief softmax: the axis (non-negative). */
+  int64_t axis = -1;
+  /*! \brief layer_norm: the epsilon added to the variance. */
+  float epsilon = 1e-5f;
+  /*! \brief conv2d groups; channel_shuffle: the number of groups. */
   int64_t groups = 1;
 };
 

@@ -6,7 +6,7 @@ backend's patterns (:mod:`.partition`) before lowering; see docs/byoc.md.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .base import Backend, Region
@@ -17,7 +17,8 @@ BACKENDS: dict[str, type[Backend]] = {DnnlBackend.name: DnnlBackend}
 
 
 def resolve_backends(spec: Iterable[Any] | None) -> list[Backend]:
-    """``["dnnl"]``, ``[("dnnl", 1)]`` (name, device) or Backend instances, to Backend instances."""
+    """``["dnnl"]``, ``[("dnnl", 1)]`` (name, device; None: where the placement puts each
+    region's anchor op) or Backend instances, to Backend instances."""
     out: list[Backend] = []
     for item in spec or ():
         if isinstance(item, Backend):
@@ -26,11 +27,25 @@ def resolve_backends(spec: Iterable[Any] | None) -> list[Backend]:
         name, device = (item, 0) if isinstance(item, str) else item
         if name not in BACKENDS:
             raise ValueError(f"unknown backend {name!r}; known: {', '.join(sorted(BACKENDS))}")
-        out.append(BACKENDS[name](device=int(device)))
+        out.append(BACKENDS[name](device=None if device is None else int(device)))
     names = [b.name for b in out]
     if len(set(names)) != len(names):
         raise ValueError(f"a backend is listed twice: {names}")
     return out
 
 
-__all__ = ["BACKENDS", "Backend", "DnnlBackend", "Region", "resolve_backends"]
+def default_backends(cpu_devices: Sequence[int]) -> tuple[list[Backend], list[str]]:
+    """The backends a build uses when it is given none: oneDNN on the host-CPU positions
+    ``cpu_devices``, each region where the placement puts its anchor op, when libtvm_hetero was
+    built with it. Returns the backends and a line for the build report when one is left out."""
+    if not cpu_devices:
+        return [], []
+    dnnl = DnnlBackend(device=None, devices=cpu_devices)
+    if not dnnl.available():
+        return [], [
+            "oneDNN: not built into libtvm_hetero (libdnnl-dev absent at build time); TVM kernels run every op"
+        ]
+    return [dnnl], []
+
+
+__all__ = ["BACKENDS", "Backend", "DnnlBackend", "Region", "default_backends", "resolve_backends"]

@@ -4,13 +4,14 @@ A backend says four things: its ``name``; the ``patterns`` it runs (Relax DPL pa
 such as conv2d+bias+relu included, each with a check); how a matched composite becomes a
 ``describe``-d region; and a ``codegen`` that turns the regions of one graph into a runtime module
 whose functions are named by the regions. It runs on the device at position ``device`` of the
-build's targets, so a backend is a placement target like any other: the reorder, copy insertion,
-memory planning and the report see its regions as kernel nodes on that device.
+build's targets, or (``device=None``) on whichever of the positions ``devices`` the placement puts
+each region's anchor op on, so a backend is a placement target like any other: the reorder, copy
+insertion, memory planning and the report see its regions as kernel nodes on their device.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,9 +46,14 @@ class Backend:
     #: Short name; region symbols end with it and patterns are prefixed with it.
     name: str = ""
 
-    def __init__(self, device: int = 0, min_flops: float = 0.0) -> None:
-        #: Device position the regions run on.
+    def __init__(
+        self, device: int | None = 0, min_flops: float = 0.0, devices: Iterable[int] | None = None
+    ) -> None:
+        #: Device position the regions run on; None: the device the placement gives the anchor op.
         self.device = device
+        #: With ``device=None``, the positions that can run it (an anchor placed elsewhere stays
+        #: with TVM); None: every position.
+        self.devices = None if devices is None else frozenset(int(d) for d in devices)
         #: Cost gate: a match doing fewer floating-point operations stays with TVM.
         self.min_flops = min_flops
 
@@ -55,12 +61,25 @@ class Backend:
         """Whether the backend can run here (e.g. the library was built with it)."""
         return True
 
+    def follows_placement(self) -> bool:
+        """Whether each region goes where the placement puts its anchor op (``device=None``)."""
+        return self.device is None
+
+    def runs_on(self, device: int) -> bool:
+        """Whether a region whose anchor op is placed on ``device`` may run on it."""
+        if self.device is not None:
+            return device == self.device
+        return self.devices is None or device in self.devices
+
     def prepare(self, mod: tvm.IRModule, entry: str) -> tvm.IRModule:
         """Rewrite the module before matching (e.g. fold batch norm into convolutions)."""
         return mod
 
     def patterns(self, is_weight: WeightPredicate) -> list[Any]:
-        """``relax.transform.FusionPattern`` list, most specific first; names start with ``<name>.``."""
+        """``relax.transform.FusionPattern`` list, most specific first; names start with ``<name>.``.
+
+        Each pattern annotates its anchor op (the op whose device a region takes) as ``"anchor"``.
+        """
         raise NotImplementedError
 
     def describe(self, composite: Any, pattern: str) -> dict:
@@ -76,4 +95,7 @@ class Backend:
         raise NotImplementedError
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(device={self.device})"
+        where = (
+            f"device={self.device}" if self.device is not None else f"devices={sorted(self.devices or ())}"
+        )
+        return f"{type(self).__name__}({where})"

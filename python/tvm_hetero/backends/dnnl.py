@@ -1,4 +1,5 @@
-"""The oneDNN backend: conv2d, matmul and pooling, each with fused bias / residual sum / ReLU.
+"""The oneDNN backend: conv2d and matmul with fused bias / residual sum / activation, pooling,
+channel shuffle, softmax and layer norm.
 
 - ``prepare`` folds per-channel affine ops into convolutions whose weights are constants:
   ``batch_norm`` (inference), ``multiply`` and ``add`` by per-channel constants become the
@@ -7,10 +8,13 @@
   residual (:class:`SimplifyStackSum`). A reshape of a constant read by several ops (rewrites
   merge the reshapes of equal biases) is copied per reader (:class:`UnshareConstantReshapes`), so
   each conv can take its bias in without leaking it to the other reader.
-- ``patterns``: ``conv2d [+bias] [+residual] [+relu]`` (NCHW/OIHW, any strides, padding,
-  dilation and groups), ``matmul [+bias] [+relu]`` on 2-D data with a (K, N) or transposed
-  (N, K) weight, ``max_pool2d`` and ``avg_pool2d`` (NCHW, no ceil mode). Weights and biases must
-  be weights (constants or params), so the runtime may keep them reordered.
+- ``patterns``: ``conv2d [+bias] [+residual] [+activation]`` (NCHW/OIHW, any strides, padding,
+  dilation and groups), ``matmul [+bias] [+activation]`` on data of rank 2-5 with a (K, N) or
+  transposed (N, K) weight (activation: relu, clip, sigmoid, hardswish, gelu, gelu_tanh, silu),
+  ``max_pool2d`` and ``avg_pool2d`` (NCHW, no ceil mode), ShuffleNet's channel shuffle
+  (reshape-transpose-reshape, run as one reorder), ``softmax`` and last-axis ``layer_norm``.
+  Conv and matmul weights and biases must be weights (constants or params), so the runtime may
+  keep them reordered. Every pattern annotates its anchor op as ``"anchor"``.
 - ``codegen``: one ``tvm_hetero_dnnl`` module (src/backends/dnnl_region_module.cc) holding every
   region's description as JSON; it builds the primitives on first call and is binary-serializable.
 """
@@ -30,6 +34,7 @@ from tvm.relax.transform import FusionPattern
 from .base import Backend, Region, WeightPredicate
 
 _FORMAT = "tvm-hetero-dnnl/1"
+_F32_MAX = float(np.finfo(np.float32).max)
 
 
 class DnnlBackend(Backend):
@@ -51,13 +56,19 @@ class DnnlBackend(Backend):
             # The residual's two operand orders are separate patterns: when one order's match is
             # rejected (e.g. it would swallow a value read outside), the other is still tried.
             for residual in ("left", "right", None):
-                for relu in (True, False):
-                    out.append(self._conv_pattern(bias, residual, relu, is_weight))
+                for act in ACTIVATIONS:
+                    out.append(self._conv_pattern(bias, residual, act, is_weight))
         for bias in (True, False):
-            for relu in (True, False):
-                out.append(self._matmul_pattern(bias, relu, is_weight))
+            for act in ACTIVATIONS:
+                out.append(self._matmul_pattern(bias, act, is_weight))
+        out.append(_channel_shuffle_pattern())
+        norm = is_op("relax.nn.layer_norm")(wildcard(), wildcard(), wildcard())
+        out.append(FusionPattern("dnnl.layer_norm", norm, {"anchor": norm}, _check_layer_norm))
+        softmax = is_op("relax.nn.softmax")(wildcard())
+        out.append(FusionPattern("dnnl.softmax", softmax, {"anchor": softmax}, _check_softmax))
         for op in ("max_pool2d", "avg_pool2d"):
-            out.append(FusionPattern(f"dnnl.{op}", is_op(f"relax.nn.{op}")(wildcard()), {}, _check_pool))
+            pool = is_op(f"relax.nn.{op}")(wildcard())
+            out.append(FusionPattern(f"dnnl.{op}", pool, {"anchor": pool}, _check_pool))
         return out
 
     def describe(self, composite: relax.Function, pattern: str) -> dict:
@@ -69,12 +80,12 @@ class DnnlBackend(Backend):
 
     # -- patterns --
     def _conv_pattern(
-        self, bias: bool, residual: str | None, relu: bool, is_weight: WeightPredicate
+        self, bias: bool, residual: str | None, act: str | None, is_weight: WeightPredicate
     ) -> FusionPattern:
         """``residual``: None, or which operand of the residual add the conv is (left / right)."""
         data, weight = wildcard(), wildcard()
         top = conv = is_op("relax.nn.conv2d")(data, weight)
-        ann = {"conv": conv, "weight": weight}
+        ann = {"conv": conv, "anchor": conv, "weight": weight}
         if bias:
             top, ann["bias_add"], ann["bias"] = _bias_add(top)
         if residual:
@@ -82,25 +93,23 @@ class DnnlBackend(Backend):
             operands = (top, res) if residual == "left" else (res, top)
             top = ann["residual_add"] = is_op("relax.add")(*operands)
             ann["residual"] = res
-        if relu:
-            top = is_op("relax.nn.relu")(top)
-        name = "dnnl.conv2d" + "_bias" * bias + "_residual" * bool(residual) + "_relu" * relu
+        top = _activation(top, act, ann)
+        name = "dnnl.conv2d" + "_bias" * bias + "_residual" * bool(residual) + (f"_{act}" if act else "")
         return FusionPattern(name, top, ann, lambda ctx: self._check_conv(ctx, is_weight))
 
-    def _matmul_pattern(self, bias: bool, relu: bool, is_weight: WeightPredicate) -> FusionPattern:
+    def _matmul_pattern(self, bias: bool, act: str | None, is_weight: WeightPredicate) -> FusionPattern:
         data, weight_src = wildcard(), wildcard()
         weight = is_op("relax.permute_dims")(weight_src) | weight_src
         top = mm = is_op("relax.matmul")(data, weight)
-        ann = {"matmul": mm, "weight": weight_src}
+        ann = {"matmul": mm, "anchor": mm, "weight": weight_src}
         if bias:
             top, ann["bias_add"], ann["bias"] = _bias_add(top)
-        if relu:
-            top = is_op("relax.nn.relu")(top)
-        name = "dnnl.matmul" + "_bias" * bias + "_relu" * relu
+        top = _activation(top, act, ann)
+        name = "dnnl.matmul" + "_bias" * bias + (f"_{act}" if act else "")
         return FusionPattern(name, top, ann, lambda ctx: self._check_matmul(ctx, is_weight))
 
     def _check_conv(self, ctx: Any, is_weight: WeightPredicate) -> bool:
-        if has_leaking_intermediate_variables(ctx):  # a region has one output
+        if has_leaking_intermediate_variables(ctx) or not _check_activation(ctx):  # one output
             return False
         conv = ctx.annotated_expr["conv"]
         a = conv.attrs
@@ -126,11 +135,14 @@ class DnnlBackend(Backend):
         return True
 
     def _check_matmul(self, ctx: Any, is_weight: WeightPredicate) -> bool:
-        if has_leaking_intermediate_variables(ctx):  # a region has one output
+        if has_leaking_intermediate_variables(ctx) or not _check_activation(ctx):  # one output
             return False
         mm = ctx.annotated_expr["matmul"]
         x, w, out = _shape(mm.args[0]), _shape(mm.args[1]), _shape(mm)
-        if x is None or w is None or len(x) != 2 or len(w) != 2 or not _all_f32(mm.args[0], mm.args[1], mm):
+        # data of rank 2-5 (a transformer's (batch, tokens, features)) is read as 2-D: rows x K
+        if x is None or w is None or not 2 <= len(x) <= 5 or len(w) != 2:
+            return False
+        if not _all_f32(mm.args[0], mm.args[1], mm):
             return False
         weight_arg = mm.args[1]
         if isinstance(weight_arg, relax.Var):
@@ -141,9 +153,9 @@ class DnnlBackend(Backend):
                     return False
         if not is_weight(ctx.annotated_expr["weight"]):
             return False
-        if 2.0 * x[0] * x[1] * w[1] < self.min_flops:
+        if 2.0 * np.prod(x) * w[1] < self.min_flops:
             return False
-        return "bias" not in ctx.annotated_expr or _is_channel_bias(ctx, is_weight, out[1], rank=2)
+        return "bias" not in ctx.annotated_expr or _is_last_axis_bias(ctx, is_weight, out)
 
 
 def set_num_threads(threads: int) -> None:
@@ -157,6 +169,72 @@ def info() -> dict:
 
 
 # ---- pattern helpers ------------------------------------------------------------------------
+#: Activations fused as the last post-op of a conv or matmul region (None: no activation).
+#: ``clip`` covers ReLU6 and hardtanh; ``hardswish`` is the frontends' decomposition
+#: ``x * clip(x + 3, 0, 6) / 6``.
+ACTIVATIONS = ("relu", "clip", "sigmoid", "hardswish", "gelu", "gelu_tanh", "silu", None)
+_UNARY_ACTIVATIONS = {
+    "relu": "relax.nn.relu",
+    "sigmoid": "relax.sigmoid",
+    "gelu": "relax.nn.gelu",
+    "gelu_tanh": "relax.nn.gelu_tanh",
+    "silu": "relax.nn.silu",
+}
+
+
+def _activation(top: Any, act: str | None, ann: dict) -> Any:
+    """``act`` applied to ``top``; the activation's root call is annotated as ``"activation"``."""
+    if act is None:
+        return top
+    if act in _UNARY_ACTIVATIONS:
+        out = is_op(_UNARY_ACTIVATIONS[act])(top)
+    elif act == "clip":
+        out = is_op("relax.clip")(top, wildcard(), wildcard())
+    else:  # hardswish: top * clip(top + 3, 0, 6) / 6
+        three, six = is_const(), is_const()
+        clip = is_op("relax.clip")(is_op("relax.add")(top, three), wildcard(), wildcard())
+        out = is_op("relax.multiply")(top, is_op("relax.divide")(clip, six))
+        ann.update(hs_three=three, hs_six=six, hs_clip=clip)
+    ann["activation"] = out
+    return out
+
+
+def _check_activation(ctx: Any) -> bool:
+    """Clip bounds are numbers; hardswish's constants are 3, (0, 6) and 6."""
+    ann = ctx.annotated_expr
+    if "activation" not in ann:
+        return True
+    act = ann["activation"]
+    if "hs_clip" in ann:
+        return (
+            _scalar(ann["hs_three"]) == 3.0
+            and _scalar(ann["hs_six"]) == 6.0
+            and _clip_bounds(ann["hs_clip"]) == (0.0, 6.0)
+        )
+    if act.op.name == "relax.clip":
+        return _clip_bounds(act) is not None
+    return True
+
+
+def _scalar(expr: Any) -> float | None:
+    if not isinstance(expr, tvm.ir.Constant) or expr.value.numpy().size != 1:
+        return None
+    return float(expr.value.numpy().reshape(()))
+
+
+def _clip_bounds(call: relax.Call) -> tuple[float, float] | None:
+    """The (min, max) of a ``relax.clip`` whose bounds are numbers."""
+    bounds = []
+    for arg in call.args[1:3]:
+        value = arg
+        for _ in range(2):  # a PrimValue holding an IntImm / FloatImm holding a number
+            value = getattr(value, "value", value)
+        if not isinstance(value, (int, float)):
+            return None
+        bounds.append(float(value))
+    return bounds[0], bounds[1]
+
+
 def _bias_add(top: Any) -> tuple[Any, Any, Any]:
     """``add(top, bias)`` where the bias may be reshaped on the way (ONNX Conv's B)."""
     src = wildcard()
@@ -175,6 +253,63 @@ def _is_channel_bias(ctx: Any, is_weight: WeightPredicate, channels: int, rank: 
     padded = (1,) * (rank - len(shape)) + tuple(shape)
     want = (1, channels) + (1,) * (rank - 2)
     return padded == want
+
+
+def _is_last_axis_bias(ctx: Any, is_weight: WeightPredicate, out: tuple[int, ...]) -> bool:
+    """A weight of shape (..., 1, N) broadcast along every axis of ``out`` but the last."""
+    if not is_weight(ctx.annotated_expr["bias"]):
+        return False
+    operand = ctx.annotated_expr["bias_add"].args[1]
+    shape = _shape(operand)
+    if shape is None or len(shape) > len(out) or not _all_f32(operand):
+        return False
+    return (1,) * (len(out) - len(shape)) + tuple(shape) == (1,) * (len(out) - 1) + (out[-1],)
+
+
+def _channel_shuffle_pattern() -> FusionPattern:
+    """ShuffleNet's channel shuffle: reshape to (N, g, C/g, H, W), swap axes 1 and 2, reshape back."""
+    x = wildcard()
+    grouped = is_op("relax.reshape")(x, wildcard())
+    swapped = is_op("relax.permute_dims")(grouped)
+    out = is_op("relax.reshape")(swapped, wildcard())
+    ann = {"anchor": swapped, "data": x, "grouped": grouped, "swapped": swapped}
+    return FusionPattern("dnnl.channel_shuffle", out, ann, _check_channel_shuffle)
+
+
+def _check_channel_shuffle(ctx: Any) -> bool:
+    if has_leaking_intermediate_variables(ctx):
+        return False
+    ann = ctx.annotated_expr
+    x, grouped, out = _shape(ann["data"]), _shape(ann["grouped"]), _shape(ctx.matched_expr)
+    axes = ann["swapped"].attrs.axes
+    if x is None or grouped is None or len(x) != 4 or out != x or not _all_f32(ann["data"]):
+        return False
+    n, c, h, w = x
+    g = grouped[1] if len(grouped) == 5 else 0
+    return (
+        axes is not None
+        and [int(a) for a in axes] == [0, 2, 1, 3, 4]
+        and g > 0
+        and grouped == (n, g, c // g, h, w)
+    )
+
+
+def _check_layer_norm(ctx: Any) -> bool:
+    """Over the last axis only, with scale and shift, each a vector of the last axis' size."""
+    call = ctx.matched_expr
+    a = call.attrs
+    shape = _shape(call.args[0])
+    if shape is None or not 2 <= len(shape) <= 5 or not (bool(a.center) and bool(a.scale)):
+        return False
+    if [int(v) % len(shape) for v in a.axes] != [len(shape) - 1] or not _all_f32(*call.args, call):
+        return False
+    return all(_shape(v) is not None and int(np.prod(_shape(v))) == shape[-1] for v in call.args[1:3])
+
+
+def _check_softmax(ctx: Any) -> bool:
+    call = ctx.matched_expr
+    shape = _shape(call.args[0])
+    return shape is not None and 1 <= len(shape) <= 5 and _all_f32(call.args[0], call)
 
 
 def _check_pool(ctx: Any) -> bool:
@@ -217,11 +352,36 @@ def _describe(composite: relax.Function, pattern: str) -> dict:
     spec: dict[str, Any] = {"num_inputs": len(composite.params)}
     anchor_out = None
     adds = 0
+    clip_inputs = {
+        b.value.args[0]
+        for block in composite.body.blocks
+        for b in block.bindings
+        if "_hardswish" in pattern and isinstance(b.value, relax.Call) and b.value.op.name == "relax.clip"
+    }
     for block in composite.body.blocks:
         for binding in block.bindings:
             value = binding.value
             bound[binding.var] = value
             op = value.op.name
+            if op == "relax.nn.layer_norm":
+                spec.update(
+                    op="layer_norm",
+                    data=_input(value.args[0], index, bound),
+                    weight=_input(value.args[1], index, bound),
+                    bias=_input(value.args[2], index, bound),
+                    epsilon=float(value.attrs.epsilon),
+                )
+                continue
+            if op == "relax.nn.softmax":
+                rank = len(_shape(value.args[0]))
+                spec.update(op="softmax", axis=int(value.attrs.axis) % rank, data=_input(value.args[0], index, bound))
+                continue
+            if pattern == "dnnl.channel_shuffle":
+                if op == "relax.permute_dims":
+                    spec.update(op="channel_shuffle", groups=int(_shape(value.args[0])[1]))
+                elif "data" not in spec:
+                    spec["data"] = _input(value.args[0], index, bound)
+                continue
             if op in ("relax.nn.conv2d", "relax.matmul", "relax.nn.max_pool2d", "relax.nn.avg_pool2d"):
                 spec["op"] = op.rsplit(".", 1)[1]
                 spec["data"] = _input(value.args[0], index, bound)
@@ -239,6 +399,8 @@ def _describe(composite: relax.Function, pattern: str) -> dict:
                 else:
                     spec.update(_ints(a, "strides", "padding", "dilation", "pool_size"))
                     spec["count_include_pad"] = bool(a.count_include_pad)
+            elif op == "relax.add" and binding.var in clip_inputs:
+                continue  # hardswish's + 3
             elif op == "relax.add":
                 other = value.args[1] if _derives_from(value.args[0], anchor_out, bound) else value.args[0]
                 role = "bias" if "_bias" in pattern and adds == 0 else "residual"
@@ -246,7 +408,18 @@ def _describe(composite: relax.Function, pattern: str) -> dict:
                 adds += 1
             elif op == "relax.nn.relu":
                 spec["relu"] = True
+            elif op == "relax.clip" and "_hardswish" not in pattern:
+                spec["activation"] = "clip"
+                lo, hi = _clip_bounds(value)  # JSON has no infinity; float32's extremes do the same
+                spec["alpha"], spec["beta"] = max(lo, -_F32_MAX), min(hi, _F32_MAX)
+            elif op in _ACTIVATION_OF_OP:
+                spec["activation"] = _ACTIVATION_OF_OP[op]
+    if "_hardswish" in pattern:
+        spec["activation"] = "hardswish"
     return spec
+
+
+_ACTIVATION_OF_OP = {v: k for k, v in _UNARY_ACTIVATIONS.items() if k != "relu"}
 
 
 def _ints(attrs: Any, *names: str) -> dict[str, list[int]]:

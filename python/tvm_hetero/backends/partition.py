@@ -8,6 +8,10 @@ pattern's check applies the backend's legality rules and its cost gate (``min_fl
 pattern takes stays a Relax op and is lowered to TVM kernels (the fallback). Each region is one
 composite (an anchor op and its fused post-ops); regions are not merged further.
 
+A backend with ``device=None`` follows the placement: after its ``prepare``, ``place`` gives
+every op call of the entry function a device; a match is taken only if its anchor op's device
+can run the backend, and its region runs there.
+
 Guarantee: every region has one output and its intermediate values are used only inside it (the
 backends' pattern checks reject a match that would leak one), and :func:`.region_check.
 check_partitioned` verifies that, with every use after its definition, after each partitioning.
@@ -15,26 +19,40 @@ check_partitioned` verifies that, with every use after its definition, after eac
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import tvm
 from tvm import relax
+from tvm.relax.transform import FusionPattern
 
 from .base import Backend, Region
 from .region_check import check_partitioned
 
 CODEGEN_ATTR = "Codegen"
 COMPOSITE_ATTR = "Composite"
+#: Attribute of a composite made for a backend that follows the placement: its device position.
+DEVICE_ATTR = "tvm_hetero.device"
+#: The annotation every backend pattern gives its anchor op (the op the placement is asked about).
+ANCHOR = "anchor"
+
+
+#: ``place(entry_function) -> {bound variable: device}``: the placement's decision for every op call.
+PlaceCalls = Callable[[relax.Function], dict[relax.Var, int]]
 
 
 def partition_for_backends(
-    mod: tvm.IRModule, backends: Sequence[Backend], entry: str = "main", weights: frozenset[str] = frozenset()
+    mod: tvm.IRModule,
+    backends: Sequence[Backend],
+    entry: str = "main",
+    weights: frozenset[str] = frozenset(),
+    place: PlaceCalls | None = None,
 ) -> tuple[tvm.IRModule, dict[str, Region]]:
     """Partition ``entry`` for ``backends``; returns the module and its regions by symbol.
 
     ``weights`` names the function parameters whose values are given at build time; they and
-    constants are what a backend may treat as weights.
+    constants are what a backend may treat as weights. ``place`` is needed by backends that
+    follow the placement (``device=None``).
     """
     regions: dict[str, Region] = {}
     for backend in backends:
@@ -45,6 +63,13 @@ def partition_for_backends(
             )
         mod = backend.prepare(mod, entry)
         patterns = backend.patterns(lambda expr: _is_weight(expr, weights))
+        if backend.follows_placement():
+            if place is None:
+                raise ValueError(
+                    f"backend {backend.name!r} follows the placement, but no placement was given"
+                )
+            device_of = place(mod[entry])
+            patterns = [_on_placed_device(p, backend, device_of) for p in patterns]
         mod = relax.transform.FuseOpsByPattern(
             patterns, bind_constants=False, annotate_codegen=True, entry_functions=[entry]
         )(mod)
@@ -80,6 +105,33 @@ def region_of(value: Any, regions: dict[str, Region]) -> Region | None:
     return None
 
 
+def _on_placed_device(pattern: FusionPattern, backend: Backend, device_of: dict[relax.Var, int]) -> FusionPattern:
+    """``pattern`` whose check also wants the anchor op on a device the backend runs on, and
+    whose composite function records that device (:data:`DEVICE_ATTR`): composites on different
+    devices are different functions, so each region symbol has one device. The placement is keyed
+    by binding variable: matching sees other call objects than the function it was given, but
+    the same variables."""
+    inner = pattern.check
+    chosen: dict[Any, int] = {}  # anchor call (as matching sees it) -> device
+
+    def check(ctx: Any) -> bool:
+        if inner is not None and not inner(ctx):
+            return False
+        anchor = ctx.annotated_expr.get(ANCHOR)
+        device = device_of.get(ctx.value_to_bound_var.get(anchor))
+        if device is None or not backend.runs_on(device):
+            return False
+        chosen[anchor] = device
+        return True
+
+    def attrs(annotated: Any) -> dict[str, str]:
+        out = dict(pattern.attrs_getter(annotated)) if pattern.attrs_getter is not None else {}
+        out[DEVICE_ATTR] = str(chosen[annotated[ANCHOR]])
+        return out
+
+    return FusionPattern(pattern.name, pattern.pattern, pattern.annotation_patterns, check, attrs)
+
+
 def _collect_regions(mod: tvm.IRModule, backend: Backend, known: set[str]) -> dict[str, Region]:
     found: dict[str, Region] = {}
     for gv, func in mod.functions.items():
@@ -94,7 +146,7 @@ def _collect_regions(mod: tvm.IRModule, backend: Backend, known: set[str]) -> di
         found[name] = Region(
             name=name,
             backend=backend.name,
-            device=backend.device,
+            device=backend.device if backend.device is not None else int(composite.attrs[DEVICE_ATTR]),
             pattern=pattern,
             ops=_ops_of(composite),
             spec=spec,

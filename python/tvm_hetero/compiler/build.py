@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import tvm
 
+from ..backends import default_backends
 from . import artifact_files
 from .copies import copy_stats, insert_copies, shared_edges
 from .graph import Graph
@@ -88,6 +89,8 @@ class BuildReport:
     shared_edges: int = 0
     # placement="auto": the choice explained (compiler/autoplace/measured.py), else None
     autoplace: dict | None = None
+    # why a default backend did not run (e.g. the library was built without it)
+    backend_notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -108,6 +111,9 @@ class BuildReport:
                 f"  backend {backend} on device {device} ({self.devices[device]}): {regions} regions "
                 f"holding {ops} relax ops; the rest runs as TVM kernels"
             )
+        if not self.backend_regions:
+            lines.append("  backends: none, TVM kernels run every op")
+        lines.extend(f"  backend note: {note}" for note in self.backend_notes)
         lines.append(
             f"  copies {self.num_copies}, {_size(self.bytes_copied)} copied per inference; "
             f"{self.shared_edges} tensors read in place by another device (shared memory, no copy)"
@@ -251,7 +257,7 @@ def build(
     reorder: bool | str = True,
     entry: str = "main",
     progress: Callable[[str], None] | None = None,
-    backends: Sequence[Any] = (),
+    backends: Sequence[Any] | None = None,
     objective: str = "latency",
     device_options: Sequence[dict | None] | None = None,
     cost_cache: Any = None,
@@ -275,6 +281,8 @@ def build(
     progress : called with a line of text as each step starts (the CLI prints them).
     backends : external backends (BYOC), e.g. ``["dnnl"]`` or ``[("dnnl", 1)]`` (name, device
         position): their patterns are offloaded first, as regions on that device (docs/byoc.md).
+        None (default): oneDNN on every host-CPU device, each region where the placement puts its
+        anchor op, when libtvm_hetero was built with it; ``()``: TVM kernels only.
 
     With ``placement="auto"`` (docs/autoplace.md) every candidate kernel is timed on every device
     allowed to run it and the placement minimising the predicted latency of one inference is chosen:
@@ -308,6 +316,14 @@ def build(
     if output_device is not None and not 0 <= output_device < len(devices):
         raise ValueError(f"output_device {output_device} is out of range for {len(devices)} devices")
 
+    notes: list[str] = []
+    if isinstance(placement, str) and placement == "auto" and backends is None:
+        # Measured placement times TVM kernels; oneDNN regions are not yet a measured choice.
+        backends = ()
+        notes.append("placement='auto' measures TVM kernels only: the oneDNN default is off for this build")
+    if backends is None:
+        host_cpus = shares_memory_between(devices, target_list)
+        backends, notes = default_backends([d for d in range(len(devices)) if host_cpus(d, d)])
     start = time.perf_counter()
     auto = None
     if isinstance(placement, str):
@@ -334,6 +350,7 @@ def build(
     lib, device_libs = compile_kernel_libraries(lowered, target_list, devices)
     report = _make_report(lowered, graph, plan, devices, target_list, (switches_original, switches_reordered))
     report.compile_seconds = time.perf_counter() - start
+    report.backend_notes = notes
     artifact = Artifact(
         graph_json=graph.to_json(plan.storage_ids, plan.storage_offsets),
         lib=lib,

@@ -39,6 +39,7 @@ by a backend on the backend's device. Such calls pass through legalization and f
 from __future__ import annotations
 
 import platform
+import warnings
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -135,10 +136,9 @@ def lower_to_graph(
     resolved = resolve_placement(placement, num_devices)
     backend_list = resolve_backends(backends)
     for backend in backend_list:
-        if not 0 <= backend.device < num_devices:
-            raise ValueError(
-                f"backend {backend.name!r} is on device {backend.device}, outside [0, {num_devices})"
-            )
+        for device in [backend.device] if backend.device is not None else sorted(backend.devices or ()):
+            if not 0 <= device < num_devices:
+                raise ValueError(f"backend {backend.name!r} is on device {device}, outside [0, {num_devices})")
     func = _entry_function(mod, entry)
     param_values = _param_values(func, params)
     func = func.without_attr("params") if func.attrs is not None and "params" in func.attrs else func
@@ -149,7 +149,8 @@ def lower_to_graph(
         func = mod[entry]
     regions: dict[str, Region] = {}
     if backend_list:
-        mod, regions = partition_for_backends(mod, backend_list, entry, frozenset(param_values))
+        place = _call_placer(mod, entry, resolved, annotations=placement is None)
+        mod, regions = partition_for_backends(mod, backend_list, entry, frozenset(param_values), place)
         func = mod[entry]
 
     annotated = _annotated_devices(mod, entry) if placement is None else {}
@@ -371,6 +372,23 @@ def _place_ops(
             decisions.append((info, device))
             op_of_var[binding.var] = (device, name)
     return decisions, op_of_var
+
+
+def _call_placer(mod: tvm.IRModule, entry: str, placement: Any, annotations: bool):
+    """``place(func) -> {bound variable: device}`` for backends that follow the placement. It asks the
+    placement before partitioning; the ops left after it are asked again, so fallbacks and their
+    warnings are recorded then, once."""
+
+    def place(func: relax.Function) -> dict[relax.Var, int]:
+        annotated = _annotated_devices(_with_function(mod, entry, func), entry) if annotations else {}
+        kept = len(placement.fallbacks)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            _decisions, op_of_var = _place_ops(func, placement, annotated)
+        del placement.fallbacks[kept:]
+        return {var: device for var, (device, _op) in op_of_var.items()}
+
+    return place
 
 
 def _op_inputs(call: relax.Call) -> list[Any]:
