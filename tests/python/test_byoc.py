@@ -570,3 +570,18 @@ def test_matmul_on_token_batches_is_one_region_and_matches_numpy(act):
     pre = value.astype(np.float64) @ params["w"] + params["b"]
     expected = _np_activation("gelu", pre) if act else pre
     np.testing.assert_allclose(rt.get_output(0).numpy(), expected, rtol=1e-4, atol=1e-4)
+
+
+@needs_dnnl
+def test_a_default_region_never_takes_an_op_placed_on_another_device():
+    # matmul on cpu:0, its bias add and relu placed on cpu:1: a matmul+bias(+relu) region anchored
+    # on cpu:0 must not swallow them.
+    mod, params = models.mlp()
+    art = tvm_hetero.build(mod, [(tvm.cpu(0), "llvm"), (tvm.cpu(1), "llvm")], placement={"add": 1, "relu": 1},
+                           params=params)
+    assert art.build_report.ops_per_device == [2, 2]
+    x = np.ones((4, 16), "float32")
+    rt = art.create()
+    rt.run(x=x)
+    expected = np.maximum(x @ params["w1"] + params["b1"], 0) @ params["w2"]
+    np.testing.assert_allclose(rt.get_output(0).numpy(), expected, rtol=1e-4, atol=1e-4)

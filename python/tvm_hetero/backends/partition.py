@@ -121,6 +121,10 @@ def _on_placed_device(pattern: FusionPattern, backend: Backend, device_of: dict[
         device = device_of.get(ctx.value_to_bound_var.get(anchor))
         if device is None or not backend.runs_on(device):
             return False
+        # Every op the region would take must be placed where its anchor is: a region never moves
+        # an op the placement put on another device (e.g. a bias add and relu sent to a board).
+        if any(device_of.get(var, device) != device for var in ctx.matched_bindings.keys()):
+            return False
         chosen[anchor] = device
         return True
 
