@@ -123,7 +123,7 @@ def _on_placed_device(pattern: FusionPattern, backend: Backend, device_of: dict[
             return False
         # Every op the region would take must be placed where its anchor is: a region never moves
         # an op the placement put on another device (e.g. a bias add and relu sent to a board).
-        if any(device_of.get(var, device) != device for var in ctx.matched_bindings.keys()):
+        if any(device_of.get(var, device) != device for var in ctx.matched_bindings):
             return False
         chosen[anchor] = device
         return True
