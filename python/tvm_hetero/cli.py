@@ -213,7 +213,8 @@ def _print_comparison(mod, devices, model, inputs, ours: float, repeat: int, say
         session.run(None, inputs)
         ort[threads] = float(np.median([_timed(lambda s=session: s.run(None, inputs)) for _ in range(repeat)]))
     print("compared with")
-    print(f"  {devices[0][0]} alone          {alone * 1e3:9.1f} ms  -> {devices[0][0]} alone / ours {alone / ours:.2f}x")
+    print(f"  {devices[0][0]} alone, every core {alone * 1e3:9.1f} ms  -> {devices[0][0]} alone / ours "
+          f"{alone / ours:.2f}x (a chain split in halves cannot overlap; see docs/concurrency.md)")
     for threads, t in ort.items():
         print(f"  onnxruntime, {threads} thread{'s' if threads > 1 else ' '}  {t * 1e3:9.1f} ms  -> ours / onnxruntime "
               f"{ours / t:.2f}x")
