@@ -11,6 +11,8 @@
 
 #include "concurrency/device_executors.h"
 #include "concurrency/step_schedule.h"
+#include "support/device.h"
+#include "support/tensor_check.h"
 
 #include <algorithm>
 #include <chrono>
@@ -25,79 +27,17 @@ using tvm::runtime::DeviceAPI;
 
 namespace {
 
-constexpr size_t kPoolAlignment = 64;
-/*! \brief TVM's RPC session mask: device types at or above it live in another process. */
-constexpr int kRPCSessMask = 128;
-
-bool IsHost(DLDevice dev) { return dev.device_type == kDLCPU; }
-bool SameDevice(DLDevice a, DLDevice b) { return a.device_type == b.device_type && a.device_id == b.device_id; }
-/*! \brief Tensors on `a` can be read on `b` in place: both are CPUs of this process. */
-bool SharesMemory(DLDevice a, DLDevice b) { return IsHost(a) && IsHost(b); }
-/*! \brief A device of another process, reached through a TVM RPC session. */
-bool IsRemote(DLDevice dev) { return dev.device_type >= kRPCSessMask; }
-
-/*! \brief Kernels and copies write through the DLTensor of a tensor the runtime owns. */
-DLTensor* MutableTensor(const ffi::Tensor& t) { return const_cast<DLTensor*>(t.GetDLTensorPtr()); }
-
-/*! \brief Allocates a pool slot with the device's own API. */
-struct PoolAlloc {
-  void AllocData(DLTensor* t) {
-    t->data = DeviceAPI::Get(t->device)->AllocDataSpace(t->device, ffi::GetDataSize(*t), kPoolAlignment,
-                                                         t->dtype);
-  }
-  void FreeData(DLTensor* t) {
-    // Never throw from a destructor: a remote device may already be gone.
-    try {
-      DeviceAPI::Get(t->device)->FreeDataSpace(t->device, t->data);
-    } catch (...) {
-    }
-  }
-};
-
-/*! \brief A typed view at `offset` bytes into a pool slot; holding `base` keeps the slot alive. */
-struct ViewAlloc {
-  ffi::Tensor base;
-  size_t offset = 0;
-  void AllocData(DLTensor* t) { t->data = static_cast<char*>(base.data_ptr()) + offset; }
-  void FreeData(DLTensor*) {}
-};
-
-/*!
- * \brief Whether a pointer plus a byte offset is a valid data pointer on `dev`. Kernels reject a
- *        nonzero DLTensor::byte_offset, so a view inside an allocation needs this; elsewhere (OpenCL,
- *        Vulkan, Metal handles; remote memory handles) storage offsets are kept apart (storage_plan.h).
- */
-bool OffsetsUsable(DLDevice dev) {
-  switch (dev.device_type) {
-    case kDLCPU:
-    case kDLCUDA:
-    case kDLCUDAHost:
-    case kDLCUDAManaged:
-    case kDLROCM:
-    case kDLROCMHost:
-      return true;
-    default:
-      return false;
-  }
-}
-
-std::string DeviceName(DLDevice dev) {
-  std::ostringstream os;
-  if (dev.device_type >= kRPCSessMask) {
-    os << "remote[" << dev.device_type / kRPCSessMask - 1 << "]:";
-    dev.device_type = static_cast<DLDeviceType>(dev.device_type % kRPCSessMask);
-  }
-  os << tvm::runtime::DLDeviceType2Str(dev.device_type) << ":" << dev.device_id;
-  return os.str();
-}
-
-std::string ShapeString(const int64_t* shape, int ndim) {
-  std::ostringstream os;
-  os << "(";
-  for (int i = 0; i < ndim; ++i) os << (i ? ", " : "") << shape[i];
-  os << (ndim == 1 ? ",)" : ")");
-  return os.str();
-}
+using support::AllocTensor;
+using support::CopyAcrossDevices;
+using support::DeviceName;
+using support::IsHost;
+using support::IsRemote;
+using support::Mutable;
+using support::NeedsStaging;
+using support::SameDevice;
+using support::SharesMemory;
+using support::StagingBuffer;
+using support::ViewOf;
 
 }  // namespace
 
@@ -120,29 +60,6 @@ class GraphRuntime::ExclusiveUse {
  private:
   GraphRuntime* rt_;
 };
-
-bool CopyNeedsStaging(DLDevice from, DLDevice to) {
-  return from.device_type != to.device_type && !IsHost(from) && !IsHost(to);
-}
-
-void CopyAcrossDevices(const DLTensor* from, DLTensor* to, DLTensor* staging) {
-  if (IsHost(from->device) && IsHost(to->device)) {
-    // cpu(0) and cpu(1) are distinct devices of one address space.
-    std::memcpy(static_cast<char*>(to->data) + to->byte_offset,
-                static_cast<const char*>(from->data) + from->byte_offset, ffi::GetDataSize(*from));
-    return;
-  }
-  if (CopyNeedsStaging(from->device, to->device)) {
-    CopyAcrossDevices(from, staging);
-    CopyAcrossDevices(staging, to);
-    return;
-  }
-  DLDevice api_device = IsHost(from->device) ? to->device : from->device;
-  DeviceAPI* api = DeviceAPI::Get(api_device);
-  api->CopyDataFromTo(const_cast<DLTensor*>(from), to, nullptr);
-  // A copy that lands on the host must be complete before the host reads it.
-  if (IsHost(to->device)) api->StreamSync(api_device, nullptr);
-}
 
 /*! \brief What concurrent execution and tracing need beside the steps themselves. */
 struct GraphRuntime::Concurrency {
@@ -338,20 +255,18 @@ void GraphRuntime::AttachOffloadRunner(int device, ffi::Function run_segment) {
 
 void GraphRuntime::SetupStorage() {
   std::vector<bool> offsets_usable;
-  for (const DLDevice& dev : devices_) offsets_usable.push_back(OffsetsUsable(dev));
+  for (const DLDevice& dev : devices_) offsets_usable.push_back(support::OffsetsUsable(dev));
   storage_plan_ = PlanStorage(graph_, node_device_, offsets_usable);
   pool_.clear();
   for (const StorageSlot& slot : storage_plan_.slots) {
     int64_t nbytes = static_cast<int64_t>(std::max<size_t>(slot.nbytes, 1));
-    pool_.push_back(ffi::Tensor::FromNDAlloc(PoolAlloc(), ffi::Shape({nbytes}), DLDataType{kDLUInt, 8, 1},
-                                             devices_[slot.device]));
+    pool_.push_back(AllocTensor(ffi::Shape({nbytes}), DLDataType{kDLUInt, 8, 1}, devices_[slot.device]));
   }
   data_entry_.clear();
   for (size_t eid = 0; eid < graph_.num_entries(); ++eid) {
     const ffi::Tensor& base = pool_[storage_plan_.entry_slot[eid]];
-    ViewAlloc view{base, storage_plan_.entry_offset[eid]};
-    data_entry_.push_back(ffi::Tensor::FromNDAlloc(view, ffi::Shape(graph_.shapes[eid]),
-                                                   graph_.dtypes[eid], base.device()));
+    data_entry_.push_back(ViewOf(base, storage_plan_.entry_offset[eid], ffi::Shape(graph_.shapes[eid]),
+                                 graph_.dtypes[eid], base.device()));
   }
 }
 
@@ -371,13 +286,11 @@ void GraphRuntime::SetupOpExecs() {
       step.kind = OpExec::Kind::kNop;
     } else if (node.func_name == "__copy") {
       step.kind = OpExec::Kind::kCopy;
-      step.copy_from = MutableTensor(data_entry_[graph_.entry_id(node.inputs[0])]);
-      step.copy_to = MutableTensor(data_entry_[graph_.entry_id(nid, 0)]);
+      step.copy_from = Mutable(data_entry_[graph_.entry_id(node.inputs[0])]);
+      step.copy_to = Mutable(data_entry_[graph_.entry_id(nid, 0)]);
       CheckCompatible(graph_.entry_id(nid, 0), step.copy_from, graph_.describe_node(nid) + " (__copy input)");
-      if (CopyNeedsStaging(step.copy_from->device, step.copy_to->device)) {
-        step.staging = ffi::Tensor::FromNDAlloc(PoolAlloc(), ffi::Shape(graph_.shapes[graph_.entry_id(nid, 0)]),
-                                                step.copy_to->dtype, DLDevice{kDLCPU, 0});
-      }
+      step.staging = StagingBuffer(step.copy_from->device, step.copy_to->device,
+                                   ffi::Shape(graph_.shapes[graph_.entry_id(nid, 0)]), step.copy_to->dtype);
     } else {
       step.kind = OpExec::Kind::kKernel;
       int device = node_device_[nid];
@@ -393,7 +306,7 @@ void GraphRuntime::SetupOpExecs() {
       step.kernel = *kernel;
       for (const EntryRef& e : node.inputs) step.args.emplace_back(KernelInput(nid, graph_.entry_id(e)));
       for (uint32_t k = 0; k < node.num_outputs; ++k) {
-        step.args.emplace_back(MutableTensor(data_entry_[graph_.entry_id(nid, k)]));
+        step.args.emplace_back(Mutable(data_entry_[graph_.entry_id(nid, k)]));
       }
     }
     StepAccess access{node_device_[nid], {}, {}};
@@ -417,7 +330,7 @@ void GraphRuntime::SetupOpExecs() {
   for (const EntryRef& head : graph_.heads) {
     const ffi::Tensor& entry = data_entry_[graph_.entry_id(head)];
     bool view = !SameDevice(entry.device(), devices_[0]) && SharesMemory(entry.device(), devices_[0]);
-    output_views_.push_back(view ? ffi::Tensor::FromNDAlloc(ViewAlloc{entry, 0}, entry.shape(), entry.dtype(),
+    output_views_.push_back(view ? ViewOf(entry, 0, entry.shape(), entry.dtype(),
                                                             devices_[0])
                                  : entry);
   }
@@ -439,7 +352,7 @@ void GraphRuntime::RunStep(const OpExec& step, ffi::Any* rv) const {
       break;
     case OpExec::Kind::kCopy:
       CopyAcrossDevices(step.copy_from, step.copy_to,
-                        step.staging.defined() ? MutableTensor(step.staging) : nullptr);
+                        step.staging.defined() ? Mutable(step.staging) : nullptr);
       break;
     case OpExec::Kind::kNop:
       break;
@@ -450,33 +363,30 @@ DLTensor* GraphRuntime::KernelInput(uint32_t nid, uint32_t eid) {
   const ffi::Tensor& entry = data_entry_[eid];
   const int device = node_device_[nid];
   DLDevice want = devices_[device];
-  if (SameDevice(entry.device(), want)) return MutableTensor(entry);
+  if (SameDevice(entry.device(), want)) return Mutable(entry);
   if (SharesMemory(entry.device(), want)) {
     // Same bytes, the reader's device: the edge costs a wait, not a copy.
     shared_views_.push_back(
-        ffi::Tensor::FromNDAlloc(ViewAlloc{entry, 0}, ffi::Shape(graph_.shapes[eid]), graph_.dtypes[eid], want));
-    return MutableTensor(shared_views_.back());
+        ViewOf(entry, 0, ffi::Shape(graph_.shapes[eid]), graph_.dtypes[eid], want));
+    return Mutable(shared_views_.back());
   }
   // Separate memory and no copy in the graph: copy once per (entry, device), before the first reader.
   auto [it, inserted] =
       concurrency_->implicit_copy_of.emplace(std::make_pair(eid, device), static_cast<uint32_t>(implicit_copies_.size()));
-  if (!inserted) return MutableTensor(implicit_copies_[it->second]);
-  implicit_copies_.push_back(ffi::Tensor::FromNDAlloc(PoolAlloc(), ffi::Shape(graph_.shapes[eid]), graph_.dtypes[eid], want));
+  if (!inserted) return Mutable(implicit_copies_[it->second]);
+  implicit_copies_.push_back(AllocTensor(ffi::Shape(graph_.shapes[eid]), graph_.dtypes[eid], want));
   OpExec copy;
   copy.kind = OpExec::Kind::kCopy;
   copy.node_id = nid;
-  copy.copy_from = MutableTensor(entry);
-  copy.copy_to = MutableTensor(implicit_copies_.back());
-  if (CopyNeedsStaging(copy.copy_from->device, want)) {
-    copy.staging = ffi::Tensor::FromNDAlloc(PoolAlloc(), ffi::Shape(graph_.shapes[eid]), graph_.dtypes[eid],
-                                            DLDevice{kDLCPU, 0});
-  }
+  copy.copy_from = Mutable(entry);
+  copy.copy_to = Mutable(implicit_copies_.back());
+  copy.staging = StagingBuffer(copy.copy_from->device, want, ffi::Shape(graph_.shapes[eid]), graph_.dtypes[eid]);
   bytes_copied_per_run_ += static_cast<int64_t>(ffi::GetDataSize(*copy.copy_to));
   StepAccess access{device, {EntryRegion(eid)}, {InputRegion(nid, eid)}};
   if (IsRemote(entry.device())) access.device = storage_plan_.entry_device[eid];
   op_execs_.push_back(std::move(copy));
   concurrency_->access.push_back(std::move(access));
-  return MutableTensor(implicit_copies_.back());
+  return Mutable(implicit_copies_.back());
 }
 
 MemoryRegion GraphRuntime::EntryRegion(uint32_t eid) const {
@@ -576,7 +486,7 @@ void GraphRuntime::RunOnce() {
     RunSerial();
   }
   try {
-    for (const DLDevice& dev : devices_to_sync_) DeviceAPI::Get(dev)->StreamSync(dev, nullptr);
+    for (const DLDevice& dev : devices_to_sync_) support::SyncDevice(dev);
   } catch (const ffi::Error& err) {
     throw ErrorAt(static_cast<uint32_t>(op_execs_.size()), err);
   }
@@ -700,27 +610,7 @@ int GraphRuntime::CheckedInputIndex(int index, const char* what) const {
 }
 
 void GraphRuntime::CheckCompatible(uint32_t eid, const DLTensor* value, const std::string& what) const {
-  const std::vector<int64_t>& shape = graph_.shapes[eid];
-  bool same_shape = value->ndim == static_cast<int>(shape.size()) &&
-                    std::equal(shape.begin(), shape.end(), value->shape);
-  if (!same_shape) {
-    TVM_FFI_THROW(ValueError) << what << ": expected shape " << ShapeString(shape.data(), shape.size())
-                              << ", got " << ShapeString(value->shape, value->ndim);
-  }
-  const DLDataType& dtype = graph_.dtypes[eid];
-  if (value->dtype.code != dtype.code || value->dtype.bits != dtype.bits || value->dtype.lanes != dtype.lanes) {
-    TVM_FFI_THROW(TypeError) << what << ": expected dtype " << ffi::DLDataTypeToString(dtype) << ", got "
-                             << ffi::DLDataTypeToString(value->dtype);
-  }
-  if (value->strides != nullptr && value->ndim > 0) {
-    int64_t expected = 1;
-    for (int i = value->ndim - 1; i >= 0; --i) {
-      if (value->shape[i] != 1 && value->strides[i] != expected) {
-        TVM_FFI_THROW(ValueError) << what << ": tensor must be contiguous";
-      }
-      expected *= value->shape[i];
-    }
-  }
+  support::CheckTensor(value, graph_.shapes[eid], graph_.dtypes[eid], what);
 }
 
 void GraphRuntime::CheckInputValue(int index, const DLTensor* value, const std::string& what) const {
@@ -731,14 +621,8 @@ void GraphRuntime::CheckInputValue(int index, const DLTensor* value, const std::
 void GraphRuntime::WriteInput(int index, const DLTensor* value, const std::string& what) {
   CheckInputValue(index, value, what);
   uint32_t eid = graph_.entry_id(input_nodes_[index], 0);
-  DLTensor* dst = MutableTensor(data_entry_[eid]);
-  if (CopyNeedsStaging(value->device, dst->device)) {
-    ffi::Tensor staging = ffi::Tensor::FromNDAlloc(PoolAlloc(), ffi::Shape(graph_.shapes[eid]), dst->dtype,
-                                                   DLDevice{kDLCPU, 0});
-    CopyAcrossDevices(value, dst, MutableTensor(staging));
-  } else {
-    CopyAcrossDevices(value, dst);
-  }
+  DLTensor* dst = Mutable(data_entry_[eid]);
+  support::CopyOnce(value, dst);
   MarkInputSet(index);
 }
 
@@ -774,13 +658,8 @@ void GraphRuntime::CopyOutputTo(int index, DLTensor* out) const {
   uint32_t eid = graph_.entry_id(graph_.heads[index]);
   CheckCompatible(eid, out, "output " + std::to_string(index) + " destination");
   const DLTensor* src = data_entry_[eid].GetDLTensorPtr();
-  if (CopyNeedsStaging(src->device, out->device)) {
-    ffi::Tensor staging =
-        ffi::Tensor::FromNDAlloc(PoolAlloc(), ffi::Shape(graph_.shapes[eid]), src->dtype, DLDevice{kDLCPU, 0});
-    CopyAcrossDevices(src, out, MutableTensor(staging));
-  } else {
-    CopyAcrossDevices(src, out);
-  }
+  support::CopyOnce(src, out);
+
 }
 
 void GraphRuntime::BindParams(const std::vector<std::pair<int, const DLTensor*>>& params) {
@@ -903,7 +782,7 @@ std::string GraphRuntime::ProfileJSON(int repeat) {
       auto start = Clock::now();
       ffi::Any rv;
       RunStep(op_execs_[i], &rv);
-      if (!IsHost(dev)) DeviceAPI::Get(dev)->StreamSync(dev, nullptr);
+      support::SyncDevice(dev);
       node_us[i] += std::chrono::duration<double, std::micro>(Clock::now() - start).count() / repeat;
     }
   }

@@ -84,9 +84,6 @@ class OffloadRunner : public ffi::ModuleObj {
     if (name == "run_segment") {
       return ffi::Function::FromTyped([self, this](int64_t index) { RunSegment(index); });
     }
-    if (name == "num_segments") {
-      return ffi::Function::FromTyped([self, this]() { return static_cast<int64_t>(segments_.size()); });
-    }
     return std::nullopt;
   }
 

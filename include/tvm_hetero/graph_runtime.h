@@ -303,12 +303,6 @@ class GraphRuntime {
   std::atomic<bool> in_use_{false};
 };
 
-/*! \brief True when copying between these devices needs a host buffer in between. */
-bool CopyNeedsStaging(DLDevice from, DLDevice to);
-/*! \brief Copy between tensors on any two devices; `staging` is a host buffer of the same size,
- *         needed only when CopyNeedsStaging. */
-void CopyAcrossDevices(const DLTensor* from, DLTensor* to, DLTensor* staging = nullptr);
-
 }  // namespace tvm_hetero
 
 #endif  // TVM_HETERO_GRAPH_RUNTIME_H_
