@@ -11,6 +11,7 @@
 
 #include "concurrency/device_executors.h"
 #include "concurrency/step_schedule.h"
+#include "graph_runtime_steps.h"
 #include "support/device.h"
 #include "support/tensor_check.h"
 
@@ -41,26 +42,6 @@ using support::ViewOf;
 
 }  // namespace
 
-/*! \brief One call at a time per runtime: a second raises instead of corrupting shared buffers
- *         (a flag, not a lock, so nothing is held or waited on across kernels). */
-class GraphRuntime::ExclusiveUse {
- public:
-  ExclusiveUse(const GraphRuntime* rt, const char* call) : rt_(const_cast<GraphRuntime*>(rt)) {
-    if (rt_->in_use_.exchange(true, std::memory_order_acquire)) {
-      TVM_FFI_THROW(RuntimeError) << "runtime is busy: " << call
-                                  << " was called while another call (run, set_input, set_params, load_params, "
-                                     "get_output into a tensor, profile) is in progress on this runtime; use one "
-                                     "runtime per thread (share_params lets them share weights)";
-    }
-  }
-  ~ExclusiveUse() { rt_->in_use_.store(false, std::memory_order_release); }
-  ExclusiveUse(const ExclusiveUse&) = delete;
-  ExclusiveUse& operator=(const ExclusiveUse&) = delete;
-
- private:
-  GraphRuntime* rt_;
-};
-
 /*! \brief What concurrent execution and tracing need beside the steps themselves. */
 struct GraphRuntime::Concurrency {
   /*! \brief One executor per device with steps. */
@@ -77,7 +58,8 @@ struct GraphRuntime::Concurrency {
   std::vector<double> span_start_us, span_end_us;
 };
 
-GraphRuntime::GraphRuntime() : concurrency_(std::make_unique<Concurrency>()) {}
+GraphRuntime::GraphRuntime()
+    : steps_(std::make_unique<RuntimeSteps>()), concurrency_(std::make_unique<Concurrency>()) {}
 
 GraphRuntime::~GraphRuntime() {
   // The executor threads run steps of this object: stop them before any member goes away.
@@ -148,8 +130,8 @@ void GraphRuntime::InvalidateCaches() const {
 }
 
 void GraphRuntime::SetupPreparedCalls() {
-  calls_.clear();
-  for (const OpExec& step : op_execs_) {
+  steps_->calls.clear();
+  for (const OpExec& step : steps_->op_execs) {
     PreparedCall call;
     if (step.kind == OpExec::Kind::kKernel) {
       bool remote = IsRemote(devices_[node_device_[step.node_id]]);
@@ -161,96 +143,21 @@ void GraphRuntime::SetupPreparedCalls() {
                (IsRemote(step.copy_from->device) || IsRemote(step.copy_to->device))) {
       call.mode = PreparedCall::Mode::kRemoteStep;
     }
-    calls_.push_back(call);
+    steps_->calls.push_back(call);
   }
   // An offload segment with a runner is one call; its other steps are skipped.
-  for (const OffloadSegment& segment : segments_) {
+  for (const OffloadSegment& segment : steps_->segments) {
     if (!segment.runner.has_value()) continue;
-    PreparedCall& first = calls_[segment.begin];
-    first.mode = PreparedCall::Mode::kRemoteCall;
+    PreparedCall& first = steps_->calls[segment.begin];
+    first.mode = PreparedCall::Mode::kRemoteGroup;
     first.function = static_cast<const ffi::FunctionObj*>(segment.runner.value().get());
     first.args = &segment.index_arg;
     first.num_args = 1;
     for (uint32_t i = segment.begin + 1; i < segment.end; ++i) {
-      calls_[i].mode = PreparedCall::Mode::kSkip;
+      steps_->calls[i].mode = PreparedCall::Mode::kSkip;
     }
   }
   SetupExecution();  // the steps changed: derive the schedule again
-}
-
-void GraphRuntime::SetupOffloadSegments() {
-  segments_.clear();
-  std::vector<int64_t> per_device(devices_.size(), 0);
-  for (const ExecGroup& group : groups_) {
-    if (!IsRemote(devices_[group.device])) continue;
-    for (uint32_t i = group.begin; i < group.end; ++i) {
-      if (op_execs_[i].kind != OpExec::Kind::kKernel) continue;
-      bool extends = !segments_.empty() && segments_.back().end == i && segments_.back().device == group.device;
-      if (extends) {
-        segments_.back().end = i + 1;
-      } else {
-        OffloadSegment segment;
-        segment.device = group.device;
-        segment.begin = i;
-        segment.end = i + 1;
-        segment.index_arg = ffi::AnyView(per_device[group.device]++);
-        segments_.push_back(std::move(segment));
-      }
-    }
-  }
-}
-
-std::string GraphRuntime::OffloadPlanJSON(int device) const {
-  namespace json = ffi::json;
-  if (device < 0 || device >= static_cast<int>(devices_.size())) {
-    TVM_FFI_THROW(IndexError) << "device " << device << " is out of range";
-  }
-  std::unordered_map<uint32_t, int64_t> position;  // entry id -> index into "entries"
-  json::Array entries, segments;
-  std::unordered_map<const DLTensor*, uint32_t> eid_of;  // kernel args point at data entries
-  for (uint32_t eid = 0; eid < data_entry_.size() + implicit_copies_.size(); ++eid) {
-    eid_of.emplace(GetEntry(eid).GetDLTensorPtr(), eid);
-  }
-  auto entry_index = [&](const DLTensor* tensor) -> int64_t {
-    auto found = eid_of.find(tensor);
-    if (found == eid_of.end()) TVM_FFI_THROW(InternalError) << "argument is not a data entry";
-    auto [it, inserted] = position.emplace(found->second, static_cast<int64_t>(entries.size()));
-    if (inserted) entries.push_back(int64_t(found->second));
-    return it->second;
-  };
-  for (const OffloadSegment& segment : segments_) {
-    if (segment.device != device) continue;
-    json::Array ops;
-    for (uint32_t i = segment.begin; i < segment.end; ++i) {
-      const OpExec& step = op_execs_[i];
-      json::Array args;
-      for (const ffi::AnyView& arg : step.args) args.push_back(entry_index(arg.cast<DLTensor*>()));
-      ops.push_back(json::Object{{ffi::String("func_name"), ffi::String(graph_.nodes[step.node_id].func_name)},
-                                 {ffi::String("node"), ffi::String(graph_.describe_node(step.node_id))},
-                                 {ffi::String("args"), args}});
-    }
-    segments.push_back(ops);
-  }
-  return std::string(json::Stringify(json::Object{{ffi::String("entries"), entries},
-                                                  {ffi::String("segments"), segments}}));
-}
-
-ffi::Tensor GraphRuntime::GetEntry(uint32_t eid) const {
-  if (eid < data_entry_.size()) return data_entry_[eid];
-  if (eid - data_entry_.size() < implicit_copies_.size()) return implicit_copies_[eid - data_entry_.size()];
-  TVM_FFI_THROW(IndexError) << "entry " << eid << " is out of range";
-}
-
-void GraphRuntime::AttachOffloadRunner(int device, ffi::Function run_segment) {
-  ExclusiveUse use(this, "attach_offload_runner");
-  bool any = false;
-  for (OffloadSegment& segment : segments_) {
-    if (segment.device != device) continue;
-    segment.runner = run_segment;
-    any = true;
-  }
-  if (!any) TVM_FFI_THROW(ValueError) << "device " << device << " has no offload segments";
-  SetupPreparedCalls();
 }
 
 void GraphRuntime::SetupStorage() {
@@ -271,7 +178,7 @@ void GraphRuntime::SetupStorage() {
 }
 
 void GraphRuntime::SetupOpExecs() {
-  op_execs_.clear();
+  steps_->op_execs.clear();
   shared_views_.clear();
   implicit_copies_.clear();
   concurrency_->implicit_copy_of.clear();
@@ -322,7 +229,7 @@ void GraphRuntime::SetupOpExecs() {
     for (uint32_t k = 0; k < node.num_outputs && !node.is_input(); ++k) {
       access.writes.push_back(EntryRegion(graph_.entry_id(nid, k)));
     }
-    op_execs_.push_back(std::move(step));
+    steps_->op_execs.push_back(std::move(step));
     concurrency_->access.push_back(std::move(access));
   }
   // Outputs are read on the primary device; one made on a device sharing its memory is shown there.
@@ -338,8 +245,8 @@ void GraphRuntime::SetupOpExecs() {
 
 void GraphRuntime::SetupGroups() {
   groups_.clear();
-  for (uint32_t i = 0; i < op_execs_.size(); ++i) {
-    int device = node_device_[op_execs_[i].node_id];
+  for (uint32_t i = 0; i < steps_->op_execs.size(); ++i) {
+    int device = node_device_[steps_->op_execs[i].node_id];
     if (groups_.empty() || groups_.back().device != device) groups_.push_back(ExecGroup{device, i, i});
     groups_.back().end = i + 1;
   }
@@ -384,7 +291,7 @@ DLTensor* GraphRuntime::KernelInput(uint32_t nid, uint32_t eid) {
   bytes_copied_per_run_ += static_cast<int64_t>(ffi::GetDataSize(*copy.copy_to));
   StepAccess access{device, {EntryRegion(eid)}, {InputRegion(nid, eid)}};
   if (IsRemote(entry.device())) access.device = storage_plan_.entry_device[eid];
-  op_execs_.push_back(std::move(copy));
+  steps_->op_execs.push_back(std::move(copy));
   concurrency_->access.push_back(std::move(access));
   return Mutable(implicit_copies_.back());
 }
@@ -420,7 +327,7 @@ void GraphRuntime::SetupExecution() {
   if (execution_ != ExecutionMode::kConcurrent) return;
   // An offloaded segment is one call at its first step: that step touches all the segment touches.
   std::vector<StepAccess> access = c.access;
-  for (const OffloadSegment& segment : segments_) {
+  for (const OffloadSegment& segment : steps_->segments) {
     if (!segment.runner.has_value()) continue;
     StepAccess& first = access[segment.begin];
     for (uint32_t i = segment.begin + 1; i < segment.end; ++i) {
@@ -442,7 +349,7 @@ void GraphRuntime::RunStepOnExecutor(void* self, uint32_t i) {
   if (c.tracing) c.span_start_us[i] = std::chrono::duration<double, std::micro>(Clock::now() - c.run_start).count();
   ffi::Any rv;
   try {
-    const PreparedCall& call = rt->calls_[i];
+    const PreparedCall& call = rt->steps_->calls[i];
     if (call.mode == PreparedCall::Mode::kCall) {
       call.function->CallPacked(call.args, call.num_args, &rv);
     } else {
@@ -456,16 +363,23 @@ void GraphRuntime::RunStepOnExecutor(void* self, uint32_t i) {
 
 ffi::Error GraphRuntime::ErrorAt(uint32_t i, const ffi::Error& err) const {
   std::ostringstream where;
-  if (i < op_execs_.size()) {
-    uint32_t nid = op_execs_[i].node_id;
-    bool segment = calls_[i].mode == PreparedCall::Mode::kRemoteCall && calls_[i].args != op_execs_[i].args.data();
-    where << "while running " << (segment ? "the offloaded group starting at " : "") << graph_.describe_node(nid)
-          << " on device " << node_device_[nid] << " (" << DeviceName(devices_[node_device_[nid]]) << "): ";
+  bool remote = false;  // the failing step talks to another process
+  if (i < steps_->op_execs.size()) {
+    uint32_t nid = steps_->op_execs[i].node_id;
+    PreparedCall::Mode mode = steps_->calls[i].mode;
+    remote = mode == PreparedCall::Mode::kRemoteCall || mode == PreparedCall::Mode::kRemoteGroup ||
+             mode == PreparedCall::Mode::kRemoteStep;
+    where << "while running " << (mode == PreparedCall::Mode::kRemoteGroup ? "the offloaded group starting at " : "")
+          << graph_.describe_node(nid) << " on device " << node_device_[nid] << " ("
+          << DeviceName(devices_[node_device_[nid]]) << "): ";
   } else {
+    remote = std::any_of(devices_to_sync_.begin(), devices_to_sync_.end(), IsRemote);
     where << "while synchronising devices: ";
   }
   std::string message = err.message();
-  if (message.find("kShutdown") != std::string::npos) {
+  // Errors raised in the remote process come back as RPCError; any other error of a remote step
+  // comes from the transport itself.
+  if (remote && err.kind() != "RPCError") {
     message = "the connection to the remote device was lost (server gone or connection closed): " + message;
   }
   return ffi::Error(err.kind(), where.str() + message, err.backtrace());
@@ -488,7 +402,7 @@ void GraphRuntime::RunOnce() {
   try {
     for (const DLDevice& dev : devices_to_sync_) support::SyncDevice(dev);
   } catch (const ffi::Error& err) {
-    throw ErrorAt(static_cast<uint32_t>(op_execs_.size()), err);
+    throw ErrorAt(static_cast<uint32_t>(steps_->op_execs.size()), err);
   }
 }
 
@@ -498,9 +412,9 @@ void GraphRuntime::RunSerial() {
   const Concurrency& c = *concurrency_;
   try {
     // Groups partition the steps in order, so one flat loop runs them group by group; a remote
-    // group's segment is a single kRemoteCall step (see SetupPreparedCalls).
-    const PreparedCall* calls = calls_.data();
-    const uint32_t num_steps = static_cast<uint32_t>(calls_.size());
+    // group's segment is a single kRemoteGroup step (see SetupPreparedCalls).
+    const PreparedCall* calls = steps_->calls.data();
+    const uint32_t num_steps = static_cast<uint32_t>(steps_->calls.size());
     if (c.tracing) {
       for (i = 0; i < num_steps; ++i) RunStepOnExecutor(this, i);
       return;
@@ -525,8 +439,8 @@ std::string GraphRuntime::TraceJSON(int runs) {
   ExclusiveUse use(this, "trace");
   if (num_inputs_unset_ != 0) ThrowUnsetInputs();
   Concurrency& c = *concurrency_;
-  c.span_start_us.assign(op_execs_.size(), -1.0);
-  c.span_end_us.assign(op_execs_.size(), -1.0);
+  c.span_start_us.assign(steps_->op_execs.size(), -1.0);
+  c.span_end_us.assign(steps_->op_execs.size(), -1.0);
   json::Array all_runs;
   c.tracing = true;
   try {
@@ -535,11 +449,11 @@ std::string GraphRuntime::TraceJSON(int runs) {
       c.run_start = Clock::now();
       RunOnce();
       json::Array spans;
-      for (uint32_t i = 0; i < op_execs_.size(); ++i) {
+      for (uint32_t i = 0; i < steps_->op_execs.size(); ++i) {
         if (c.span_start_us[i] < 0) continue;  // folded into an offloaded segment's call
-        const OpExec& step = op_execs_[i];
+        const OpExec& step = steps_->op_execs[i];
         const char* kind = step.kind == OpExec::Kind::kKernel ? "kernel" : step.kind == OpExec::Kind::kCopy ? "copy" : "nop";
-        if (calls_[i].mode == PreparedCall::Mode::kRemoteCall && calls_[i].args != step.args.data()) kind = "group";
+        if (steps_->calls[i].mode == PreparedCall::Mode::kRemoteGroup) kind = "group";
         spans.push_back(json::Object{{ffi::String("step"), int64_t(i)},
                                      {ffi::String("node"), int64_t(step.node_id)},
                                      {ffi::String("name"), ffi::String(graph_.nodes[step.node_id].name)},
@@ -572,19 +486,20 @@ void GraphRuntime::ThrowUnsetInputs() const {
 }
 
 void GraphRuntime::RunOtherStep(uint32_t index, ffi::Any* rv) {
-  const PreparedCall& call = calls_[index];
+  const PreparedCall& call = steps_->calls[index];
   switch (call.mode) {
     case PreparedCall::Mode::kCall:
     case PreparedCall::Mode::kRemoteCall:
-      remote_compute_calls_ += call.mode == PreparedCall::Mode::kRemoteCall;
+    case PreparedCall::Mode::kRemoteGroup:
+      remote_compute_calls_ += call.mode != PreparedCall::Mode::kCall;
       call.function->CallPacked(call.args, call.num_args, rv);
       break;
     case PreparedCall::Mode::kRemoteStep:
       ++remote_copies_;
-      RunStep(op_execs_[index], rv);
+      RunStep(steps_->op_execs[index], rv);
       break;
     case PreparedCall::Mode::kStep:
-      RunStep(op_execs_[index], rv);
+      RunStep(steps_->op_execs[index], rv);
       break;
     case PreparedCall::Mode::kSkip:
       break;
@@ -741,14 +656,14 @@ void GraphRuntime::ShareParams(const GraphRuntime& other, const std::string& par
 std::string GraphRuntime::StatsJSON() const {
   namespace json = ffi::json;
   int copies = 0;
-  for (const OpExec& step : op_execs_) copies += step.kind == OpExec::Kind::kCopy;
+  for (const OpExec& step : steps_->op_execs) copies += step.kind == OpExec::Kind::kCopy;
   json::Array storage_bytes, device_names, group_devices;
   for (size_t bytes : storage_plan_.BytesPerDevice(devices_.size())) storage_bytes.push_back(int64_t(bytes));
   for (const DLDevice& dev : devices_) device_names.push_back(ffi::String(DeviceName(dev)));
   for (const ExecGroup& g : groups_) group_devices.push_back(int64_t(g.device));
   json::Object stats{
       {ffi::String("num_nodes"), int64_t(graph_.nodes.size())},
-      {ffi::String("num_ops"), int64_t(op_execs_.size())},
+      {ffi::String("num_ops"), int64_t(steps_->op_execs.size())},
       {ffi::String("num_groups"), int64_t(groups_.size())},
       {ffi::String("num_copies"), int64_t(copies)},
       {ffi::String("device_switches"), int64_t(groups_.empty() ? 0 : groups_.size() - 1)},
@@ -756,7 +671,7 @@ std::string GraphRuntime::StatsJSON() const {
       {ffi::String("num_storage_slots"), int64_t(pool_.size())},
       {ffi::String("devices"), device_names},
       {ffi::String("group_devices"), group_devices},
-      {ffi::String("offload_segments"), int64_t(segments_.size())},
+      {ffi::String("offload_segments"), int64_t(steps_->segments.size())},
       {ffi::String("remote_compute_calls"), remote_compute_calls_.load()},
       {ffi::String("remote_copies"), remote_copies_.load()},
       {ffi::String("cross_process_calls"), remote_compute_calls_.load() + remote_copies_.load()},
@@ -775,20 +690,20 @@ std::string GraphRuntime::ProfileJSON(int repeat) {
   ExclusiveUse use(this, "profile");
   if (num_inputs_unset_ != 0) ThrowUnsetInputs();
   repeat = std::max(repeat, 1);
-  std::vector<double> node_us(op_execs_.size(), 0.0);
+  std::vector<double> node_us(steps_->op_execs.size(), 0.0);
   for (int r = 0; r < repeat; ++r) {
-    for (size_t i = 0; i < op_execs_.size(); ++i) {
-      DLDevice dev = devices_[node_device_[op_execs_[i].node_id]];
+    for (size_t i = 0; i < steps_->op_execs.size(); ++i) {
+      DLDevice dev = devices_[node_device_[steps_->op_execs[i].node_id]];
       auto start = Clock::now();
       ffi::Any rv;
-      RunStep(op_execs_[i], &rv);
+      RunStep(steps_->op_execs[i], &rv);
       support::SyncDevice(dev);
       node_us[i] += std::chrono::duration<double, std::micro>(Clock::now() - start).count() / repeat;
     }
   }
   json::Array nodes, groups;
-  for (size_t i = 0; i < op_execs_.size(); ++i) {
-    uint32_t nid = op_execs_[i].node_id;
+  for (size_t i = 0; i < steps_->op_execs.size(); ++i) {
+    uint32_t nid = steps_->op_execs[i].node_id;
     nodes.push_back(json::Object{{ffi::String("node_id"), int64_t(nid)},
                                  {ffi::String("name"), ffi::String(graph_.nodes[nid].name)},
                                  {ffi::String("func_name"), ffi::String(graph_.nodes[nid].func_name)},
