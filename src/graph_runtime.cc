@@ -339,6 +339,12 @@ void GraphRuntime::SetupExecution() {
   }
   StepSchedule schedule = DeriveStepSchedule(access, static_cast<int>(devices_.size()));
   c.num_waits = schedule.NumWaits();
+  // Only the primary device has steps and it keeps the caller's thread: concurrent execution is
+  // the serial loop, so Run keeps the flat loop's dispatch cost.
+  bool others_idle = true;
+  for (size_t d = 1; d < schedule.device_steps.size(); ++d) others_idle &= schedule.device_steps[d].empty();
+  bool primary_inline = executor_options_.empty() || executor_options_[0].empty();
+  if (others_idle && primary_inline) return;
   c.executors.Start(std::move(schedule), &GraphRuntime::RunStepOnExecutor, this, executor_options_);
 }
 
