@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "support/device.h"
+#include "support/json_reader.h"
 #include "support/tensor_check.h"
 #include "support/thread_pinning.h"
 
@@ -41,64 +42,28 @@ ffi::Tensor Empty(const int64_t* shape, int ndim, DLDataType dtype, DLDevice dev
 
 // ---- the wiring JSON reader ------------------------------------------------------------------
 
-[[noreturn]] void BadConfig(const std::string& where, const std::string& what) {
-  TVM_FFI_THROW(ValueError) << "invalid pipeline config: " << where << ": " << what;
-  TVM_FFI_UNREACHABLE();
-}
+const support::JsonReader kReader{"invalid pipeline config"};
 
-json::Object ObjectAt(const ffi::Any& v, const std::string& where) {
-  if (auto obj = v.try_cast<json::Object>()) return *obj;
-  BadConfig(where, "expected an object");
-}
-
-json::Array ArrayAt(const ffi::Any& v, const std::string& where) {
-  if (auto arr = v.try_cast<json::Array>()) return *arr;
-  BadConfig(where, "expected a list");
-}
-
-std::string StringAt(const ffi::Any& v, const std::string& where) {
-  if (auto s = v.try_cast<ffi::String>()) return std::string(*s);
-  BadConfig(where, "expected a string");
-}
-
-int IntAt(const ffi::Any& v, const std::string& where) {
-  if (v.type_index() != ffi::TypeIndex::kTVMFFIInt) BadConfig(where, "expected an integer");
-  return static_cast<int>(v.cast<int64_t>());
-}
-
-/*! \brief Throw naming the first key of `obj` that is not in `known` (catches typos). */
-void CheckKeys(const json::Object& obj, std::initializer_list<const char*> known, const std::string& where) {
-  for (const auto& [key, value] : obj) {
-    std::string k = StringAt(key, where);
-    bool ok = std::any_of(known.begin(), known.end(), [&](const char* name) { return k == name; });
-    if (!ok) BadConfig(where, "unknown field '" + k + "'");
-  }
-}
-
-std::optional<ffi::Any> Field(const json::Object& obj, const char* key) {
-  auto it = obj.find(ffi::String(key));
-  if (it == obj.end()) return std::nullopt;
-  return (*it).second;
-}
+int IntAt(const ffi::Any& v, const std::string& where) { return static_cast<int>(kReader.Int(v, where)); }
 
 /*! \brief `{"stage": k, "output": i}`. */
 std::pair<int, int> StageOutputAt(const ffi::Any& v, const std::string& where) {
-  json::Object obj = ObjectAt(v, where);
-  CheckKeys(obj, {"stage", "output"}, where);
-  auto stage = Field(obj, "stage");
-  if (!stage) BadConfig(where, "missing field 'stage'");
-  auto output = Field(obj, "output");
+  json::Object obj = kReader.Object(v, where);
+  kReader.CheckKeys(obj, {"stage", "output"}, where);
+  auto stage = support::JsonReader::Find(obj, "stage");
+  if (!stage) kReader.Fail(where, "missing field 'stage'");
+  auto output = support::JsonReader::Find(obj, "output");
   return {IntAt(*stage, where + ".stage"), output ? IntAt(*output, where + ".output") : 0};
 }
 
 PipelineStage StageAt(const ffi::Any& v, const std::string& where) {
-  json::Object obj = ObjectAt(v, where);
-  CheckKeys(obj, {"name", "inputs", "params", "cores", "num_threads"}, where);
+  json::Object obj = kReader.Object(v, where);
+  kReader.CheckKeys(obj, {"name", "inputs", "params", "cores", "num_threads"}, where);
   PipelineStage stage;
-  if (auto name = Field(obj, "name")) stage.name = StringAt(*name, where + ".name");
-  if (auto inputs = Field(obj, "inputs")) {
-    for (const auto& [key, source] : ObjectAt(*inputs, where + ".inputs")) {
-      std::string name = StringAt(key, where + ".inputs");
+  if (auto name = support::JsonReader::Find(obj, "name")) stage.name = kReader.String(*name, where + ".name");
+  if (auto inputs = support::JsonReader::Find(obj, "inputs")) {
+    for (const auto& [key, source] : kReader.Object(*inputs, where + ".inputs")) {
+      std::string name = kReader.String(key, where + ".inputs");
       std::string at = where + ".inputs." + name;
       if (auto input = source.try_cast<ffi::String>()) {
         stage.inputs.emplace_back(name, PipelineSource::Input(std::string(*input)));
@@ -108,41 +73,39 @@ PipelineStage StageAt(const ffi::Any& v, const std::string& where) {
       }
     }
   }
-  if (auto params = Field(obj, "params")) {
-    for (const ffi::Any& p : ArrayAt(*params, where + ".params")) {
-      stage.params.push_back(StringAt(p, where + ".params"));
+  if (auto params = support::JsonReader::Find(obj, "params")) {
+    for (const ffi::Any& p : kReader.Array(*params, where + ".params")) {
+      stage.params.push_back(kReader.String(p, where + ".params"));
     }
   }
-  if (auto cores = Field(obj, "cores")) {
-    for (const ffi::Any& c : ArrayAt(*cores, where + ".cores")) stage.cores.push_back(IntAt(c, where + ".cores"));
+  if (auto cores = support::JsonReader::Find(obj, "cores")) {
+    for (const ffi::Any& c : kReader.Array(*cores, where + ".cores")) stage.cores.push_back(IntAt(c, where + ".cores"));
   }
-  if (auto threads = Field(obj, "num_threads")) stage.num_threads = IntAt(*threads, where + ".num_threads");
+  if (auto threads = support::JsonReader::Find(obj, "num_threads")) stage.num_threads = IntAt(*threads, where + ".num_threads");
   return stage;
 }
 
 }  // namespace
 
 PipelineConfig ParsePipelineConfig(const std::string& text) {
-  ffi::String error;
-  json::Value doc = json::Parse(text, &error);
-  if (!error.empty()) BadConfig("JSON", std::string(error));
-  json::Object obj = ObjectAt(doc, "top level");
-  CheckKeys(obj, {"inputs", "stages", "outputs", "queue_capacity"}, "top level");
+  json::Value doc = kReader.Parse(text, "JSON");
+  json::Object obj = kReader.Object(doc, "top level");
+  kReader.CheckKeys(obj, {"inputs", "stages", "outputs", "queue_capacity"}, "top level");
   PipelineConfig config;
-  auto inputs = Field(obj, "inputs");
-  auto stages = Field(obj, "stages");
-  auto outputs = Field(obj, "outputs");
-  if (!inputs || !stages || !outputs) BadConfig("top level", "'inputs', 'stages' and 'outputs' are required");
-  for (const ffi::Any& name : ArrayAt(*inputs, "inputs")) config.inputs.push_back(StringAt(name, "inputs"));
-  json::Array stage_list = ArrayAt(*stages, "stages");
+  auto inputs = support::JsonReader::Find(obj, "inputs");
+  auto stages = support::JsonReader::Find(obj, "stages");
+  auto outputs = support::JsonReader::Find(obj, "outputs");
+  if (!inputs || !stages || !outputs) kReader.Fail("top level", "'inputs', 'stages' and 'outputs' are required");
+  for (const ffi::Any& name : kReader.Array(*inputs, "inputs")) config.inputs.push_back(kReader.String(name, "inputs"));
+  json::Array stage_list = kReader.Array(*stages, "stages");
   for (size_t s = 0; s < stage_list.size(); ++s) {
     config.stages.push_back(StageAt(stage_list[s], "stages[" + std::to_string(s) + "]"));
   }
-  json::Array output_list = ArrayAt(*outputs, "outputs");
+  json::Array output_list = kReader.Array(*outputs, "outputs");
   for (size_t i = 0; i < output_list.size(); ++i) {
     config.outputs.push_back(StageOutputAt(output_list[i], "outputs[" + std::to_string(i) + "]"));
   }
-  if (auto capacity = Field(obj, "queue_capacity")) config.queue_capacity = IntAt(*capacity, "queue_capacity");
+  if (auto capacity = support::JsonReader::Find(obj, "queue_capacity")) config.queue_capacity = IntAt(*capacity, "queue_capacity");
   return config;
 }
 
