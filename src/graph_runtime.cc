@@ -89,10 +89,7 @@ void GraphRuntime::Init(const std::string& graph_json, ffi::Module lib, std::vec
   input_is_param_.assign(input_nodes_.size(), 0);
   num_inputs_unset_ = static_cast<int>(input_nodes_.size());
   for (const DLDevice& dev : devices_) {
-    bool seen = std::any_of(devices_to_sync_.begin(), devices_to_sync_.end(), [&](const DLDevice& d) {
-      return d.device_type == dev.device_type && d.device_id == dev.device_id;
-    });
-    if (!IsHost(dev) && !seen) devices_to_sync_.push_back(dev);
+    if (!IsHost(dev)) support::AddUnique(&devices_to_sync_, dev);
   }
   SetupStorage();
   SetupOpExecs();

@@ -584,11 +584,7 @@ void PipelineExecutor::CopyOutAndRelease(int frame, const std::vector<DLTensor*>
   try {
     for (size_t i = 0; i < outputs.size(); ++i) {
       const DLTensor* src = FrameTensor(frame, output_boundaries_[i]);
-      ffi::Tensor staging;  // only for a pair of devices no single device API can copy between
-      if (support::NeedsStaging(src->device, outputs[i]->device)) {
-        staging = Empty(src->shape, src->ndim, src->dtype, DLDevice{kDLCPU, 0});
-      }
-      support::CopyAcrossDevices(src, outputs[i], staging.defined() ? support::Mutable(staging) : nullptr);
+      support::CopyOnce(src, outputs[i]);
     }
   } catch (...) {
     std::lock_guard<std::mutex> lock(mu_);
