@@ -1,10 +1,10 @@
 /*!
  * \file graph_runtime.cc
- * \brief Init prepares everything (storage, views, packed calls, groups); Run is a loop.
+ * \brief Init prepares everything (storage, views, packed calls, groups) through the device layer
+ *        (support/device.h); Run is one flat loop, or one submit to the device executors.
  */
 #include <tvm/ffi/extra/json.h>
 #include <tvm/ffi/string.h>
-#include <tvm/runtime/device_api.h>
 #include <tvm_hetero/device_assignment.h>
 #include <tvm_hetero/graph_runtime.h>
 #include <tvm_hetero/param_blob.h>
@@ -17,30 +17,22 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <map>
 #include <sstream>
 
 namespace tvm_hetero {
 
 namespace ffi = tvm::ffi;
-using tvm::runtime::DeviceAPI;
-
-namespace {
-
 using support::AllocTensor;
 using support::CopyAcrossDevices;
 using support::DeviceName;
 using support::IsHost;
 using support::IsRemote;
 using support::Mutable;
-using support::NeedsStaging;
 using support::SameDevice;
 using support::SharesMemory;
 using support::StagingBuffer;
 using support::ViewOf;
-
-}  // namespace
 
 /*! \brief What concurrent execution and tracing need beside the steps themselves. */
 struct GraphRuntime::Concurrency {
