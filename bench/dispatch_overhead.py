@@ -11,7 +11,9 @@ All three are measured side by side in one run; ratios are what to read, absolut
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
+import os
 import statistics
 import time
 
@@ -21,6 +23,17 @@ import tvm_ffi
 import tvm_hetero
 from tvm import relax, te
 from tvm_hetero.compiler.graph import Entry, Graph, Node
+
+
+def kernel_call_floor():
+    """The bare kernel-call loop from bench/kernel_call_floor.cc (build/libtvm_hetero_bench.so, or
+    the file named by TVM_HETERO_BENCH_LIB); loading it registers the function."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.environ.get("TVM_HETERO_BENCH_LIB", os.path.join(root, "build", "libtvm_hetero_bench.so"))
+    if not os.path.exists(path):
+        raise SystemExit(f"{path} not found: build the C++ project (cmake --build build) or set TVM_HETERO_BENCH_LIB")
+    ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+    return tvm_ffi.get_global_func("tvm_hetero.testing.kernel_call_floor_ns")
 
 
 def build_relax_chain(num_ops: int) -> tvm.IRModule:
@@ -89,7 +102,7 @@ def main() -> dict:
 
     kernel = executable.mod.get_function("add_one", True)
     out = tvm.runtime.empty((1,), "float32")
-    floor_ns = tvm_ffi.get_global_func("tvm_hetero.testing.kernel_call_floor_ns")(kernel, 200_000, x, one, out)
+    floor_ns = kernel_call_floor()(kernel, 200_000, x, one, out)
 
     result = {
         "ops": n,

@@ -1,20 +1,22 @@
 /*!
  * \file graph_runtime.cc
- * \brief Init prepares everything (storage, views, packed calls, groups); Run is a loop.
+ * \brief Init prepares everything (storage, views, packed calls, groups) through the device layer
+ *        (support/device.h); Run is one flat loop, or one submit to the device executors.
  */
 #include <tvm/ffi/extra/json.h>
 #include <tvm/ffi/string.h>
-#include <tvm/runtime/device_api.h>
 #include <tvm_hetero/device_assignment.h>
 #include <tvm_hetero/graph_runtime.h>
 #include <tvm_hetero/param_blob.h>
 
 #include "concurrency/device_executors.h"
 #include "concurrency/step_schedule.h"
+#include "graph_runtime_steps.h"
+#include "support/device.h"
+#include "support/tensor_check.h"
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -22,128 +24,16 @@
 namespace tvm_hetero {
 
 namespace ffi = tvm::ffi;
-using tvm::runtime::DeviceAPI;
-
-namespace {
-
-constexpr size_t kPoolAlignment = 64;
-/*! \brief TVM's RPC session mask: device types at or above it live in another process. */
-constexpr int kRPCSessMask = 128;
-
-bool IsHost(DLDevice dev) { return dev.device_type == kDLCPU; }
-bool SameDevice(DLDevice a, DLDevice b) { return a.device_type == b.device_type && a.device_id == b.device_id; }
-/*! \brief Tensors on `a` can be read on `b` in place: both are CPUs of this process. */
-bool SharesMemory(DLDevice a, DLDevice b) { return IsHost(a) && IsHost(b); }
-/*! \brief A device of another process, reached through a TVM RPC session. */
-bool IsRemote(DLDevice dev) { return dev.device_type >= kRPCSessMask; }
-
-/*! \brief Kernels and copies write through the DLTensor of a tensor the runtime owns. */
-DLTensor* MutableTensor(const ffi::Tensor& t) { return const_cast<DLTensor*>(t.GetDLTensorPtr()); }
-
-/*! \brief Allocates a pool slot with the device's own API. */
-struct PoolAlloc {
-  void AllocData(DLTensor* t) {
-    t->data = DeviceAPI::Get(t->device)->AllocDataSpace(t->device, ffi::GetDataSize(*t), kPoolAlignment,
-                                                         t->dtype);
-  }
-  void FreeData(DLTensor* t) {
-    // Never throw from a destructor: a remote device may already be gone.
-    try {
-      DeviceAPI::Get(t->device)->FreeDataSpace(t->device, t->data);
-    } catch (...) {
-    }
-  }
-};
-
-/*! \brief A typed view at `offset` bytes into a pool slot; holding `base` keeps the slot alive. */
-struct ViewAlloc {
-  ffi::Tensor base;
-  size_t offset = 0;
-  void AllocData(DLTensor* t) { t->data = static_cast<char*>(base.data_ptr()) + offset; }
-  void FreeData(DLTensor*) {}
-};
-
-/*!
- * \brief Whether a pointer plus a byte offset is a valid data pointer on `dev`. Kernels reject a
- *        nonzero DLTensor::byte_offset, so a view inside an allocation needs this; elsewhere (OpenCL,
- *        Vulkan, Metal handles; remote memory handles) storage offsets are kept apart (storage_plan.h).
- */
-bool OffsetsUsable(DLDevice dev) {
-  switch (dev.device_type) {
-    case kDLCPU:
-    case kDLCUDA:
-    case kDLCUDAHost:
-    case kDLCUDAManaged:
-    case kDLROCM:
-    case kDLROCMHost:
-      return true;
-    default:
-      return false;
-  }
-}
-
-std::string DeviceName(DLDevice dev) {
-  std::ostringstream os;
-  if (dev.device_type >= kRPCSessMask) {
-    os << "remote[" << dev.device_type / kRPCSessMask - 1 << "]:";
-    dev.device_type = static_cast<DLDeviceType>(dev.device_type % kRPCSessMask);
-  }
-  os << tvm::runtime::DLDeviceType2Str(dev.device_type) << ":" << dev.device_id;
-  return os.str();
-}
-
-std::string ShapeString(const int64_t* shape, int ndim) {
-  std::ostringstream os;
-  os << "(";
-  for (int i = 0; i < ndim; ++i) os << (i ? ", " : "") << shape[i];
-  os << (ndim == 1 ? ",)" : ")");
-  return os.str();
-}
-
-}  // namespace
-
-/*! \brief One call at a time per runtime: a second raises instead of corrupting shared buffers
- *         (a flag, not a lock, so nothing is held or waited on across kernels). */
-class GraphRuntime::ExclusiveUse {
- public:
-  ExclusiveUse(const GraphRuntime* rt, const char* call) : rt_(const_cast<GraphRuntime*>(rt)) {
-    if (rt_->in_use_.exchange(true, std::memory_order_acquire)) {
-      TVM_FFI_THROW(RuntimeError) << "runtime is busy: " << call
-                                  << " was called while another call (run, set_input, set_params, load_params, "
-                                     "get_output into a tensor, profile) is in progress on this runtime; use one "
-                                     "runtime per thread (share_params lets them share weights)";
-    }
-  }
-  ~ExclusiveUse() { rt_->in_use_.store(false, std::memory_order_release); }
-  ExclusiveUse(const ExclusiveUse&) = delete;
-  ExclusiveUse& operator=(const ExclusiveUse&) = delete;
-
- private:
-  GraphRuntime* rt_;
-};
-
-bool CopyNeedsStaging(DLDevice from, DLDevice to) {
-  return from.device_type != to.device_type && !IsHost(from) && !IsHost(to);
-}
-
-void CopyAcrossDevices(const DLTensor* from, DLTensor* to, DLTensor* staging) {
-  if (IsHost(from->device) && IsHost(to->device)) {
-    // cpu(0) and cpu(1) are distinct devices of one address space.
-    std::memcpy(static_cast<char*>(to->data) + to->byte_offset,
-                static_cast<const char*>(from->data) + from->byte_offset, ffi::GetDataSize(*from));
-    return;
-  }
-  if (CopyNeedsStaging(from->device, to->device)) {
-    CopyAcrossDevices(from, staging);
-    CopyAcrossDevices(staging, to);
-    return;
-  }
-  DLDevice api_device = IsHost(from->device) ? to->device : from->device;
-  DeviceAPI* api = DeviceAPI::Get(api_device);
-  api->CopyDataFromTo(const_cast<DLTensor*>(from), to, nullptr);
-  // A copy that lands on the host must be complete before the host reads it.
-  if (IsHost(to->device)) api->StreamSync(api_device, nullptr);
-}
+using support::AllocTensor;
+using support::CopyAcrossDevices;
+using support::DeviceName;
+using support::IsHost;
+using support::IsRemote;
+using support::Mutable;
+using support::SameDevice;
+using support::SharesMemory;
+using support::StagingBuffer;
+using support::ViewOf;
 
 /*! \brief What concurrent execution and tracing need beside the steps themselves. */
 struct GraphRuntime::Concurrency {
@@ -164,7 +54,8 @@ struct GraphRuntime::Concurrency {
   std::vector<std::optional<DLDevice>> sync_before_publish;
 };
 
-GraphRuntime::GraphRuntime() : concurrency_(std::make_unique<Concurrency>()) {}
+GraphRuntime::GraphRuntime()
+    : steps_(std::make_unique<RuntimeSteps>()), concurrency_(std::make_unique<Concurrency>()) {}
 
 GraphRuntime::~GraphRuntime() {
   // The executor threads run steps of this object: stop them before any member goes away.
@@ -194,10 +85,7 @@ void GraphRuntime::Init(const std::string& graph_json, ffi::Module lib, std::vec
   input_is_param_.assign(input_nodes_.size(), 0);
   num_inputs_unset_ = static_cast<int>(input_nodes_.size());
   for (const DLDevice& dev : devices_) {
-    bool seen = std::any_of(devices_to_sync_.begin(), devices_to_sync_.end(), [&](const DLDevice& d) {
-      return d.device_type == dev.device_type && d.device_id == dev.device_id;
-    });
-    if (!IsHost(dev) && !seen) devices_to_sync_.push_back(dev);
+    if (!IsHost(dev)) support::AddUnique(&devices_to_sync_, dev);
   }
   SetupStorage();
   SetupOpExecs();
@@ -235,8 +123,8 @@ void GraphRuntime::InvalidateCaches() const {
 }
 
 void GraphRuntime::SetupPreparedCalls() {
-  calls_.clear();
-  for (const OpExec& step : op_execs_) {
+  steps_->calls.clear();
+  for (const OpExec& step : steps_->op_execs) {
     PreparedCall call;
     if (step.kind == OpExec::Kind::kKernel) {
       bool remote = IsRemote(devices_[node_device_[step.node_id]]);
@@ -248,119 +136,42 @@ void GraphRuntime::SetupPreparedCalls() {
                (IsRemote(step.copy_from->device) || IsRemote(step.copy_to->device))) {
       call.mode = PreparedCall::Mode::kRemoteStep;
     }
-    calls_.push_back(call);
+    steps_->calls.push_back(call);
   }
   // An offload segment with a runner is one call; its other steps are skipped.
-  for (const OffloadSegment& segment : segments_) {
+  for (const OffloadSegment& segment : steps_->segments) {
     if (!segment.runner.has_value()) continue;
-    PreparedCall& first = calls_[segment.begin];
-    first.mode = PreparedCall::Mode::kRemoteCall;
+    PreparedCall& first = steps_->calls[segment.begin];
+    first.mode = PreparedCall::Mode::kRemoteGroup;
     first.function = static_cast<const ffi::FunctionObj*>(segment.runner.value().get());
     first.args = &segment.index_arg;
     first.num_args = 1;
     for (uint32_t i = segment.begin + 1; i < segment.end; ++i) {
-      calls_[i].mode = PreparedCall::Mode::kSkip;
+      steps_->calls[i].mode = PreparedCall::Mode::kSkip;
     }
   }
   SetupExecution();  // the steps changed: derive the schedule again
 }
 
-void GraphRuntime::SetupOffloadSegments() {
-  segments_.clear();
-  std::vector<int64_t> per_device(devices_.size(), 0);
-  for (const ExecGroup& group : groups_) {
-    if (!IsRemote(devices_[group.device])) continue;
-    for (uint32_t i = group.begin; i < group.end; ++i) {
-      if (op_execs_[i].kind != OpExec::Kind::kKernel) continue;
-      bool extends = !segments_.empty() && segments_.back().end == i && segments_.back().device == group.device;
-      if (extends) {
-        segments_.back().end = i + 1;
-      } else {
-        OffloadSegment segment;
-        segment.device = group.device;
-        segment.begin = i;
-        segment.end = i + 1;
-        segment.index_arg = ffi::AnyView(per_device[group.device]++);
-        segments_.push_back(std::move(segment));
-      }
-    }
-  }
-}
-
-std::string GraphRuntime::OffloadPlanJSON(int device) const {
-  namespace json = ffi::json;
-  if (device < 0 || device >= static_cast<int>(devices_.size())) {
-    TVM_FFI_THROW(IndexError) << "device " << device << " is out of range";
-  }
-  std::unordered_map<uint32_t, int64_t> position;  // entry id -> index into "entries"
-  json::Array entries, segments;
-  std::unordered_map<const DLTensor*, uint32_t> eid_of;  // kernel args point at data entries
-  for (uint32_t eid = 0; eid < data_entry_.size() + implicit_copies_.size(); ++eid) {
-    eid_of.emplace(GetEntry(eid).GetDLTensorPtr(), eid);
-  }
-  auto entry_index = [&](const DLTensor* tensor) -> int64_t {
-    auto found = eid_of.find(tensor);
-    if (found == eid_of.end()) TVM_FFI_THROW(InternalError) << "argument is not a data entry";
-    auto [it, inserted] = position.emplace(found->second, static_cast<int64_t>(entries.size()));
-    if (inserted) entries.push_back(int64_t(found->second));
-    return it->second;
-  };
-  for (const OffloadSegment& segment : segments_) {
-    if (segment.device != device) continue;
-    json::Array ops;
-    for (uint32_t i = segment.begin; i < segment.end; ++i) {
-      const OpExec& step = op_execs_[i];
-      json::Array args;
-      for (const ffi::AnyView& arg : step.args) args.push_back(entry_index(arg.cast<DLTensor*>()));
-      ops.push_back(json::Object{{ffi::String("func_name"), ffi::String(graph_.nodes[step.node_id].func_name)},
-                                 {ffi::String("node"), ffi::String(graph_.describe_node(step.node_id))},
-                                 {ffi::String("args"), args}});
-    }
-    segments.push_back(ops);
-  }
-  return std::string(json::Stringify(json::Object{{ffi::String("entries"), entries},
-                                                  {ffi::String("segments"), segments}}));
-}
-
-ffi::Tensor GraphRuntime::GetEntry(uint32_t eid) const {
-  if (eid < data_entry_.size()) return data_entry_[eid];
-  if (eid - data_entry_.size() < implicit_copies_.size()) return implicit_copies_[eid - data_entry_.size()];
-  TVM_FFI_THROW(IndexError) << "entry " << eid << " is out of range";
-}
-
-void GraphRuntime::AttachOffloadRunner(int device, ffi::Function run_segment) {
-  ExclusiveUse use(this, "attach_offload_runner");
-  bool any = false;
-  for (OffloadSegment& segment : segments_) {
-    if (segment.device != device) continue;
-    segment.runner = run_segment;
-    any = true;
-  }
-  if (!any) TVM_FFI_THROW(ValueError) << "device " << device << " has no offload segments";
-  SetupPreparedCalls();
-}
-
 void GraphRuntime::SetupStorage() {
   std::vector<bool> offsets_usable;
-  for (const DLDevice& dev : devices_) offsets_usable.push_back(OffsetsUsable(dev));
+  for (const DLDevice& dev : devices_) offsets_usable.push_back(support::OffsetsUsable(dev));
   storage_plan_ = PlanStorage(graph_, node_device_, offsets_usable);
   pool_.clear();
   for (const StorageSlot& slot : storage_plan_.slots) {
     int64_t nbytes = static_cast<int64_t>(std::max<size_t>(slot.nbytes, 1));
-    pool_.push_back(ffi::Tensor::FromNDAlloc(PoolAlloc(), ffi::Shape({nbytes}), DLDataType{kDLUInt, 8, 1},
-                                             devices_[slot.device]));
+    pool_.push_back(AllocTensor(ffi::Shape({nbytes}), DLDataType{kDLUInt, 8, 1}, devices_[slot.device]));
   }
   data_entry_.clear();
   for (size_t eid = 0; eid < graph_.num_entries(); ++eid) {
     const ffi::Tensor& base = pool_[storage_plan_.entry_slot[eid]];
-    ViewAlloc view{base, storage_plan_.entry_offset[eid]};
-    data_entry_.push_back(ffi::Tensor::FromNDAlloc(view, ffi::Shape(graph_.shapes[eid]),
-                                                   graph_.dtypes[eid], base.device()));
+    data_entry_.push_back(ViewOf(base, storage_plan_.entry_offset[eid], ffi::Shape(graph_.shapes[eid]),
+                                 graph_.dtypes[eid], base.device()));
   }
 }
 
 void GraphRuntime::SetupOpExecs() {
-  op_execs_.clear();
+  steps_->op_execs.clear();
   shared_views_.clear();
   implicit_copies_.clear();
   concurrency_->implicit_copy_of.clear();
@@ -375,13 +186,11 @@ void GraphRuntime::SetupOpExecs() {
       step.kind = OpExec::Kind::kNop;
     } else if (node.func_name == "__copy") {
       step.kind = OpExec::Kind::kCopy;
-      step.copy_from = MutableTensor(data_entry_[graph_.entry_id(node.inputs[0])]);
-      step.copy_to = MutableTensor(data_entry_[graph_.entry_id(nid, 0)]);
+      step.copy_from = Mutable(data_entry_[graph_.entry_id(node.inputs[0])]);
+      step.copy_to = Mutable(data_entry_[graph_.entry_id(nid, 0)]);
       CheckCompatible(graph_.entry_id(nid, 0), step.copy_from, graph_.describe_node(nid) + " (__copy input)");
-      if (CopyNeedsStaging(step.copy_from->device, step.copy_to->device)) {
-        step.staging = ffi::Tensor::FromNDAlloc(PoolAlloc(), ffi::Shape(graph_.shapes[graph_.entry_id(nid, 0)]),
-                                                step.copy_to->dtype, DLDevice{kDLCPU, 0});
-      }
+      step.staging = StagingBuffer(step.copy_from->device, step.copy_to->device,
+                                   ffi::Shape(graph_.shapes[graph_.entry_id(nid, 0)]), step.copy_to->dtype);
     } else {
       step.kind = OpExec::Kind::kKernel;
       int device = node_device_[nid];
@@ -397,7 +206,7 @@ void GraphRuntime::SetupOpExecs() {
       step.kernel = *kernel;
       for (const EntryRef& e : node.inputs) step.args.emplace_back(KernelInput(nid, graph_.entry_id(e)));
       for (uint32_t k = 0; k < node.num_outputs; ++k) {
-        step.args.emplace_back(MutableTensor(data_entry_[graph_.entry_id(nid, k)]));
+        step.args.emplace_back(Mutable(data_entry_[graph_.entry_id(nid, k)]));
       }
     }
     StepAccess access{node_device_[nid], {}, {}};
@@ -413,7 +222,7 @@ void GraphRuntime::SetupOpExecs() {
     for (uint32_t k = 0; k < node.num_outputs && !node.is_input(); ++k) {
       access.writes.push_back(EntryRegion(graph_.entry_id(nid, k)));
     }
-    op_execs_.push_back(std::move(step));
+    steps_->op_execs.push_back(std::move(step));
     concurrency_->access.push_back(std::move(access));
   }
   // Outputs are read on the primary device; one made on a device sharing its memory is shown there.
@@ -421,7 +230,7 @@ void GraphRuntime::SetupOpExecs() {
   for (const EntryRef& head : graph_.heads) {
     const ffi::Tensor& entry = data_entry_[graph_.entry_id(head)];
     bool view = !SameDevice(entry.device(), devices_[0]) && SharesMemory(entry.device(), devices_[0]);
-    output_views_.push_back(view ? ffi::Tensor::FromNDAlloc(ViewAlloc{entry, 0}, entry.shape(), entry.dtype(),
+    output_views_.push_back(view ? ViewOf(entry, 0, entry.shape(), entry.dtype(),
                                                             devices_[0])
                                  : entry);
   }
@@ -429,8 +238,8 @@ void GraphRuntime::SetupOpExecs() {
 
 void GraphRuntime::SetupGroups() {
   groups_.clear();
-  for (uint32_t i = 0; i < op_execs_.size(); ++i) {
-    int device = node_device_[op_execs_[i].node_id];
+  for (uint32_t i = 0; i < steps_->op_execs.size(); ++i) {
+    int device = node_device_[steps_->op_execs[i].node_id];
     if (groups_.empty() || groups_.back().device != device) groups_.push_back(ExecGroup{device, i, i});
     groups_.back().end = i + 1;
   }
@@ -443,7 +252,7 @@ void GraphRuntime::RunStep(const OpExec& step, ffi::Any* rv) const {
       break;
     case OpExec::Kind::kCopy:
       CopyAcrossDevices(step.copy_from, step.copy_to,
-                        step.staging.defined() ? MutableTensor(step.staging) : nullptr);
+                        step.staging.defined() ? Mutable(step.staging) : nullptr);
       break;
     case OpExec::Kind::kNop:
       break;
@@ -454,33 +263,30 @@ DLTensor* GraphRuntime::KernelInput(uint32_t nid, uint32_t eid) {
   const ffi::Tensor& entry = data_entry_[eid];
   const int device = node_device_[nid];
   DLDevice want = devices_[device];
-  if (SameDevice(entry.device(), want)) return MutableTensor(entry);
+  if (SameDevice(entry.device(), want)) return Mutable(entry);
   if (SharesMemory(entry.device(), want)) {
     // Same bytes, the reader's device: the edge costs a wait, not a copy.
     shared_views_.push_back(
-        ffi::Tensor::FromNDAlloc(ViewAlloc{entry, 0}, ffi::Shape(graph_.shapes[eid]), graph_.dtypes[eid], want));
-    return MutableTensor(shared_views_.back());
+        ViewOf(entry, 0, ffi::Shape(graph_.shapes[eid]), graph_.dtypes[eid], want));
+    return Mutable(shared_views_.back());
   }
   // Separate memory and no copy in the graph: copy once per (entry, device), before the first reader.
   auto [it, inserted] =
       concurrency_->implicit_copy_of.emplace(std::make_pair(eid, device), static_cast<uint32_t>(implicit_copies_.size()));
-  if (!inserted) return MutableTensor(implicit_copies_[it->second]);
-  implicit_copies_.push_back(ffi::Tensor::FromNDAlloc(PoolAlloc(), ffi::Shape(graph_.shapes[eid]), graph_.dtypes[eid], want));
+  if (!inserted) return Mutable(implicit_copies_[it->second]);
+  implicit_copies_.push_back(AllocTensor(ffi::Shape(graph_.shapes[eid]), graph_.dtypes[eid], want));
   OpExec copy;
   copy.kind = OpExec::Kind::kCopy;
   copy.node_id = nid;
-  copy.copy_from = MutableTensor(entry);
-  copy.copy_to = MutableTensor(implicit_copies_.back());
-  if (CopyNeedsStaging(copy.copy_from->device, want)) {
-    copy.staging = ffi::Tensor::FromNDAlloc(PoolAlloc(), ffi::Shape(graph_.shapes[eid]), graph_.dtypes[eid],
-                                            DLDevice{kDLCPU, 0});
-  }
+  copy.copy_from = Mutable(entry);
+  copy.copy_to = Mutable(implicit_copies_.back());
+  copy.staging = StagingBuffer(copy.copy_from->device, want, ffi::Shape(graph_.shapes[eid]), graph_.dtypes[eid]);
   bytes_copied_per_run_ += static_cast<int64_t>(ffi::GetDataSize(*copy.copy_to));
   StepAccess access{device, {EntryRegion(eid)}, {InputRegion(nid, eid)}};
   if (IsRemote(entry.device())) access.device = storage_plan_.entry_device[eid];
-  op_execs_.push_back(std::move(copy));
+  steps_->op_execs.push_back(std::move(copy));
   concurrency_->access.push_back(std::move(access));
-  return MutableTensor(implicit_copies_.back());
+  return Mutable(implicit_copies_.back());
 }
 
 MemoryRegion GraphRuntime::EntryRegion(uint32_t eid) const {
@@ -514,7 +320,7 @@ void GraphRuntime::SetupExecution() {
   if (execution_ != ExecutionMode::kConcurrent) return;
   // An offloaded segment is one call at its first step: that step touches all the segment touches.
   std::vector<StepAccess> access = c.access;
-  for (const OffloadSegment& segment : segments_) {
+  for (const OffloadSegment& segment : steps_->segments) {
     if (!segment.runner.has_value()) continue;
     StepAccess& first = access[segment.begin];
     for (uint32_t i = segment.begin + 1; i < segment.end; ++i) {
@@ -551,7 +357,7 @@ void GraphRuntime::RunStepOnExecutor(void* self, uint32_t i) {
   if (c.tracing) c.span_start_us[i] = std::chrono::duration<double, std::micro>(Clock::now() - c.run_start).count();
   ffi::Any rv;
   try {
-    const PreparedCall& call = rt->calls_[i];
+    const PreparedCall& call = rt->steps_->calls[i];
     if (call.mode == PreparedCall::Mode::kCall) {
       call.function->CallPacked(call.args, call.num_args, &rv);
     } else {
@@ -568,16 +374,23 @@ void GraphRuntime::RunStepOnExecutor(void* self, uint32_t i) {
 
 ffi::Error GraphRuntime::ErrorAt(uint32_t i, const ffi::Error& err) const {
   std::ostringstream where;
-  if (i < op_execs_.size()) {
-    uint32_t nid = op_execs_[i].node_id;
-    bool segment = calls_[i].mode == PreparedCall::Mode::kRemoteCall && calls_[i].args != op_execs_[i].args.data();
-    where << "while running " << (segment ? "the offloaded group starting at " : "") << graph_.describe_node(nid)
-          << " on device " << node_device_[nid] << " (" << DeviceName(devices_[node_device_[nid]]) << "): ";
+  bool remote = false;  // the failing step talks to another process
+  if (i < steps_->op_execs.size()) {
+    uint32_t nid = steps_->op_execs[i].node_id;
+    PreparedCall::Mode mode = steps_->calls[i].mode;
+    remote = mode == PreparedCall::Mode::kRemoteCall || mode == PreparedCall::Mode::kRemoteGroup ||
+             mode == PreparedCall::Mode::kRemoteStep;
+    where << "while running " << (mode == PreparedCall::Mode::kRemoteGroup ? "the offloaded group starting at " : "")
+          << graph_.describe_node(nid) << " on device " << node_device_[nid] << " ("
+          << DeviceName(devices_[node_device_[nid]]) << "): ";
   } else {
+    remote = std::any_of(devices_to_sync_.begin(), devices_to_sync_.end(), IsRemote);
     where << "while synchronising devices: ";
   }
   std::string message = err.message();
-  if (message.find("kShutdown") != std::string::npos) {
+  // Errors raised in the remote process come back as RPCError; any other error of a remote step
+  // comes from the transport itself.
+  if (remote && err.kind() != "RPCError") {
     message = "the connection to the remote device was lost (server gone or connection closed): " + message;
   }
   return ffi::Error(err.kind(), where.str() + message, err.backtrace());
@@ -598,9 +411,9 @@ void GraphRuntime::RunOnce() {
     RunSerial();
   }
   try {
-    for (const DLDevice& dev : devices_to_sync_) DeviceAPI::Get(dev)->StreamSync(dev, nullptr);
+    for (const DLDevice& dev : devices_to_sync_) support::SyncDevice(dev);
   } catch (const ffi::Error& err) {
-    throw ErrorAt(static_cast<uint32_t>(op_execs_.size()), err);
+    throw ErrorAt(static_cast<uint32_t>(steps_->op_execs.size()), err);
   }
 }
 
@@ -610,9 +423,9 @@ void GraphRuntime::RunSerial() {
   const Concurrency& c = *concurrency_;
   try {
     // Groups partition the steps in order, so one flat loop runs them group by group; a remote
-    // group's segment is a single kRemoteCall step (see SetupPreparedCalls).
-    const PreparedCall* calls = calls_.data();
-    const uint32_t num_steps = static_cast<uint32_t>(calls_.size());
+    // group's segment is a single kRemoteGroup step (see SetupPreparedCalls).
+    const PreparedCall* calls = steps_->calls.data();
+    const uint32_t num_steps = static_cast<uint32_t>(steps_->calls.size());
     if (c.tracing) {
       for (i = 0; i < num_steps; ++i) RunStepOnExecutor(this, i);
       return;
@@ -637,8 +450,8 @@ std::string GraphRuntime::TraceJSON(int runs) {
   ExclusiveUse use(this, "trace");
   if (num_inputs_unset_ != 0) ThrowUnsetInputs();
   Concurrency& c = *concurrency_;
-  c.span_start_us.assign(op_execs_.size(), -1.0);
-  c.span_end_us.assign(op_execs_.size(), -1.0);
+  c.span_start_us.assign(steps_->op_execs.size(), -1.0);
+  c.span_end_us.assign(steps_->op_execs.size(), -1.0);
   json::Array all_runs;
   c.tracing = true;
   try {
@@ -647,11 +460,11 @@ std::string GraphRuntime::TraceJSON(int runs) {
       c.run_start = Clock::now();
       RunOnce();
       json::Array spans;
-      for (uint32_t i = 0; i < op_execs_.size(); ++i) {
+      for (uint32_t i = 0; i < steps_->op_execs.size(); ++i) {
         if (c.span_start_us[i] < 0) continue;  // folded into an offloaded segment's call
-        const OpExec& step = op_execs_[i];
+        const OpExec& step = steps_->op_execs[i];
         const char* kind = step.kind == OpExec::Kind::kKernel ? "kernel" : step.kind == OpExec::Kind::kCopy ? "copy" : "nop";
-        if (calls_[i].mode == PreparedCall::Mode::kRemoteCall && calls_[i].args != step.args.data()) kind = "group";
+        if (steps_->calls[i].mode == PreparedCall::Mode::kRemoteGroup) kind = "group";
         spans.push_back(json::Object{{ffi::String("step"), int64_t(i)},
                                      {ffi::String("node"), int64_t(step.node_id)},
                                      {ffi::String("name"), ffi::String(graph_.nodes[step.node_id].name)},
@@ -684,19 +497,20 @@ void GraphRuntime::ThrowUnsetInputs() const {
 }
 
 void GraphRuntime::RunOtherStep(uint32_t index, ffi::Any* rv) {
-  const PreparedCall& call = calls_[index];
+  const PreparedCall& call = steps_->calls[index];
   switch (call.mode) {
     case PreparedCall::Mode::kCall:
     case PreparedCall::Mode::kRemoteCall:
-      remote_compute_calls_ += call.mode == PreparedCall::Mode::kRemoteCall;
+    case PreparedCall::Mode::kRemoteGroup:
+      remote_compute_calls_ += call.mode != PreparedCall::Mode::kCall;
       call.function->CallPacked(call.args, call.num_args, rv);
       break;
     case PreparedCall::Mode::kRemoteStep:
       ++remote_copies_;
-      RunStep(op_execs_[index], rv);
+      RunStep(steps_->op_execs[index], rv);
       break;
     case PreparedCall::Mode::kStep:
-      RunStep(op_execs_[index], rv);
+      RunStep(steps_->op_execs[index], rv);
       break;
     case PreparedCall::Mode::kSkip:
       break;
@@ -722,27 +536,7 @@ int GraphRuntime::CheckedInputIndex(int index, const char* what) const {
 }
 
 void GraphRuntime::CheckCompatible(uint32_t eid, const DLTensor* value, const std::string& what) const {
-  const std::vector<int64_t>& shape = graph_.shapes[eid];
-  bool same_shape = value->ndim == static_cast<int>(shape.size()) &&
-                    std::equal(shape.begin(), shape.end(), value->shape);
-  if (!same_shape) {
-    TVM_FFI_THROW(ValueError) << what << ": expected shape " << ShapeString(shape.data(), shape.size())
-                              << ", got " << ShapeString(value->shape, value->ndim);
-  }
-  const DLDataType& dtype = graph_.dtypes[eid];
-  if (value->dtype.code != dtype.code || value->dtype.bits != dtype.bits || value->dtype.lanes != dtype.lanes) {
-    TVM_FFI_THROW(TypeError) << what << ": expected dtype " << ffi::DLDataTypeToString(dtype) << ", got "
-                             << ffi::DLDataTypeToString(value->dtype);
-  }
-  if (value->strides != nullptr && value->ndim > 0) {
-    int64_t expected = 1;
-    for (int i = value->ndim - 1; i >= 0; --i) {
-      if (value->shape[i] != 1 && value->strides[i] != expected) {
-        TVM_FFI_THROW(ValueError) << what << ": tensor must be contiguous";
-      }
-      expected *= value->shape[i];
-    }
-  }
+  support::CheckTensor(value, graph_.shapes[eid], graph_.dtypes[eid], what);
 }
 
 void GraphRuntime::CheckInputValue(int index, const DLTensor* value, const std::string& what) const {
@@ -753,14 +547,8 @@ void GraphRuntime::CheckInputValue(int index, const DLTensor* value, const std::
 void GraphRuntime::WriteInput(int index, const DLTensor* value, const std::string& what) {
   CheckInputValue(index, value, what);
   uint32_t eid = graph_.entry_id(input_nodes_[index], 0);
-  DLTensor* dst = MutableTensor(data_entry_[eid]);
-  if (CopyNeedsStaging(value->device, dst->device)) {
-    ffi::Tensor staging = ffi::Tensor::FromNDAlloc(PoolAlloc(), ffi::Shape(graph_.shapes[eid]), dst->dtype,
-                                                   DLDevice{kDLCPU, 0});
-    CopyAcrossDevices(value, dst, MutableTensor(staging));
-  } else {
-    CopyAcrossDevices(value, dst);
-  }
+  DLTensor* dst = Mutable(data_entry_[eid]);
+  support::CopyOnce(value, dst);
   MarkInputSet(index);
 }
 
@@ -796,13 +584,8 @@ void GraphRuntime::CopyOutputTo(int index, DLTensor* out) const {
   uint32_t eid = graph_.entry_id(graph_.heads[index]);
   CheckCompatible(eid, out, "output " + std::to_string(index) + " destination");
   const DLTensor* src = data_entry_[eid].GetDLTensorPtr();
-  if (CopyNeedsStaging(src->device, out->device)) {
-    ffi::Tensor staging =
-        ffi::Tensor::FromNDAlloc(PoolAlloc(), ffi::Shape(graph_.shapes[eid]), src->dtype, DLDevice{kDLCPU, 0});
-    CopyAcrossDevices(src, out, MutableTensor(staging));
-  } else {
-    CopyAcrossDevices(src, out);
-  }
+  support::CopyOnce(src, out);
+
 }
 
 void GraphRuntime::BindParams(const std::vector<std::pair<int, const DLTensor*>>& params) {
@@ -884,14 +667,14 @@ void GraphRuntime::ShareParams(const GraphRuntime& other, const std::string& par
 std::string GraphRuntime::StatsJSON() const {
   namespace json = ffi::json;
   int copies = 0;
-  for (const OpExec& step : op_execs_) copies += step.kind == OpExec::Kind::kCopy;
+  for (const OpExec& step : steps_->op_execs) copies += step.kind == OpExec::Kind::kCopy;
   json::Array storage_bytes, device_names, group_devices;
   for (size_t bytes : storage_plan_.BytesPerDevice(devices_.size())) storage_bytes.push_back(int64_t(bytes));
   for (const DLDevice& dev : devices_) device_names.push_back(ffi::String(DeviceName(dev)));
   for (const ExecGroup& g : groups_) group_devices.push_back(int64_t(g.device));
   json::Object stats{
       {ffi::String("num_nodes"), int64_t(graph_.nodes.size())},
-      {ffi::String("num_ops"), int64_t(op_execs_.size())},
+      {ffi::String("num_ops"), int64_t(steps_->op_execs.size())},
       {ffi::String("num_groups"), int64_t(groups_.size())},
       {ffi::String("num_copies"), int64_t(copies)},
       {ffi::String("device_switches"), int64_t(groups_.empty() ? 0 : groups_.size() - 1)},
@@ -899,7 +682,7 @@ std::string GraphRuntime::StatsJSON() const {
       {ffi::String("num_storage_slots"), int64_t(pool_.size())},
       {ffi::String("devices"), device_names},
       {ffi::String("group_devices"), group_devices},
-      {ffi::String("offload_segments"), int64_t(segments_.size())},
+      {ffi::String("offload_segments"), int64_t(steps_->segments.size())},
       {ffi::String("remote_compute_calls"), remote_compute_calls_.load()},
       {ffi::String("remote_copies"), remote_copies_.load()},
       {ffi::String("cross_process_calls"), remote_compute_calls_.load() + remote_copies_.load()},
@@ -918,20 +701,20 @@ std::string GraphRuntime::ProfileJSON(int repeat) {
   ExclusiveUse use(this, "profile");
   if (num_inputs_unset_ != 0) ThrowUnsetInputs();
   repeat = std::max(repeat, 1);
-  std::vector<double> node_us(op_execs_.size(), 0.0);
+  std::vector<double> node_us(steps_->op_execs.size(), 0.0);
   for (int r = 0; r < repeat; ++r) {
-    for (size_t i = 0; i < op_execs_.size(); ++i) {
-      DLDevice dev = devices_[node_device_[op_execs_[i].node_id]];
+    for (size_t i = 0; i < steps_->op_execs.size(); ++i) {
+      DLDevice dev = devices_[node_device_[steps_->op_execs[i].node_id]];
       auto start = Clock::now();
       ffi::Any rv;
-      RunStep(op_execs_[i], &rv);
-      if (!IsHost(dev)) DeviceAPI::Get(dev)->StreamSync(dev, nullptr);
+      RunStep(steps_->op_execs[i], &rv);
+      support::SyncDevice(dev);
       node_us[i] += std::chrono::duration<double, std::micro>(Clock::now() - start).count() / repeat;
     }
   }
   json::Array nodes, groups;
-  for (size_t i = 0; i < op_execs_.size(); ++i) {
-    uint32_t nid = op_execs_[i].node_id;
+  for (size_t i = 0; i < steps_->op_execs.size(); ++i) {
+    uint32_t nid = steps_->op_execs[i].node_id;
     nodes.push_back(json::Object{{ffi::String("node_id"), int64_t(nid)},
                                  {ffi::String("name"), ffi::String(graph_.nodes[nid].name)},
                                  {ffi::String("func_name"), ffi::String(graph_.nodes[nid].func_name)},

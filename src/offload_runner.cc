@@ -14,6 +14,8 @@
 #include <tvm/ffi/function.h>
 #include <tvm/ffi/reflection/registry.h>
 
+#include "support/json_reader.h"
+
 #include <memory>
 #include <string>
 #include <vector>
@@ -50,21 +52,25 @@ class OffloadRunner : public ffi::ModuleObj {
       tensors_.push_back(ffi::Tensor::FromNDAlloc(BorrowedAlloc{static_cast<char*>(t->data) + t->byte_offset},
                                                   ffi::ShapeView(t->shape, t->ndim), t->dtype, t->device));
     }
-    json::Object plan = json::Parse(ffi::String(plan_json)).cast<json::Object>();
-    for (const ffi::Any& segment : plan.at(ffi::String("segments")).cast<json::Array>()) {
+    const support::JsonReader reader("invalid offload plan");
+    json::Object plan = reader.Object(reader.Parse(plan_json), "document");
+    json::Array segments = reader.Array(reader.Require(plan, "segments", "document"), "field 'segments'");
+    for (size_t s = 0; s < segments.size(); ++s) {
+      std::string where = "segments[" + std::to_string(s) + "]";
       std::vector<SegmentCall> calls;
-      for (const ffi::Any& item : segment.cast<json::Array>()) {
-        json::Object op = item.cast<json::Object>();
+      json::Array ops = reader.Array(segments[s], where);
+      for (size_t c = 0; c < ops.size(); ++c) {
+        std::string at = where + "[" + std::to_string(c) + "]";
+        json::Object op = reader.Object(ops[c], at);
         SegmentCall call;
-        call.node = op.at(ffi::String("node")).cast<ffi::String>();
-        auto name = op.at(ffi::String("func_name")).cast<ffi::String>();
+        call.node = reader.String(reader.Require(op, "node", at), at + ".node");
+        std::string name = reader.String(reader.Require(op, "func_name", at), at + ".func_name");
         auto kernel = lib->GetFunction(name, /*query_imports=*/true);
         if (!kernel.has_value()) {
           TVM_FFI_THROW(ValueError) << call.node << ": kernel '" << name << "' is not in the remote library";
         }
         call.kernel = *kernel;
-        for (const ffi::Any& arg : op.at(ffi::String("args")).cast<json::Array>()) {
-          int64_t k = arg.cast<int64_t>();
+        for (int64_t k : reader.IntList(reader.Require(op, "args", at), at + ".args")) {
           if (k < 0 || k >= static_cast<int64_t>(tensors_.size())) {
             TVM_FFI_THROW(IndexError) << call.node << ": argument " << k << " has no tensor";
           }
@@ -83,9 +89,6 @@ class OffloadRunner : public ffi::ModuleObj {
     ffi::ObjectPtr<ffi::Object> self = ffi::GetObjectPtr<ffi::Object>(static_cast<ffi::Object*>(this));
     if (name == "run_segment") {
       return ffi::Function::FromTyped([self, this](int64_t index) { RunSegment(index); });
-    }
-    if (name == "num_segments") {
-      return ffi::Function::FromTyped([self, this]() { return static_cast<int64_t>(segments_.size()); });
     }
     return std::nullopt;
   }

@@ -12,6 +12,8 @@
 #include <tvm/ffi/string.h>
 #include <tvm_hetero/param_blob.h>
 
+#include "support/device.h"
+
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -28,11 +30,6 @@ constexpr uint64_t kParamListMagic = 0xF7E58D4F05049CB7ULL;
 constexpr uint64_t kTensorMagic = 0xDD5E40F096B4A13FULL;
 /*! \brief More dimensions than any tensor of a graph has: a larger ndim is corruption. */
 constexpr int32_t kMaxDims = 32;
-
-struct HostAlloc {
-  void AllocData(DLTensor* t) { t->data = new uint64_t[(ffi::GetDataSize(*t) + 7) / 8]; }
-  void FreeData(DLTensor* t) { delete[] static_cast<uint64_t*>(t->data); }
-};
 
 /*! \brief Reads fixed-size fields, throwing with the offset and the field when bytes run out. */
 class Cursor {
@@ -139,7 +136,7 @@ std::vector<NamedParam> ReadParamBlob(const std::string& bytes, const std::strin
                                 << data_size;
     }
     const char* data = in.Take(data_size, field + " data");
-    param.value = ffi::Tensor::FromNDAlloc(HostAlloc(), ffi::Shape(shape), dtype, DLDevice{kDLCPU, 0});
+    param.value = support::AllocTensor(ffi::Shape(shape), dtype, DLDevice{kDLCPU, 0});
     if (data_size) std::memcpy(param.value.data_ptr(), data, data_size);
   }
   if (in.Remaining() != 0) {

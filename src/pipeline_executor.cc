@@ -16,6 +16,11 @@
 #include <tvm_hetero/pipeline_executor.h>
 #include <unistd.h>
 
+#include "support/device.h"
+#include "support/json_reader.h"
+#include "support/tensor_check.h"
+#include "support/thread_pinning.h"
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -31,119 +36,34 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-/*! \brief Allocates a frame tensor or staging buffer with the device's own API. */
-struct DeviceAlloc {
-  void AllocData(DLTensor* t) {
-    size_t nbytes = std::max<size_t>(ffi::GetDataSize(*t), 1);
-    t->data = DeviceAPI::Get(t->device)->AllocDataSpace(t->device, nbytes, 64, t->dtype);
-  }
-  void FreeData(DLTensor* t) { DeviceAPI::Get(t->device)->FreeDataSpace(t->device, t->data); }
-};
-
 ffi::Tensor Empty(const int64_t* shape, int ndim, DLDataType dtype, DLDevice device) {
-  return ffi::Tensor::FromNDAlloc(DeviceAlloc(), ffi::Shape(shape, shape + ndim), dtype, device);
-}
-
-DLTensor* Mutable(const ffi::Tensor& t) { return const_cast<DLTensor*>(t.GetDLTensorPtr()); }
-
-bool IsHost(DLDevice dev) { return dev.device_type == kDLCPU; }
-
-bool SameDevice(DLDevice a, DLDevice b) { return a.device_type == b.device_type && a.device_id == b.device_id; }
-
-/*! \brief "(4, 8) float32", for errors. */
-std::string Describe(const int64_t* shape, int ndim, DLDataType dtype) {
-  std::ostringstream os;
-  os << "(";
-  for (int i = 0; i < ndim; ++i) os << (i ? ", " : "") << shape[i];
-  os << (ndim == 1 ? ",) " : ") ") << ffi::DLDataTypeToString(dtype);
-  return os.str();
-}
-
-bool SameType(const DLTensor* t, const std::vector<int64_t>& shape, DLDataType dtype) {
-  return t->ndim == static_cast<int>(shape.size()) && std::equal(shape.begin(), shape.end(), t->shape) &&
-         t->dtype.code == dtype.code && t->dtype.bits == dtype.bits && t->dtype.lanes == dtype.lanes;
-}
-
-bool IsContiguous(const DLTensor* t) {
-  if (t->strides == nullptr) return true;
-  int64_t expected = 1;
-  for (int i = t->ndim - 1; i >= 0; --i) {
-    if (t->shape[i] != 1 && t->strides[i] != expected) return false;
-    expected *= t->shape[i];
-  }
-  return true;
-}
-
-/*! \brief The device whose API performs a copy between these two (see CopyAcrossDevices). */
-DLDevice CopyDevice(DLDevice from, DLDevice to) { return IsHost(from) ? to : from; }
-
-void AddUnique(std::vector<DLDevice>* devices, DLDevice dev) {
-  for (const DLDevice& d : *devices) {
-    if (SameDevice(d, dev)) return;
-  }
-  devices->push_back(dev);
+  return support::AllocTensor(ffi::Shape(shape, shape + ndim), dtype, device);
 }
 
 // ---- the wiring JSON reader ------------------------------------------------------------------
 
-[[noreturn]] void BadConfig(const std::string& where, const std::string& what) {
-  TVM_FFI_THROW(ValueError) << "invalid pipeline config: " << where << ": " << what;
-  TVM_FFI_UNREACHABLE();
-}
+const support::JsonReader kReader{"invalid pipeline config"};
 
-json::Object ObjectAt(const ffi::Any& v, const std::string& where) {
-  if (auto obj = v.try_cast<json::Object>()) return *obj;
-  BadConfig(where, "expected an object");
-}
-
-json::Array ArrayAt(const ffi::Any& v, const std::string& where) {
-  if (auto arr = v.try_cast<json::Array>()) return *arr;
-  BadConfig(where, "expected a list");
-}
-
-std::string StringAt(const ffi::Any& v, const std::string& where) {
-  if (auto s = v.try_cast<ffi::String>()) return std::string(*s);
-  BadConfig(where, "expected a string");
-}
-
-int IntAt(const ffi::Any& v, const std::string& where) {
-  if (v.type_index() != ffi::TypeIndex::kTVMFFIInt) BadConfig(where, "expected an integer");
-  return static_cast<int>(v.cast<int64_t>());
-}
-
-/*! \brief Throw naming the first key of `obj` that is not in `known` (catches typos). */
-void CheckKeys(const json::Object& obj, std::initializer_list<const char*> known, const std::string& where) {
-  for (const auto& [key, value] : obj) {
-    std::string k = StringAt(key, where);
-    bool ok = std::any_of(known.begin(), known.end(), [&](const char* name) { return k == name; });
-    if (!ok) BadConfig(where, "unknown field '" + k + "'");
-  }
-}
-
-std::optional<ffi::Any> Field(const json::Object& obj, const char* key) {
-  auto it = obj.find(ffi::String(key));
-  if (it == obj.end()) return std::nullopt;
-  return (*it).second;
-}
+int IntAt(const ffi::Any& v, const std::string& where) { return static_cast<int>(kReader.Int(v, where)); }
 
 /*! \brief `{"stage": k, "output": i}`. */
 std::pair<int, int> StageOutputAt(const ffi::Any& v, const std::string& where) {
-  json::Object obj = ObjectAt(v, where);
-  CheckKeys(obj, {"stage", "output"}, where);
-  auto stage = Field(obj, "stage");
-  if (!stage) BadConfig(where, "missing field 'stage'");
-  auto output = Field(obj, "output");
+  json::Object obj = kReader.Object(v, where);
+  kReader.CheckKeys(obj, {"stage", "output"}, where);
+  auto stage = support::JsonReader::Find(obj, "stage");
+  if (!stage) kReader.Fail(where, "missing field 'stage'");
+  auto output = support::JsonReader::Find(obj, "output");
   return {IntAt(*stage, where + ".stage"), output ? IntAt(*output, where + ".output") : 0};
 }
 
 PipelineStage StageAt(const ffi::Any& v, const std::string& where) {
-  json::Object obj = ObjectAt(v, where);
-  CheckKeys(obj, {"name", "inputs", "params", "cores", "num_threads"}, where);
+  json::Object obj = kReader.Object(v, where);
+  kReader.CheckKeys(obj, {"name", "inputs", "params", "cores", "num_threads"}, where);
   PipelineStage stage;
-  if (auto name = Field(obj, "name")) stage.name = StringAt(*name, where + ".name");
-  if (auto inputs = Field(obj, "inputs")) {
-    for (const auto& [key, source] : ObjectAt(*inputs, where + ".inputs")) {
-      std::string name = StringAt(key, where + ".inputs");
+  if (auto name = support::JsonReader::Find(obj, "name")) stage.name = kReader.String(*name, where + ".name");
+  if (auto inputs = support::JsonReader::Find(obj, "inputs")) {
+    for (const auto& [key, source] : kReader.Object(*inputs, where + ".inputs")) {
+      std::string name = kReader.String(key, where + ".inputs");
       std::string at = where + ".inputs." + name;
       if (auto input = source.try_cast<ffi::String>()) {
         stage.inputs.emplace_back(name, PipelineSource::Input(std::string(*input)));
@@ -153,41 +73,39 @@ PipelineStage StageAt(const ffi::Any& v, const std::string& where) {
       }
     }
   }
-  if (auto params = Field(obj, "params")) {
-    for (const ffi::Any& p : ArrayAt(*params, where + ".params")) {
-      stage.params.push_back(StringAt(p, where + ".params"));
+  if (auto params = support::JsonReader::Find(obj, "params")) {
+    for (const ffi::Any& p : kReader.Array(*params, where + ".params")) {
+      stage.params.push_back(kReader.String(p, where + ".params"));
     }
   }
-  if (auto cores = Field(obj, "cores")) {
-    for (const ffi::Any& c : ArrayAt(*cores, where + ".cores")) stage.cores.push_back(IntAt(c, where + ".cores"));
+  if (auto cores = support::JsonReader::Find(obj, "cores")) {
+    for (const ffi::Any& c : kReader.Array(*cores, where + ".cores")) stage.cores.push_back(IntAt(c, where + ".cores"));
   }
-  if (auto threads = Field(obj, "num_threads")) stage.num_threads = IntAt(*threads, where + ".num_threads");
+  if (auto threads = support::JsonReader::Find(obj, "num_threads")) stage.num_threads = IntAt(*threads, where + ".num_threads");
   return stage;
 }
 
 }  // namespace
 
 PipelineConfig ParsePipelineConfig(const std::string& text) {
-  ffi::String error;
-  json::Value doc = json::Parse(text, &error);
-  if (!error.empty()) BadConfig("JSON", std::string(error));
-  json::Object obj = ObjectAt(doc, "top level");
-  CheckKeys(obj, {"inputs", "stages", "outputs", "queue_capacity"}, "top level");
+  json::Value doc = kReader.Parse(text, "JSON");
+  json::Object obj = kReader.Object(doc, "top level");
+  kReader.CheckKeys(obj, {"inputs", "stages", "outputs", "queue_capacity"}, "top level");
   PipelineConfig config;
-  auto inputs = Field(obj, "inputs");
-  auto stages = Field(obj, "stages");
-  auto outputs = Field(obj, "outputs");
-  if (!inputs || !stages || !outputs) BadConfig("top level", "'inputs', 'stages' and 'outputs' are required");
-  for (const ffi::Any& name : ArrayAt(*inputs, "inputs")) config.inputs.push_back(StringAt(name, "inputs"));
-  json::Array stage_list = ArrayAt(*stages, "stages");
+  auto inputs = support::JsonReader::Find(obj, "inputs");
+  auto stages = support::JsonReader::Find(obj, "stages");
+  auto outputs = support::JsonReader::Find(obj, "outputs");
+  if (!inputs || !stages || !outputs) kReader.Fail("top level", "'inputs', 'stages' and 'outputs' are required");
+  for (const ffi::Any& name : kReader.Array(*inputs, "inputs")) config.inputs.push_back(kReader.String(name, "inputs"));
+  json::Array stage_list = kReader.Array(*stages, "stages");
   for (size_t s = 0; s < stage_list.size(); ++s) {
     config.stages.push_back(StageAt(stage_list[s], "stages[" + std::to_string(s) + "]"));
   }
-  json::Array output_list = ArrayAt(*outputs, "outputs");
+  json::Array output_list = kReader.Array(*outputs, "outputs");
   for (size_t i = 0; i < output_list.size(); ++i) {
     config.outputs.push_back(StageOutputAt(output_list[i], "outputs[" + std::to_string(i) + "]"));
   }
-  if (auto capacity = Field(obj, "queue_capacity")) config.queue_capacity = IntAt(*capacity, "queue_capacity");
+  if (auto capacity = support::JsonReader::Find(obj, "queue_capacity")) config.queue_capacity = IntAt(*capacity, "queue_capacity");
   return config;
 }
 
@@ -271,7 +189,6 @@ void PipelineExecutor::SetupStages(PipelineConfig& config) {
     stage.num_threads = from.num_threads;
     stages_.push_back(std::move(stage));
   }
-  config_threadpool_ = ffi::Function::GetGlobal("runtime.config_threadpool");
 }
 
 int PipelineExecutor::StageOutputBoundary(int stage, int output) {
@@ -340,12 +257,12 @@ void PipelineExecutor::SetupWiring(const PipelineConfig& config) {
       StageCopy feed{b, rt.GetInput(index), ffi::Tensor()};
       const DLTensor* dst = feed.stage_tensor.GetDLTensorPtr();
       const Boundary& from = boundaries_[b];
-      if (!SameType(dst, from.shape, from.dtype)) {
+      if (!support::SameType(dst, from.shape, from.dtype)) {
         TVM_FFI_THROW(ValueError) << at << ": " << from.what << " is "
-                                  << Describe(from.shape.data(), from.shape.size(), from.dtype) << ", the input is "
-                                  << Describe(dst->shape, dst->ndim, dst->dtype);
+                                  << support::TypeString(from.shape.data(), from.shape.size(), from.dtype) << ", the input is "
+                                  << support::TypeString(dst->shape, dst->ndim, dst->dtype);
       }
-      if (CopyNeedsStaging(from.device, dst->device)) {
+      if (support::NeedsStaging(from.device, dst->device)) {
         feed.staging = Empty(dst->shape, dst->ndim, dst->dtype, DLDevice{kDLCPU, 0});
       }
       stage.feeds.push_back(std::move(feed));
@@ -397,7 +314,7 @@ void PipelineExecutor::SetupFrames() {
   for (size_t f = 0; f < num_frames; ++f) {
     for (const Boundary& b : boundaries_) {
       frame_tensors_.push_back(Empty(b.shape.data(), b.shape.size(), b.dtype, b.device));
-      frame_ptrs_.push_back(Mutable(frame_tensors_.back()));
+      frame_ptrs_.push_back(support::Mutable(frame_tensors_.back()));
     }
   }
   for (size_t f = num_frames; f-- > 0;) free_frames_.push_back(static_cast<int>(f));
@@ -407,11 +324,11 @@ void PipelineExecutor::SetupFrames() {
   }
   for (Stage& stage : stages_) {
     for (const StageCopy& feed : stage.feeds) {
-      DLDevice dev = CopyDevice(boundaries_[feed.boundary].device, feed.stage_tensor.device());
-      if (!IsHost(dev)) AddUnique(&stage.feed_devices, dev);
+      DLDevice dev = support::CopyApiDevice(boundaries_[feed.boundary].device, feed.stage_tensor.device());
+      if (!support::IsHost(dev)) support::AddUnique(&stage.feed_devices, dev);
     }
     for (const StageCopy& drain : stage.drains) {
-      if (!IsHost(drain.stage_tensor.device())) AddUnique(&stage.drain_devices, drain.stage_tensor.device());
+      if (!support::IsHost(drain.stage_tensor.device())) support::AddUnique(&stage.drain_devices, drain.stage_tensor.device());
     }
   }
 }
@@ -471,31 +388,7 @@ void PipelineExecutor::ThrowStoppedLocked() const {
 // ---- workers -------------------------------------------------------------------------------
 
 void PipelineExecutor::ConfigureWorkerThread(const Stage& stage) const {
-  cpu_set_t mask;
-  CPU_ZERO(&mask);
-  if (stage.cores.empty()) {
-    if (stage.num_threads == 0) return;
-    // No cores given: the stage's TVM threads share whatever cores this thread may use.
-    if (sched_getaffinity(0, sizeof(mask), &mask) != 0) {
-      TVM_FFI_THROW(RuntimeError) << "sched_getaffinity failed: " << std::strerror(errno);
-    }
-  }
-  for (int core : stage.cores) CPU_SET(core, &mask);
-  ffi::Array<ffi::String> cpus;
-  for (int core = 0; core < CPU_SETSIZE; ++core) {
-    if (CPU_ISSET(core, &mask)) cpus.push_back(ffi::String(std::to_string(core)));
-  }
-  if (config_threadpool_.has_value()) {
-    // (affinity mode, threads, cores): -3 = every thread of the pool shares the listed cores.
-    constexpr int kSpecifyThreadShareAllCore = -3;
-    (*config_threadpool_)(kSpecifyThreadShareAllCore, stage.num_threads, cpus);
-  }
-  if (!stage.cores.empty() && sched_setaffinity(0, sizeof(mask), &mask) != 0) {
-    std::ostringstream os;
-    for (size_t i = 0; i < stage.cores.size(); ++i) os << (i ? ", " : "") << stage.cores[i];
-    TVM_FFI_THROW(RuntimeError) << "cannot pin the worker thread to cores [" << os.str()
-                                << "]: " << std::strerror(errno);
-  }
+  support::ConfigureCurrentThread(stage.cores, stage.num_threads, support::CoreSharing::kShareAllCores);
 }
 
 void PipelineExecutor::Work(int s) {
@@ -547,14 +440,14 @@ void PipelineExecutor::Work(int s) {
 
 void PipelineExecutor::RunStage(Stage& stage, int frame) {
   for (const StageCopy& feed : stage.feeds) {
-    CopyAcrossDevices(FrameTensor(frame, feed.boundary), Mutable(feed.stage_tensor),
-                      feed.staging.defined() ? Mutable(feed.staging) : nullptr);
+    support::CopyAcrossDevices(FrameTensor(frame, feed.boundary), support::Mutable(feed.stage_tensor),
+                      feed.staging.defined() ? support::Mutable(feed.staging) : nullptr);
   }
   // The copies must land before the stage's kernels, which may run on another device's stream.
   for (const DLDevice& dev : stage.feed_devices) DeviceAPI::Get(dev)->StreamSync(dev, nullptr);
   stage.runtime->Run();
   for (const StageCopy& drain : stage.drains) {
-    CopyAcrossDevices(drain.stage_tensor.GetDLTensorPtr(), FrameTensor(frame, drain.boundary));
+    support::CopyAcrossDevices(drain.stage_tensor.GetDLTensorPtr(), FrameTensor(frame, drain.boundary));
   }
   // The next stage reads the frame from another thread.
   for (const DLDevice& dev : stage.drain_devices) DeviceAPI::Get(dev)->StreamSync(dev, nullptr);
@@ -569,12 +462,12 @@ int PipelineExecutor::GetInputIndex(const std::string& name) const {
 
 void PipelineExecutor::CheckBoundary(int b, const DLTensor* value, const std::string& what) const {
   const Boundary& boundary = boundaries_[b];
-  if (!SameType(value, boundary.shape, boundary.dtype)) {
+  if (!support::SameType(value, boundary.shape, boundary.dtype)) {
     TVM_FFI_THROW(ValueError) << what << ": expected "
-                              << Describe(boundary.shape.data(), boundary.shape.size(), boundary.dtype) << ", got "
-                              << Describe(value->shape, value->ndim, value->dtype);
+                              << support::TypeString(boundary.shape.data(), boundary.shape.size(), boundary.dtype) << ", got "
+                              << support::TypeString(value->shape, value->ndim, value->dtype);
   }
-  if (!IsContiguous(value)) TVM_FFI_THROW(ValueError) << what << ": tensor must be contiguous";
+  if (!support::IsContiguous(value)) TVM_FFI_THROW(ValueError) << what << ": tensor must be contiguous";
 }
 
 bool PipelineExecutor::Run(const std::vector<const DLTensor*>& inputs, bool block) {
@@ -584,7 +477,7 @@ bool PipelineExecutor::Run(const std::vector<const DLTensor*>& inputs, bool bloc
   }
   for (size_t i = 0; i < inputs.size(); ++i) {
     const Boundary& b = boundaries_[i];
-    if (!SameType(inputs[i], b.shape, b.dtype) || !IsContiguous(inputs[i])) {
+    if (!support::SameType(inputs[i], b.shape, b.dtype) || !support::IsContiguous(inputs[i])) {
       CheckBoundary(i, inputs[i], "Run: " + b.what);
     }
   }
@@ -608,7 +501,7 @@ bool PipelineExecutor::Run(const std::vector<const DLTensor*>& inputs, bool bloc
     ++submitted_;
   }
   try {
-    for (size_t i = 0; i < inputs.size(); ++i) CopyAcrossDevices(inputs[i], FrameTensor(frame, i));
+    for (size_t i = 0; i < inputs.size(); ++i) support::CopyAcrossDevices(inputs[i], FrameTensor(frame, i));
   } catch (...) {
     std::lock_guard<std::mutex> lock(mu_);
     free_frames_.push_back(frame);
@@ -631,7 +524,7 @@ bool PipelineExecutor::GetOutput(const std::vector<DLTensor*>& outputs, bool blo
   }
   for (size_t i = 0; i < outputs.size(); ++i) {
     const Boundary& b = boundaries_[output_boundaries_[i]];
-    if (!SameType(outputs[i], b.shape, b.dtype) || !IsContiguous(outputs[i])) {
+    if (!support::SameType(outputs[i], b.shape, b.dtype) || !support::IsContiguous(outputs[i])) {
       CheckBoundary(output_boundaries_[i], outputs[i], "GetOutput: output " + std::to_string(i) + " (" + b.what + ")");
     }
   }
@@ -652,7 +545,7 @@ std::optional<std::vector<ffi::Tensor>> PipelineExecutor::GetOutput(bool block) 
   for (int b : output_boundaries_) {
     const DLTensor* t = FrameTensor(frame, b);
     tensors.push_back(Empty(t->shape, t->ndim, t->dtype, t->device));
-    outputs.push_back(Mutable(tensors.back()));
+    outputs.push_back(support::Mutable(tensors.back()));
   }
   CopyOutAndRelease(frame, outputs);
   return tensors;
@@ -691,11 +584,7 @@ void PipelineExecutor::CopyOutAndRelease(int frame, const std::vector<DLTensor*>
   try {
     for (size_t i = 0; i < outputs.size(); ++i) {
       const DLTensor* src = FrameTensor(frame, output_boundaries_[i]);
-      ffi::Tensor staging;  // only for a pair of devices no single device API can copy between
-      if (CopyNeedsStaging(src->device, outputs[i]->device)) {
-        staging = Empty(src->shape, src->ndim, src->dtype, DLDevice{kDLCPU, 0});
-      }
-      CopyAcrossDevices(src, outputs[i], staging.defined() ? Mutable(staging) : nullptr);
+      support::CopyOnce(src, outputs[i]);
     }
   } catch (...) {
     std::lock_guard<std::mutex> lock(mu_);

@@ -1,7 +1,7 @@
 /*!
  * \file tvm_hetero/graph_runtime.h
  * \brief The heterogeneous graph runtime: everything is looked up, allocated and packed in Init;
- *        Run() is a loop over execution groups of prepared calls.
+ *        Run() is one flat loop over prepared calls (graph_runtime_steps.h).
  */
 #ifndef TVM_HETERO_GRAPH_RUNTIME_H_
 #define TVM_HETERO_GRAPH_RUNTIME_H_
@@ -27,24 +27,6 @@ namespace tvm_hetero {
 
 struct MemoryRegion;
 
-/*! \brief One prepared step of Run(). */
-struct OpExec {
-  enum class Kind { kKernel, kCopy, kNop };
-  /*! \brief What the step does. */
-  Kind kind = Kind::kNop;
-  /*! \brief Node this step executes. */
-  uint32_t node_id = 0;
-  /*! \brief Kernel (kKernel only). */
-  tvm::ffi::Function kernel;
-  /*! \brief Packed kernel arguments: input then output DLTensors (kKernel only). */
-  std::vector<tvm::ffi::AnyView> args;
-  /*! \brief Source and destination (kCopy only). */
-  DLTensor* copy_from = nullptr;
-  DLTensor* copy_to = nullptr;
-  /*! \brief Host buffer for copies that no single device API can do (kCopy only, else empty). */
-  tvm::ffi::Tensor staging;
-};
-
 /*!
  * \brief Name of the optional function a kernel library (or an import) provides to drop caches
  *        derived from parameter values, e.g. weights reordered by an external backend. The runtime
@@ -52,47 +34,15 @@ struct OpExec {
  */
 inline constexpr const char* kInvalidateCachesFunction = "__tvm_hetero_invalidate_caches";
 
-/*! \brief The hot-loop view of an OpExec: only what Run() touches, packed densely. */
-struct PreparedCall {
-  enum class Mode : uint8_t {
-    /*! \brief Call `function(args...)`: a local kernel (the hot path). */
-    kCall,
-    /*! \brief Call `function(args...)` in another process: a remote kernel or a whole segment. */
-    kRemoteCall,
-    /*! \brief A copy or nop: run the OpExec. */
-    kStep,
-    /*! \brief A copy to or from another process. */
-    kRemoteStep,
-    /*! \brief Part of an offloaded segment already run by the segment's first call. */
-    kSkip,
-  };
-  /*! \brief Function to call (kCall, kRemoteCall). */
-  const tvm::ffi::FunctionObj* function = nullptr;
-  /*! \brief Packed arguments (owned by the OpExec or the offload segment). */
-  const tvm::ffi::AnyView* args = nullptr;
-  /*! \brief Number of packed arguments. */
-  int32_t num_args = 0;
-  /*! \brief What Run() does for this step (last, so the struct packs into 24 bytes). */
-  Mode mode = Mode::kStep;
-};
-
-/*! \brief A maximal run of kernel steps on one offload device, executed by one remote call. */
-struct OffloadSegment {
-  /*! \brief Device position. */
-  int device = 0;
-  /*! \brief Steps [begin, end) of GraphRuntime::op_execs_ (all kernels). */
-  uint32_t begin = 0, end = 0;
-  /*! \brief The remote runner's `run_segment`, once attached. */
-  tvm::ffi::Optional<tvm::ffi::Function> runner;
-  /*! \brief Its packed argument: the segment's index on its device. */
-  tvm::ffi::AnyView index_arg;
-};
+struct OpExec;
+/*! \brief The prepared steps (graph_runtime_steps.h, private to the library). */
+struct RuntimeSteps;
 
 /*! \brief Consecutive steps on one device; an offload device is entered once per group. */
 struct ExecGroup {
   /*! \brief Device position. */
   int device = 0;
-  /*! \brief Steps [begin, end) of GraphRuntime::op_execs_. */
+  /*! \brief Steps [begin, end) of the runtime's step array. */
   uint32_t begin = 0, end = 0;
 };
 
@@ -209,7 +159,7 @@ class GraphRuntime {
   void RunStep(const OpExec& step, tvm::ffi::Any* rv) const;
   /*! \brief Everything but a local kernel call: remote calls (counted), copies, skips. */
   void RunOtherStep(uint32_t index, tvm::ffi::Any* rv);
-  /*! \brief Build calls_ from op_execs_. */
+  /*! \brief Build the hot-loop calls from the steps. */
   void SetupPreparedCalls();
   int CheckedInputIndex(int index, const char* what) const;
   /*! \brief Throw naming the input unless `value` matches its shape and dtype. */
@@ -262,16 +212,12 @@ class GraphRuntime {
   std::vector<uint32_t> input_nodes_;
   /*! \brief Input name -> input index. */
   std::unordered_map<std::string, int> input_index_;
-  /*! \brief Prepared steps in node order (null nodes have none). */
-  std::vector<OpExec> op_execs_;
-  /*! \brief One per step, parallel to op_execs_. */
-  std::vector<PreparedCall> calls_;
+  /*! \brief The prepared steps, their hot-loop calls and offload segments. */
+  std::unique_ptr<RuntimeSteps> steps_;
   /*! \brief Runs of steps on one device. */
   std::vector<ExecGroup> groups_;
   /*! \brief Cache-invalidation hooks of the libraries (kInvalidateCachesFunction). */
   std::vector<tvm::ffi::Function> invalidate_caches_;
-  /*! \brief Kernel runs on devices of another process (RPC), in step order. */
-  std::vector<OffloadSegment> segments_;
   /*! \brief Compute calls into other processes by the last Run (remote kernels or segments). */
   std::atomic<int64_t> remote_compute_calls_{0};
   /*! \brief Copies to or from other processes by the last Run. */
@@ -302,12 +248,6 @@ class GraphRuntime {
   /*! \brief A call that uses the runtime's memory is in progress (see Run). */
   std::atomic<bool> in_use_{false};
 };
-
-/*! \brief True when copying between these devices needs a host buffer in between. */
-bool CopyNeedsStaging(DLDevice from, DLDevice to);
-/*! \brief Copy between tensors on any two devices; `staging` is a host buffer of the same size,
- *         needed only when CopyNeedsStaging. */
-void CopyAcrossDevices(const DLTensor* from, DLTensor* to, DLTensor* staging = nullptr);
 
 }  // namespace tvm_hetero
 

@@ -286,8 +286,6 @@ class PipelineExecutor {
   std::vector<tvm::ffi::Tensor> frame_tensors_;
   /*! \brief DLTensor of each frame tensor, same indexing. */
   std::vector<DLTensor*> frame_ptrs_;
-  /*! \brief "runtime.config_threadpool", looked up once. */
-  tvm::ffi::Optional<tvm::ffi::Function> config_threadpool_;
 
   /*! \brief Guards everything below and the FrameQueues. */
   mutable std::mutex mu_;

@@ -32,6 +32,8 @@
 #include <oneapi/dnnl/dnnl.hpp>
 #endif
 
+#include "support/json_reader.h"
+
 namespace tvm_hetero {
 namespace dnnl_backend {
 
@@ -40,22 +42,21 @@ namespace json = tvm::ffi::json;
 
 namespace {
 
-std::vector<int64_t> IntList(const json::Object& obj, const char* key) {
-  std::vector<int64_t> out;
-  auto it = obj.find(ffi::String(key));
-  if (it == obj.end()) return out;
-  for (const ffi::Any& v : (*it).second.cast<json::Array>()) out.push_back(v.cast<int64_t>());
-  return out;
+const support::JsonReader kReader{"invalid oneDNN regions"};
+
+std::vector<int64_t> IntList(const json::Object& obj, const char* key, const std::string& where) {
+  auto v = support::JsonReader::Find(obj, key);
+  return v ? kReader.IntList(*v, where + "." + key) : std::vector<int64_t>{};
 }
 
-int64_t IntOr(const json::Object& obj, const char* key, int64_t fallback) {
-  auto it = obj.find(ffi::String(key));
-  return it == obj.end() ? fallback : (*it).second.cast<int64_t>();
+int64_t IntOr(const json::Object& obj, const char* key, int64_t fallback, const std::string& where) {
+  auto v = support::JsonReader::Find(obj, key);
+  return v ? kReader.Int(*v, where + "." + key) : fallback;
 }
 
-bool BoolOr(const json::Object& obj, const char* key, bool fallback) {
-  auto it = obj.find(ffi::String(key));
-  return it == obj.end() ? fallback : (*it).second.cast<bool>();
+bool BoolOr(const json::Object& obj, const char* key, bool fallback, const std::string& where) {
+  auto v = support::JsonReader::Find(obj, key);
+  return v ? kReader.Bool(*v, where + "." + key) : fallback;
 }
 
 double FloatOr(const json::Object& obj, const char* key, double fallback) {
@@ -81,39 +82,37 @@ std::string ActivationOf(const json::Object& obj, const std::string& region) {
 }  // namespace
 
 std::vector<RegionSpec> ParseRegions(const std::string& json_text) {
-  ffi::String error;
-  json::Value root = json::Parse(ffi::String(json_text), &error);
-  if (!error.empty()) TVM_FFI_THROW(ValueError) << "oneDNN regions: invalid JSON: " << error;
-  auto top = root.try_cast<json::Object>();
-  if (!top) TVM_FFI_THROW(ValueError) << "oneDNN regions: expected an object";
+  json::Object top = kReader.Object(kReader.Parse(json_text), "document");
+  json::Array regions = kReader.Array(kReader.Require(top, "regions", "document"), "field 'regions'");
   std::vector<RegionSpec> out;
-  for (const ffi::Any& item : (*top)[ffi::String("regions")].cast<json::Array>()) {
-    json::Object obj = item.cast<json::Object>();
+  for (size_t k = 0; k < regions.size(); ++k) {
+    std::string where = "regions[" + std::to_string(k) + "]";
+    json::Object obj = kReader.Object(regions[k], where);
     RegionSpec r;
-    r.name = std::string(obj[ffi::String("name")].cast<ffi::String>());
-    r.op = std::string(obj[ffi::String("op")].cast<ffi::String>());
-    r.num_inputs = static_cast<int>(IntOr(obj, "num_inputs", 1));
-    r.data = static_cast<int>(IntOr(obj, "data", 0));
-    r.weight = static_cast<int>(IntOr(obj, "weight", -1));
-    r.bias = static_cast<int>(IntOr(obj, "bias", -1));
-    r.residual = static_cast<int>(IntOr(obj, "residual", -1));
-    r.relu = BoolOr(obj, "relu", false);
+    r.name = kReader.String(kReader.Require(obj, "name", where), where + ".name");
+    where = "region '" + r.name + "'";
+    r.op = kReader.String(kReader.Require(obj, "op", where), where + ".op");
+    r.num_inputs = static_cast<int>(IntOr(obj, "num_inputs", 1, where));
+    r.data = static_cast<int>(IntOr(obj, "data", 0, where));
+    r.weight = static_cast<int>(IntOr(obj, "weight", -1, where));
+    r.bias = static_cast<int>(IntOr(obj, "bias", -1, where));
+    r.residual = static_cast<int>(IntOr(obj, "residual", -1, where));
+    r.relu = BoolOr(obj, "relu", false, where);
     r.activation = ActivationOf(obj, r.name);
     r.alpha = static_cast<float>(FloatOr(obj, "alpha", 0.0));
     r.beta = static_cast<float>(FloatOr(obj, "beta", 0.0));
-    r.weight_transposed = BoolOr(obj, "weight_transposed", false);
-    r.count_include_pad = BoolOr(obj, "count_include_pad", false);
-    r.strides = IntList(obj, "strides");
-    r.padding = IntList(obj, "padding");
-    r.dilation = IntList(obj, "dilation");
-    r.pool_size = IntList(obj, "pool_size");
-    r.groups = IntOr(obj, "groups", 1);
-    r.axis = IntOr(obj, "axis", -1);
+    r.weight_transposed = BoolOr(obj, "weight_transposed", false, where);
+    r.count_include_pad = BoolOr(obj, "count_include_pad", false, where);
+    r.strides = IntList(obj, "strides", where);
+    r.padding = IntList(obj, "padding", where);
+    r.dilation = IntList(obj, "dilation", where);
+    r.pool_size = IntList(obj, "pool_size", where);
+    r.groups = IntOr(obj, "groups", 1, where);
+    r.axis = IntOr(obj, "axis", -1, where);
     r.epsilon = static_cast<float>(FloatOr(obj, "epsilon", 1e-5));
     for (int role : {r.data, r.weight, r.bias, r.residual}) {
       if (role >= r.num_inputs) {
-        TVM_FFI_THROW(ValueError) << "oneDNN region '" << r.name << "': argument " << role << " of "
-                                  << r.num_inputs;
+        kReader.Fail(where, "argument " + std::to_string(role) + " of " + std::to_string(r.num_inputs));
       }
     }
     out.push_back(std::move(r));

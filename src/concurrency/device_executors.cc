@@ -4,13 +4,9 @@
  */
 #include "device_executors.h"
 
-#include <dlfcn.h>
-#include <pthread.h>
-#include <sched.h>
-#include <tvm/ffi/container/array.h>
 #include <tvm/ffi/error.h>
-#include <tvm/ffi/function.h>
-#include <tvm/ffi/string.h>
+
+#include "support/thread_pinning.h"
 
 #include <string>
 
@@ -22,8 +18,6 @@ namespace {
 
 /*! \brief Spins before sleeping in a wait: a cross-device wait is often shorter than a wake-up. */
 constexpr int kSpinsBeforeSleep = 4000;
-/*! \brief TVM's affinity mode that pins the calling thread and each pool thread to a listed core. */
-constexpr int kTvmOneCorePerThread = -2;
 
 inline void CpuRelax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -83,25 +77,7 @@ void DeviceExecutors::Stop() {
 
 void DeviceExecutors::ConfigureThread(int d) const {
   const ExecutorOptions& opt = options_[d];
-  if (opt.empty()) return;
-  static const ffi::Function config = *ffi::Function::GetGlobal("runtime.config_threadpool");
-  if (!opt.cores.empty()) {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    for (int core : opt.cores) CPU_SET(core, &set);
-    pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
-    ffi::Array<ffi::String> cpus;
-    for (int core : opt.cores) cpus.push_back(ffi::String(std::to_string(core)));
-    int threads = opt.num_threads > 0 ? opt.num_threads : static_cast<int>(opt.cores.size());
-    config(kTvmOneCorePerThread, threads, cpus);
-  } else {
-    config(0, opt.num_threads);
-  }
-  // External libraries parallelised with OpenMP (oneDNN) take the same thread count, per thread.
-  if (opt.num_threads > 0) {
-    using SetNumThreads = void (*)(int);
-    if (auto set = reinterpret_cast<SetNumThreads>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"))) set(opt.num_threads);
-  }
+  support::ConfigureCurrentThread(opt.cores, opt.num_threads, support::CoreSharing::kOneCorePerThread);
 }
 
 void DeviceExecutors::WorkerLoop(int d) {

@@ -1,7 +1,8 @@
 /*!
- * \file kernel_call_floor.cc
+ * \file bench/kernel_call_floor.cc
  * \brief The cost floor for dispatch benchmarks: a bare C++ loop calling one kernel with packed
- *        arguments prepared once, the least any runtime can spend per op.
+ *        arguments prepared once, the least any runtime can spend per op. Built as
+ *        libtvm_hetero_bench.so for bench/dispatch_overhead.py, never into the shipped library.
  */
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/function.h>

@@ -1,0 +1,95 @@
+/*!
+ * \file support/device.h
+ * \brief The one notion of a device the runtime, the pipeline executor, the offload runner and the
+ *        oneDNN module share: what kind it is, how to allocate on it, how to copy between two of
+ *        them, how to wait for it, and which pairs share memory.
+ *
+ * Kinds: a host-accessible local CPU (kHost), a local accelerator (kAccelerator: CUDA, ROCm, ...)
+ * and a device of another process reached over TVM RPC (kRemote, device_type >= kRPCSessMask).
+ *
+ * Ordering contract (everything below is issued on the device's default stream, nullptr):
+ *  - Work issued to one device runs in issue order. Kernels, CopyAcrossDevices and SyncDevice on
+ *    one device never overtake each other.
+ *  - A copy whose destination is the host is complete when CopyAcrossDevices returns (it
+ *    synchronises the source device); any other copy is only ordered before later work on the
+ *    device whose API performed it (CopyApiDevice), so a reader on the host calls SyncDevice first.
+ *  - Between two devices of different kinds, neither of them the host, no single device API can
+ *    copy: the copy is staged through a host buffer (NeedsStaging, StagingBuffer), and, by the rule
+ *    above, the first half is complete before the second half starts.
+ *  - SharesMemory(a, b): a tensor allocated on `a` can be read on `b` in place (both are CPUs of
+ *    this process). Such edges need a wait, not a copy; every other crossing needs a copy.
+ *  - Nothing here locks: callers order calls on one device (one executor thread per device, one RPC
+ *    session per thread).
+ */
+#ifndef TVM_HETERO_SUPPORT_DEVICE_H_
+#define TVM_HETERO_SUPPORT_DEVICE_H_
+
+#include <tvm/ffi/container/tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tvm_hetero {
+namespace support {
+
+/*! \brief TVM's RPC session mask: device types at or above it live in another process. */
+inline constexpr int kRPCSessMask = 128;
+
+enum class DeviceKind { kHost, kAccelerator, kRemote };
+
+/*! \brief Which of the three kinds `dev` is. */
+DeviceKind KindOf(DLDevice dev);
+/*! \brief A CPU of this process: its memory is plain host memory. */
+inline bool IsHost(DLDevice dev) { return dev.device_type == kDLCPU; }
+/*! \brief A device of another process, reached through a TVM RPC session. */
+inline bool IsRemote(DLDevice dev) { return dev.device_type >= kRPCSessMask; }
+inline bool SameDevice(DLDevice a, DLDevice b) { return a.device_type == b.device_type && a.device_id == b.device_id; }
+/*! \brief Tensors on `a` can be read on `b` in place (both CPUs of this process). */
+inline bool SharesMemory(DLDevice a, DLDevice b) { return IsHost(a) && IsHost(b); }
+/*! \brief True when no single device API copies between these two: a host buffer goes between. */
+inline bool NeedsStaging(DLDevice from, DLDevice to) {
+  return from.device_type != to.device_type && !IsHost(from) && !IsHost(to);
+}
+/*! \brief The device whose API performs a (non-staged) copy between these two. */
+inline DLDevice CopyApiDevice(DLDevice from, DLDevice to) { return IsHost(from) ? to : from; }
+/*!
+ * \brief Whether a pointer plus a byte offset is a valid data pointer on `dev`: kernels reject a
+ *        nonzero DLTensor::byte_offset, so views inside one allocation need this (elsewhere --
+ *        OpenCL, Vulkan, Metal handles, remote memory -- storage offsets are kept apart).
+ */
+bool OffsetsUsable(DLDevice dev);
+/*! \brief "cpu:0", "cuda:1", "remote[0]:cpu:0". */
+std::string DeviceName(DLDevice dev);
+
+/*! \brief Kernels and copies write through the DLTensor of a tensor the caller owns. */
+inline DLTensor* Mutable(const tvm::ffi::Tensor& t) { return const_cast<DLTensor*>(t.GetDLTensorPtr()); }
+
+/*! \brief A tensor allocated with `device`'s own API (64-byte aligned; at least one byte, so
+ *         every tensor has an address). Freeing never throws: a remote device may be gone. */
+tvm::ffi::Tensor AllocTensor(tvm::ffi::Shape shape, DLDataType dtype, DLDevice device);
+/*! \brief A typed view at `offset` bytes into `base` carrying `device` (which must share memory
+ *         with base's, or be base's); the view keeps `base` alive. */
+tvm::ffi::Tensor ViewOf(const tvm::ffi::Tensor& base, size_t offset, tvm::ffi::Shape shape, DLDataType dtype,
+                        DLDevice device);
+/*! \brief The host buffer a copy `from` -> `to` of this shape needs, or an undefined tensor when
+ *         NeedsStaging is false. Made once at setup, so the copy itself allocates nothing. */
+tvm::ffi::Tensor StagingBuffer(DLDevice from, DLDevice to, tvm::ffi::Shape shape, DLDataType dtype);
+
+/*!
+ * \brief Copy between tensors on any two devices (the only copy routine of the library).
+ *        `staging` is StagingBuffer(from, to, ...) -- needed only when NeedsStaging.
+ */
+void CopyAcrossDevices(const DLTensor* from, DLTensor* to, DLTensor* staging = nullptr);
+/*! \brief CopyAcrossDevices, allocating a staging buffer for this one copy when needed (setup and
+ *         API calls only, never a hot loop). */
+void CopyOnce(const DLTensor* from, DLTensor* to);
+/*! \brief Wait until all work issued to `dev` is complete (nothing to wait for on the host). */
+void SyncDevice(DLDevice dev);
+/*! \brief Add `dev` to `devices` unless it is there already. */
+void AddUnique(std::vector<DLDevice>* devices, DLDevice dev);
+
+}  // namespace support
+}  // namespace tvm_hetero
+
+#endif  // TVM_HETERO_SUPPORT_DEVICE_H_

@@ -1,0 +1,88 @@
+// The shared device layer, tensor check and JSON reader (src/support/).
+#include <gtest/gtest.h>
+#include <tvm/ffi/error.h>
+#include <tvm_hetero/backends/dnnl_region.h>
+
+#include <string>
+#include <vector>
+
+#include "support/device.h"
+#include "support/json_reader.h"
+#include "support/tensor_check.h"
+
+namespace tvm_hetero {
+namespace {
+
+namespace ffi = tvm::ffi;
+
+std::string ErrorOf(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const ffi::Error& err) {
+    return err.message();
+  }
+  return "(no error)";
+}
+
+TEST(SupportDevice, KindsAndCopyRules) {
+  DLDevice cpu0{kDLCPU, 0}, cpu1{kDLCPU, 1}, cuda{kDLCUDA, 0}, opencl{kDLOpenCL, 0};
+  DLDevice remote_cpu{static_cast<DLDeviceType>(kDLCPU + support::kRPCSessMask), 0};
+  EXPECT_EQ(support::KindOf(cpu1), support::DeviceKind::kHost);
+  EXPECT_EQ(support::KindOf(cuda), support::DeviceKind::kAccelerator);
+  EXPECT_EQ(support::KindOf(remote_cpu), support::DeviceKind::kRemote);
+  EXPECT_TRUE(support::SharesMemory(cpu0, cpu1));
+  EXPECT_FALSE(support::SharesMemory(cpu0, cuda));
+  EXPECT_FALSE(support::SharesMemory(cpu0, remote_cpu));
+  EXPECT_FALSE(support::NeedsStaging(cpu0, cuda));
+  EXPECT_TRUE(support::NeedsStaging(cuda, opencl));
+  EXPECT_FALSE(support::StagingBuffer(cpu0, cuda, ffi::Shape({4}), DLDataType{kDLFloat, 32, 1}).defined());
+  EXPECT_TRUE(support::StagingBuffer(cuda, opencl, ffi::Shape({4}), DLDataType{kDLFloat, 32, 1}).defined());
+  EXPECT_EQ(support::DeviceName(remote_cpu), "remote[0]:cpu:0");
+}
+
+TEST(SupportDevice, CopyBetweenHostDevicesAndViews) {
+  DLDataType f32{kDLFloat, 32, 1};
+  ffi::Tensor a = support::AllocTensor(ffi::Shape({3}), f32, DLDevice{kDLCPU, 0});
+  ffi::Tensor b = support::AllocTensor(ffi::Shape({3}), f32, DLDevice{kDLCPU, 1});
+  for (int i = 0; i < 3; ++i) static_cast<float*>(a.data_ptr())[i] = 1.5f * i;
+  support::CopyOnce(a.GetDLTensorPtr(), support::Mutable(b));
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(static_cast<float*>(b.data_ptr())[i], 1.5f * i);
+  ffi::Tensor view = support::ViewOf(a, sizeof(float), ffi::Shape({2}), f32, DLDevice{kDLCPU, 1});
+  EXPECT_EQ(static_cast<float*>(view.data_ptr())[0], 1.5f);
+  EXPECT_EQ(view.device().device_id, 1);
+}
+
+TEST(SupportTensorCheck, MessagesNameTheTensor) {
+  DLDataType f32{kDLFloat, 32, 1};
+  ffi::Tensor t = support::AllocTensor(ffi::Shape({2, 3}), f32, DLDevice{kDLCPU, 0});
+  EXPECT_NO_THROW(support::CheckTensor(t.GetDLTensorPtr(), {2, 3}, f32, "input 'x'"));
+  EXPECT_EQ(ErrorOf([&] { support::CheckTensor(t.GetDLTensorPtr(), {3}, f32, "input 'x'"); }),
+            "input 'x': expected shape (3,), got (2, 3)");
+  EXPECT_EQ(ErrorOf([&] { support::CheckTensor(t.GetDLTensorPtr(), {2, 3}, DLDataType{kDLInt, 8, 1}, "w"); }),
+            "w: expected dtype int8, got float32");
+  DLTensor strided = *t.GetDLTensorPtr();
+  int64_t strides[2] = {1, 2};
+  strided.strides = strides;
+  EXPECT_EQ(ErrorOf([&] { support::CheckTensor(&strided, {2, 3}, f32, "w"); }), "w: tensor must be contiguous");
+}
+
+TEST(SupportJsonReader, ErrorsCarryDocumentAndPlace) {
+  support::JsonReader reader("invalid thing");
+  ffi::json::Object obj = reader.Object(reader.Parse(R"({"a": [1, "x"], "b": true})"), "document");
+  EXPECT_EQ(ErrorOf([&] { reader.IntList(reader.Require(obj, "a", "document"), "a"); }),
+            "invalid thing: a[1]: expected an integer");
+  EXPECT_EQ(ErrorOf([&] { reader.Require(obj, "c", "document"); }), "invalid thing: document: missing field 'c'");
+  EXPECT_EQ(ErrorOf([&] { reader.CheckKeys(obj, {"a"}, "top"); }), "invalid thing: top: unknown field 'b'");
+  EXPECT_NE(ErrorOf([&] { reader.Parse("{"); }).find("invalid thing: document: not valid JSON"), std::string::npos);
+}
+
+TEST(SupportJsonReader, OneDnnRegionErrorsNameTheRegionAndField) {
+  EXPECT_EQ(ErrorOf([] { dnnl_backend::ParseRegions(R"({"regions": [{"name": "r0", "op": "conv2d", "strides": [1, "2"]}]})"); }),
+            "invalid oneDNN regions: region 'r0'.strides[1]: expected an integer");
+  EXPECT_EQ(ErrorOf([] { dnnl_backend::ParseRegions(R"({"regions": [{"op": "conv2d"}]})"); }),
+            "invalid oneDNN regions: regions[0]: missing field 'name'");
+  EXPECT_EQ(ErrorOf([] { dnnl_backend::ParseRegions(R"({})"); }), "invalid oneDNN regions: document: missing field 'regions'");
+}
+
+}  // namespace
+}  // namespace tvm_hetero
