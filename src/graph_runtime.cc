@@ -332,8 +332,8 @@ void GraphRuntime::SetupExecution() {
   }
   StepSchedule schedule = DeriveStepSchedule(access, static_cast<int>(devices_.size()));
   c.num_waits = schedule.NumWaits();
-  c.sync_before_publish.assign(op_execs_.size(), std::nullopt);
-  for (uint32_t i = 0; i < op_execs_.size(); ++i) {
+  c.sync_before_publish.assign(steps_->op_execs.size(), std::nullopt);
+  for (uint32_t i = 0; i < steps_->op_execs.size(); ++i) {
     DLDevice dev = devices_[access[i].device];
     if (schedule.awaited[i] && !IsHost(dev) && !IsRemote(dev)) c.sync_before_publish[i] = dev;
   }
@@ -364,7 +364,7 @@ void GraphRuntime::RunStepOnExecutor(void* self, uint32_t i) {
       rt->RunOtherStep(i, &rv);
     }
     if (const std::optional<DLDevice>& dev = c.sync_before_publish[i]) {
-      DeviceAPI::Get(*dev)->StreamSync(*dev, nullptr);
+      support::SyncDevice(*dev);
     }
   } catch (const ffi::Error& err) {
     throw rt->ErrorAt(i, err);
