@@ -6,7 +6,7 @@ The passes, in order (each in its own file, each testable alone):
     reorder_for_devices topological order with the fewest device switches          (reorder.py)
     insert_copies       one __copy per (tensor, device without shared memory)       (copies.py)
     plan_memory         storage ids shared only within a device, by liveness       (memory.py)
-    compile_kernels     each device's kernels for its target, one library           (lower.py)
+    compile_kernels     each device's kernels for its target, one library           (compile_kernels.py)
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ from typing import Any
 import numpy as np
 import tvm
 
+from .compile_kernels import compile_kernels
 from .copies import copy_stats, insert_copies, shared_edges
 from .graph import Graph
-from .lower import LoweredGraph, compile_kernels, lower_to_graph
+from .lower import LoweredGraph, lower_to_graph
 from .memory import MemoryPlan, plan_memory
 from .reorder import reorder_for_devices
 

@@ -15,7 +15,7 @@ from typing import Any
 import tvm
 
 from ..build import CompiledGraph, device_name
-from ..lower import compile_kernels
+from ..compile_kernels import compile_kernels
 from ..memory import planned_json
 from .cost_model import DEFAULT_COPY_BYTES_PER_US, SegmentModel, choose
 from .kernel_order import PipelineSplit, kernel_order, lower_one_device, make_split, tensors_between

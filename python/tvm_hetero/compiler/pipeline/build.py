@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import tvm
 
-from ..lower import compile_kernels
+from ..compile_kernels import compile_kernels
 from ..memory import planned_json
 from .auto_split import MeasureKernels, auto_split
 from .kernel_order import PipelineSplit, split
