@@ -44,12 +44,12 @@ def main() -> int:
     import numpy as np
     import tvm
     import tvm_hetero
-    from tvm_hetero.autoplace_measure import RuntimeMeasurer
     from tvm_hetero.compiler.autoplace.cost_cache import CostCache
     from tvm_hetero.compiler.autoplace.measured import choose_placement
     from tvm_hetero.compiler.build import shares_memory_between
     from tvm_hetero.compiler.schedule_model import predicted_latency
     from tvm_hetero.models import light_model, model_inputs, relax_module
+    from tvm_hetero.runtime.autoplace_measure import RuntimeMeasurer
 
     targets = [(tvm.cpu(0), "llvm"), (tvm.cpu(1), "llvm")]
     tvm_targets = [tvm.target.Target("llvm")] * 2

@@ -35,8 +35,8 @@ def main() -> int:
     import onnxruntime as ort
     import tvm
     import tvm_hetero
-    from tvm_hetero import models
     from tvm_hetero.backends import dnnl
+    from tvm_hetero.testing import models
 
     info = dnnl.info()
     if not info.get("available"):

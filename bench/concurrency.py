@@ -57,7 +57,7 @@ def two_tower():
 
 
 def light(name: str):
-    from tvm_hetero import models
+    from tvm_hetero.testing import models
 
     model = models.light_model(name)
     return models.relax_module(model), None, models.model_inputs(model), model

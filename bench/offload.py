@@ -21,8 +21,8 @@ import time
 import numpy as np
 import tvm
 import tvm_hetero
-from tvm_hetero import models
-from tvm_hetero.rpc import start_local_server
+from tvm_hetero.runtime.rpc import start_local_server
+from tvm_hetero.testing import models
 
 # What the offload device supports, as a typical NPU does: convolutions, matmuls, pooling, and the
 # elementwise ops around them (ONNX's residual Sum imports as sum(stack(broadcast_to(...)))).

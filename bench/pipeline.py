@@ -200,7 +200,7 @@ def manual_candidates(plan, limit: int) -> list[int]:
 
 
 def unsplit_time(runtime, input_name: str, sample) -> float:
-    from tvm_hetero.pipeline import run_in_thread
+    from tvm_hetero.runtime.measure import run_in_thread
 
     def once() -> float:
         runtime.set_input(input_name, sample)
@@ -214,7 +214,7 @@ def unsplit_time(runtime, input_name: str, sample) -> float:
 
 def run_unsplit(runtime, batch, input_name: str, warmup: int) -> float:
     """Inferences per second of the unsplit graph on core 0, one thread (inputs in, outputs out)."""
-    from tvm_hetero.pipeline import run_in_thread
+    from tvm_hetero.runtime.measure import run_in_thread
 
     def loop() -> list[float]:
         stamps = []

@@ -78,7 +78,7 @@ def main() -> int:
     import tvm_hetero
     from tvm import relax
     from tvm.relax.backend.cpu_generic import pipeline as cpu_pipeline
-    from tvm_hetero.models import light_model, model_inputs, onnxruntime_outputs, relax_module
+    from tvm_hetero.testing.models import light_model, model_inputs, onnxruntime_outputs, relax_module
 
     @tvm.instrument.pass_instrument
     class CapturePlan:

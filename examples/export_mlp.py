@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import tvm
 import tvm_hetero
-from tvm_hetero import models
+from tvm_hetero.testing import models
 
 
 def main(out_dir: str) -> None:

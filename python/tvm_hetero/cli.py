@@ -110,7 +110,7 @@ def default_devices() -> list[tuple[str, str]]:
 # ---- commands ---------------------------------------------------------------------------------
 def cmd_demo(args: argparse.Namespace) -> int:
     import tvm_hetero
-    from tvm_hetero import models
+    from tvm_hetero.testing import models
 
     start = time.perf_counter()
     say = _progress(start)
@@ -133,7 +133,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     inputs = models.model_inputs(model)
     server = None
     if args.remote:
-        from tvm_hetero import rpc
+        from tvm_hetero.runtime import rpc
 
         if args.remote == "local":
             say("starting a local RPC server (a second process) for the offload device")
@@ -230,7 +230,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     import onnx
 
     import tvm_hetero
-    from tvm_hetero import models
+    from tvm_hetero.testing import models
 
     start = time.perf_counter()
     say = _progress(start)
@@ -361,7 +361,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         Path(args.dot).write_text(to_dot(graph))
         print(f"wrote {args.dot} (render with: dot -Tpng {args.dot} -o graph.png)")
     if args.timeline:
-        from tvm_hetero import timeline
+        from tvm_hetero.runtime import timeline
 
         _artifact, runtime = _runtime_with_inputs(args)
         runtime.run()  # warm up, then record one run

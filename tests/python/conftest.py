@@ -65,7 +65,7 @@ def duplex_graph() -> Graph:
 @pytest.fixture(scope="session")
 def rpc_server():
     """A real second process: tvm.exec.rpc_server with libtvm_hetero loaded."""
-    from tvm_hetero.rpc import start_local_server
+    from tvm_hetero.runtime.rpc import start_local_server
 
     with start_local_server() as server:
         yield server

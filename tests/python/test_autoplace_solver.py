@@ -6,8 +6,9 @@ import math
 import random
 
 import pytest
-from tvm_hetero.compiler.autoplace.solver import exhaustive, single_device_placements, solve
+from tvm_hetero.compiler.autoplace.solver import single_device_placements, solve
 from tvm_hetero.compiler.schedule_model import CostModel, simulate
+from tvm_hetero.testing.oracles import exhaustive_placement
 
 
 def random_model(rng: random.Random, num_kernels: int, num_devices: int, remote: bool = False) -> CostModel:
@@ -80,7 +81,7 @@ def test_solver_is_near_optimal_on_random_dags(remote):
         num_kernels = rng.randint(2, 12 if num_devices == 2 else 8)
         model = random_model(rng, num_kernels, num_devices, remote=remote)
         found = solve(model)
-        best = exhaustive(model)
+        best = exhaustive_placement(model)
         singles = [simulate(model, p).makespan for p in single_device_placements(model)]
         assert model.feasible(found.placement)
         assert found.latency >= best.latency * (1 - 1e-9), "the solver cannot beat the exact optimum"
@@ -99,7 +100,7 @@ def test_calls_objective_trades_latency_for_fewer_remote_calls():
         few = solve(model, "calls")
         assert few.latency <= fast.latency * 1.10 * (1 + 1e-9)
         assert few.schedule.remote_calls <= fast.schedule.remote_calls
-        exact = exhaustive(model, "calls")
+        exact = exhaustive_placement(model, "calls")
         exact_hits += few.schedule.remote_calls <= exact.schedule.remote_calls
     assert exact_hits >= 0.9 * 60
 

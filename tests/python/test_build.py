@@ -112,7 +112,7 @@ def test_cli_compile_run_inspect(tmp_path, capsys):
     x = rng.standard_normal((1, 4, 8, 8)).astype("float32")
     np.save(tmp_path / "x.npy", x)
     assert cli.main(["run", str(out), "--input", f"x={tmp_path / 'x.npy'}", "--save", str(tmp_path)]) == 0
-    from tvm_hetero.models import onnxruntime_outputs
+    from tvm_hetero.testing.models import onnxruntime_outputs
 
     reference = onnxruntime_outputs(onnx.load(model_path), {"x": x})[0]
     np.testing.assert_allclose(np.load(tmp_path / "output_0.npy"), reference, rtol=1e-4, atol=1e-4)

@@ -8,9 +8,9 @@ import pytest
 import tvm
 import tvm_hetero
 from onnx import TensorProto, helper, numpy_helper
-from tvm_hetero import models
 from tvm_hetero.backends import BACKENDS, DnnlBackend, resolve_backends
 from tvm_hetero.backends import dnnl as dnnl_mod
+from tvm_hetero.testing import models
 
 CPU = [(tvm.cpu(0), "llvm")]
 HAS_DNNL = DnnlBackend().available()

@@ -212,7 +212,7 @@ def test_reading_another_cpus_output_without_a_copy_reads_it_in_place(kernels, e
 # ---- remote ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("graph_fn", [simplex_graph, duplex_graph])
 def test_graphs_on_remote_cpus(rpc_server, kernels, graph_fn):
-    from tvm_hetero.rpc import upload_library
+    from tvm_hetero.runtime.rpc import upload_library
 
     session = rpc_server.connect()
     remote_lib = upload_library(session, kernels)

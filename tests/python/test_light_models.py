@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import tvm
 import tvm_hetero
-from tvm_hetero.models import light_model, model_inputs, onnxruntime_outputs, relax_module
+from tvm_hetero.testing.models import light_model, model_inputs, onnxruntime_outputs, relax_module
 
 pytest.importorskip("onnxruntime")
 

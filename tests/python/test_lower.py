@@ -9,7 +9,8 @@ from graph_reference import run_graph
 from tvm import relax
 from tvm.script import ir as I
 from tvm.script import relax as R
-from tvm_hetero.compiler.lower import LoweredGraph, LoweringError, compile_kernels, lower_to_graph
+from tvm_hetero.compiler.compile_kernels import compile_kernels
+from tvm_hetero.compiler.lower import LoweredGraph, LoweringError, lower_to_graph
 from tvm_hetero.compiler.placement import Capabilities, OpInfo, resolve_placement
 
 # ---- fixtures -------------------------------------------------------------------------------

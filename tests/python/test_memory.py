@@ -412,7 +412,7 @@ def test_light_cnns_meet_the_slot_bound() -> None:
     """Real graphs (lowered, reordered, copies inserted; no kernels compiled) of three light CNNs."""
     pytest.importorskip("onnx")
     from tvm_hetero.compiler.lower import lower_to_graph
-    from tvm_hetero.models import light_model, relax_module
+    from tvm_hetero.testing.models import light_model, relax_module
 
     for name in ("squeezenet", "shufflenet", "inception_v1"):
         mod = relax_module(light_model(name))

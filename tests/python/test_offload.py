@@ -12,7 +12,7 @@ from conftest import duplex_graph, simplex_graph
 from tvm import te
 from tvm_hetero import graph_runtime
 from tvm_hetero.compiler.graph import COPY_FUNC, Entry, Graph, Node
-from tvm_hetero.rpc import start_local_server
+from tvm_hetero.runtime.rpc import start_local_server
 
 rng = np.random.default_rng(3)
 

@@ -16,8 +16,8 @@ import tvm
 import tvm_hetero
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tvm_hetero import models
-from tvm_hetero.compiler.artifact_files import manifest_digest, read_params
+from tvm_hetero.artifact import manifest_digest, read_params
+from tvm_hetero.testing import models
 
 MLP, PARAMS = models.mlp()
 TWO_CPUS = [("cpu:0", "llvm"), ("cpu:1", "llvm")]

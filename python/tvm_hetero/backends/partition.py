@@ -78,15 +78,6 @@ def partition_for_backends(
     return mod, regions
 
 
-def PartitionForBackends(backends: Sequence[Backend], entry: str = "main") -> tvm.transform.Pass:
-    """:func:`partition_for_backends` as a TVM module pass (the regions are in the module's functions)."""
-    return tvm.transform.module_pass(
-        lambda mod, _ctx: partition_for_backends(mod, backends, entry)[0],
-        opt_level=0,
-        name="PartitionForBackends",
-    )
-
-
 def region_calls(func: relax.Function, regions: dict[str, Region]) -> list[tuple[relax.Var, Region]]:
     """The bindings of ``func`` that call a region, in order."""
     out = []

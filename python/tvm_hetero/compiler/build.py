@@ -1,4 +1,4 @@
-"""``tvm_hetero.build``: a Relax IRModule in, a runnable ``Artifact`` (graph JSON + kernels + params) out.
+"""The compiler's entry: a Relax IRModule in, a :class:`CompiledGraph` (graph JSON + kernels + params) out.
 
 The passes, in order (each in its own file, each testable alone):
 
@@ -12,34 +12,24 @@ The passes, in order (each in its own file, each testable alone):
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import tvm
 
 from ..backends import default_backends
-from . import artifact_files
 from .copies import copy_stats, insert_copies, shared_edges
 from .graph import Graph
-from .kernel_libraries import (
-    DeviceLibrary,
-    compile_kernel_libraries,
-    export_device_libraries,
-    load_device_libraries,
-)
+from .kernel_libraries import DeviceLibrary, compile_kernel_libraries
 from .lower import LoweredGraph, lower_to_graph
 from .memory import MemoryPlan, plan_memory
 from .overlap_order import reorder_for_overlap
 from .reorder import reorder_for_devices
 
 TargetSpec = Sequence[tuple[Any, Any]]
-GRAPH_FILE, LIB_FILE, PARAMS_FILE, MANIFEST_FILE = "graph.json", "lib.so", "params.bin", "manifest.json"
 
 
 def parse_device(spec: Any) -> tvm.runtime.Device:
@@ -60,7 +50,7 @@ def device_name(dev: tvm.runtime.Device) -> str:
     return str(dev)
 
 
-def _size(nbytes: int) -> str:
+def format_size(nbytes: int) -> str:
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if nbytes >= scale:
             return f"{nbytes / scale:.2f} {unit}"
@@ -115,7 +105,7 @@ class BuildReport:
             lines.append("  backends: none, TVM kernels run every op")
         lines.extend(f"  backend note: {note}" for note in self.backend_notes)
         lines.append(
-            f"  copies {self.num_copies}, {_size(self.bytes_copied)} copied per inference; "
+            f"  copies {self.num_copies}, {format_size(self.bytes_copied)} copied per inference; "
             f"{self.shared_edges} tensors read in place by another device (shared memory, no copy)"
         )
         mem = self.memory
@@ -123,8 +113,8 @@ class BuildReport:
             bound, planned = mem["lower_bound_bytes"][d], mem["planned_bytes"][d]
             ratio = f"{planned / bound:.3f}x" if bound else "-"
             lines.append(
-                f"  memory {name:<8} planned {_size(planned)} (lower bound {_size(bound)}, {ratio}; "
-                f"unshared {_size(mem['unshared_bytes'][d])}) + inputs/params {_size(mem['input_bytes'][d])}"
+                f"  memory {name:<8} planned {format_size(planned)} (lower bound {format_size(bound)}, {ratio}; "
+                f"unshared {format_size(mem['unshared_bytes'][d])}) + inputs/params {format_size(mem['input_bytes'][d])}"
             )
         if self.fallbacks:
             lines.append(f"  FALLBACKS to device 0 ({len(self.fallbacks)}):")
@@ -139,8 +129,8 @@ class BuildReport:
 
 
 @dataclass
-class Artifact:
-    """A compiled heterogeneous graph: run it with :meth:`create`, save it with :meth:`export`."""
+class CompiledGraph:
+    """What :func:`build` makes: graph JSON, kernels, params (``tvm_hetero.Artifact`` wraps it)."""
 
     graph_json: str
     lib: tvm.runtime.Module
@@ -148,103 +138,8 @@ class Artifact:
     devices: list[tvm.runtime.Device]
     input_names: list[str] = field(default_factory=list)
     build_report: BuildReport | None = None
-    #: The directory it was loaded from (None: built in this process).
-    source_dir: Path | None = None
-    #: The manifest it was loaded with (None: built in this process).
-    manifest: dict | None = None
     # Devices whose target is another architecture than this machine's: their own kernel libraries.
     device_libs: dict[int, DeviceLibrary] = field(default_factory=dict)
-
-    def create(self, devices: Sequence[tvm.runtime.Device] | None = None, **options: Any):
-        """A runtime with the parameters loaded; ``devices`` defaults to the build's devices.
-
-        ``options`` are those of :func:`tvm_hetero.graph_runtime.create` (``offload``,
-        ``remote_timeout``, ...). Remote devices load :meth:`library_file_for` when the artifact
-        was loaded from disk, else the library exported on the fly.
-        """
-        from ..graph_runtime import create
-
-        options.setdefault("remote_library", self.library_file_for)
-        module = create(self.graph_json, self.lib, list(devices) if devices is not None else self.devices,
-                        device_libs=self.device_libs, **options)
-        if self.params:
-            module.set_params(self.params)
-        return module
-
-    def library_file_for(self, device: tvm.runtime.Device) -> Path | None:
-        """The exported kernel library file a remote ``device`` uploads; None: export :attr:`lib`."""
-        if self.source_dir is None:
-            return None
-        return artifact_files.library_file_for(self.source_dir, self.manifest or {}, device)
-
-    def report(self) -> str:
-        return str(self.build_report) if self.build_report else "(no build report: artifact was loaded)"
-
-    @property
-    def graph(self) -> dict:
-        return json.loads(self.graph_json)
-
-    def export(self, path: str | os.PathLike) -> Path:
-        """Write graph.json, lib.so, params.bin and manifest.json into the directory ``path``.
-
-        The C++ runtime loads these without Python (see examples/run_artifact.cc).
-        """
-        out = Path(path)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / GRAPH_FILE).write_text(self.graph_json)
-        self.lib.export_library(str(out / LIB_FILE))
-        (out / PARAMS_FILE).write_bytes(bytes(tvm.runtime.save_param_dict(self.params)))
-        manifest = {
-            "format": artifact_files.FORMAT,
-            "devices": [[d.dlpack_device_type(), d.index] for d in self.devices],
-            "device_names": [device_name(d) for d in self.devices],
-            "inputs": self.input_names,
-            "params_format": artifact_files.PARAMS_FORMAT,
-            "params": artifact_files.param_table(self.params),
-            "report": self.build_report.to_dict() if self.build_report else None,
-        }
-        if self.device_libs:  # lib.so then holds only the host architecture's kernels
-            manifest.update(export_device_libraries(self.device_libs, out))
-        files = [GRAPH_FILE, LIB_FILE, PARAMS_FILE]
-        files += [entry["file"] for entry in manifest.get("device_libraries", [])]
-        artifact_files.seal(manifest, out, files)
-        (out / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1))
-        return out
-
-
-def load(path: str | os.PathLike) -> Artifact:
-    """Load an artifact written by :meth:`Artifact.export`, checking every file first.
-
-    A damaged, truncated or mismatched file (checksums, manifest format, parameters against the
-    graph) is a ValueError naming it; nothing is loaded from it (see compiler/artifact_files.py).
-    """
-    src = Path(path)
-    missing = [f for f in (GRAPH_FILE, LIB_FILE, PARAMS_FILE, MANIFEST_FILE) if not (src / f).is_file()]
-    if missing:
-        raise FileNotFoundError(f"{src} is not a tvm-hetero artifact: missing {', '.join(missing)}")
-    manifest = artifact_files.read_manifest(src / MANIFEST_FILE)
-    artifact_files.verify_files(src, manifest)
-    graph_json = artifact_files.read_text(src / GRAPH_FILE)
-    graph = artifact_files.read_json(src / GRAPH_FILE)
-    params = artifact_files.read_params((src / PARAMS_FILE).read_bytes(), str(src / PARAMS_FILE))
-    try:
-        input_names = list(manifest.get("inputs", []))
-        devices = [tvm.runtime.device(int(t), int(i)) for t, i in manifest["devices"]]
-        report = BuildReport(**manifest["report"]) if manifest.get("report") else None
-    except (KeyError, TypeError, ValueError) as err:
-        raise ValueError(f"{src / MANIFEST_FILE}: malformed ({type(err).__name__}: {err})") from None
-    artifact_files.check_params(params, graph, input_names, manifest, str(src / PARAMS_FILE))
-    return Artifact(
-        graph_json=graph_json,
-        lib=tvm.runtime.load_module(str(src / LIB_FILE)),
-        params=params,
-        devices=devices,
-        input_names=input_names,
-        build_report=report,
-        source_dir=src,
-        manifest=manifest,
-        device_libs=load_device_libraries(manifest, src),
-    )
 
 
 def build(
@@ -263,7 +158,7 @@ def build(
     cost_cache: Any = None,
     capabilities: Any = None,
     measurer: Any = None,
-) -> Artifact:
+) -> CompiledGraph:
     """Compile ``mod`` for several devices.
 
     Parameters
@@ -292,7 +187,7 @@ def build(
     cost_cache : where measurements are kept: None (``~/.cache/tvm-hetero/costs.sqlite``), a path,
         or False (not kept).
     capabilities : a :class:`Capabilities` table restricting which device may run which op.
-    measurer : what times kernels (default: ``tvm_hetero.autoplace_measure.RuntimeMeasurer``).
+    measurer : what times kernels (default: ``tvm_hetero.runtime.autoplace_measure.RuntimeMeasurer``).
     targets may be ``"auto"``: the devices :func:`tvm_hetero.devices` finds (with their settings).
     """
     say = progress or (lambda _msg: None)
@@ -351,7 +246,7 @@ def build(
     report = _make_report(lowered, graph, plan, devices, target_list, (switches_original, switches_reordered))
     report.compile_seconds = time.perf_counter() - start
     report.backend_notes = notes
-    artifact = Artifact(
+    compiled = CompiledGraph(
         graph_json=graph.to_json(plan.storage_ids, plan.storage_offsets),
         lib=lib,
         params=lowered.params,
@@ -361,12 +256,8 @@ def build(
         device_libs=device_libs,
     )
     if auto is not None:
-        report.autoplace = auto.explanation
-        measure_latency = getattr(auto.measurer, "latency_seconds", None)
-        if measure_latency is not None:
-            say("automatic placement: measuring the built graph")
-            report.autoplace["measured_seconds"] = measure_latency(artifact, device_options)
-    return artifact
+        report.autoplace = auto.explanation  # the artifact layer adds the built graph's measured latency
+    return compiled
 
 
 def _auto_placement(mod, devices, targets, params, entry, objective, device_options, cost_cache, capabilities,
@@ -375,10 +266,8 @@ def _auto_placement(mod, devices, targets, params, entry, objective, device_opti
     from .autoplace.cost_cache import open_cache
     from .autoplace.measured import choose_placement
 
-    if measurer is None:
-        from ..autoplace_measure import RuntimeMeasurer  # the runtime side, never at module level
-
-        measurer = RuntimeMeasurer(say)
+    if measurer is None:  # tvm_hetero.build passes the runtime's measurer; the compiler has none
+        raise ValueError("placement='auto' needs a measurer (tvm_hetero.build gives the runtime's)")
     cache = open_cache(cost_cache)
     try:
         auto = choose_placement(

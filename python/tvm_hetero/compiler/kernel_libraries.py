@@ -26,7 +26,8 @@ from typing import Any
 
 import tvm
 
-from .lower import LoweredGraph, compile_kernels
+from .compile_kernels import compile_kernels
+from .lower import LoweredGraph
 
 _ARCH_ALIASES = {"amd64": "x86_64", "x64": "x86_64", "arm64": "aarch64", "armv8": "aarch64"}
 # Target kinds whose code runs on a CPU of the target's triple; other kinds (cuda, ...) run their
@@ -204,16 +205,19 @@ def load_device_libraries(manifest: Mapping[str, Any], src: Path) -> dict[int, D
 
 def check_local_devices(devices: Sequence[tvm.runtime.Device], libraries: Mapping[int, DeviceLibrary]) -> None:
     """A device with a foreign library must be remote: this process cannot run its kernels."""
-    from ..graph_runtime import is_remote
-
     for position, library in sorted(libraries.items()):
         if position >= len(devices):
             raise ValueError(f"device {position} has a kernel library for {library.arch} but only "
                              f"{len(devices)} devices were given")
-        if not is_remote(devices[position]):
+        if not _is_remote(devices[position]):
             raise ValueError(
                 f"device {position} ({devices[position]}) has kernels for {library.arch} (target "
                 f"{library.target_kind()}) but is a local device of this {host_architecture()} "
                 f"host, which cannot run them: pass a device of an RPC session on an {library.arch} board "
                 "(session.cpu(0); see docs/board.md)"
             )
+
+
+def _is_remote(device: tvm.runtime.Device) -> bool:
+    """A device of another process, reached through a TVM RPC session (the session mask is set)."""
+    return device.dlpack_device_type() >= 128

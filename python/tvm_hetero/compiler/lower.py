@@ -2,7 +2,8 @@
 
 ``lower_to_graph`` takes the entry function of a Relax module (as TVM's ONNX or PyTorch
 frontends produce it) and returns the graph of fused kernel calls, each on one device, plus the
-kernels as TIR. ``compile_kernels`` compiles those kernels, each device's with its own target.
+kernels as TIR. ``compile_kernels`` (:mod:`.compile_kernels`) compiles those kernels, each
+device's with its own target.
 
 The steps, in order:
 
@@ -15,11 +16,10 @@ The steps, in order:
 3. **Specialize** kernels per device: each PrimFunc is copied once per (device, op) that calls
    it and the copy is tagged with both, so a kernel used on two devices gets two symbols
    (``add`` and ``add_dev1``) and each fused kernel can tell where its parts came from.
-4. **Fence** the device boundaries: every dataflow edge from a kernel on one device to a kernel
-   on another goes through an identity ``call_tir`` whose PrimFunc is marked opaque
-   (``op_pattern`` 8). ``FuseOps`` never fuses an opaque call nor fuses across one, so no fused
-   group can hold two devices; tuples that gather values of several devices are fenced the
-   same way. The fences are aliases and disappear when the graph is built.
+4. **Fence** the device boundaries (:mod:`.fence_devices`, the ``FenceDeviceBoundaries`` pass):
+   every cross-device dataflow edge goes through an opaque identity kernel, so ``FuseOps`` never
+   builds a fused group holding two devices. The fences are aliases and disappear when the
+   graph is built.
 5. **Fuse** (``AnnotateTIROpPattern``, ``FuseOps``, ``FuseTIR``), then check that every fused
    group reads a single device tag (an error otherwise) and build the :class:`Graph`: one
    ``null`` node per function parameter and per tensor constant, then one ``tvm_op`` node per
@@ -38,37 +38,39 @@ by a backend on the backend's device. Such calls pass through legalization and f
 
 from __future__ import annotations
 
-import platform
 import warnings
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import tvm
 import tvm_ffi
-from tvm import relax, te
+from tvm import relax
 
 from ..backends import Backend, Region, resolve_backends
 from ..backends.partition import partition_for_backends, region_calls, region_of
 from .dispatch import dispatch_library_ops
+from .fence_devices import FENCE_PREFIX, FenceDeviceBoundaries
 from .fold_constants import fold_constants
 from .graph import Entry, Graph, Node
 from .placement import Fallback, OpInfo, PlacementSpec, resolve_placement
+from .relax_helpers import (
+    ALIAS_OPS,
+    CALL_TIR,
+    DEVICE_ATTR,
+    OP_ATTR,
+    LoweringError,
+    is_alias_op,
+    is_call_tir,
+    replace_body,
+    same_kind_block,
+    static_shape,
+    tensor_type,
+)
 
-#: Ops that only annotate or move a value: they become aliases, not kernels.
-ALIAS_OPS = frozenset({"relax.hint_on_device", "relax.to_vdevice"})
-DEVICE_ATTR = "tvm_hetero.device"
-OP_ATTR = "tvm_hetero.relax_op"
-OP_INDEX_ATTR = "tvm_hetero.relax_op_index"  # only when the lowering tracks ops (track_ops=True)
-FENCE_PREFIX = "tvm_hetero_fence"
-OPAQUE = 8  # relax OpPatternKind::kOpaque
-
-_CALL_TIR = "relax.call_tir"
-
-
-class LoweringError(ValueError):
-    """The module uses something the lowering cannot turn into a static kernel graph."""
+#: Index of the Relax op a kernel computes, only when the lowering tracks ops (track_ops=True).
+OP_INDEX_ATTR = "tvm_hetero.relax_op_index"
 
 
 @dataclass
@@ -165,7 +167,7 @@ def lower_to_graph(
         op_of_var = {var: (*tag, index_of[var]) if var in index_of else tag for var, tag in op_of_var.items()}
     tags = _trace_legalized(mod[entry], op_of_var)
     mod = _specialize_kernels(mod, entry, tags)
-    mod = _fence_devices(mod, entry, regions)
+    mod = FenceDeviceBoundaries(entry, regions)(mod)
     mod = relax.transform.AnnotateTIROpPattern()(mod)
     mod = relax.transform.FuseOps()(mod)
     fused_tags = _fused_group_tags(mod)
@@ -231,7 +233,7 @@ def _param_values(func: relax.Function, params: dict[str, Any] | None) -> dict[s
         values[name] = _to_numpy(value)
     for var in func.params:
         if var.name in values:
-            shape, dtype = _tensor_type(var.ty, f"parameter '{var.name}'")
+            shape, dtype = tensor_type(var.ty, f"parameter '{var.name}'")
             got = values[var.name]
             if tuple(got.shape) != shape or str(got.dtype) != dtype:
                 raise LoweringError(
@@ -248,7 +250,7 @@ def _to_numpy(value: Any) -> np.ndarray:
 def _check_supported(func: relax.Function) -> None:
     """Reject what a static kernel graph cannot express, naming the culprit."""
     for var in func.params:
-        _tensor_type(var.ty, f"parameter '{var.name}'")
+        tensor_type(var.ty, f"parameter '{var.name}'")
     for block in func.body.blocks:
         for binding in block.bindings:
             if isinstance(binding, relax.MatchCast):
@@ -393,20 +395,20 @@ def _call_placer(mod: tvm.IRModule, entry: str, placement: Any, annotations: boo
 
 def _op_inputs(call: relax.Call) -> list[Any]:
     """The data arguments of a call: for ``call_tir`` the tensors passed to the kernel."""
-    if call.op.name == _CALL_TIR and len(call.args) > 1 and isinstance(call.args[1], relax.Tuple):
+    if call.op.name == CALL_TIR and len(call.args) > 1 and isinstance(call.args[1], relax.Tuple):
         return list(call.args[1].fields)
     return list(call.args)
 
 
 def _shape_or_none(expr: Any) -> tuple[int, ...] | None:
     ty = getattr(expr, "ty", None)
-    return _static_shape(ty) if isinstance(ty, relax.TensorType) else None
+    return static_shape(ty) if isinstance(ty, relax.TensorType) else None
 
 
 def _output_shape(ty: Any) -> Any:
     if isinstance(ty, relax.TupleType):
         return tuple(_output_shape(f) for f in ty.fields)
-    return _static_shape(ty) if isinstance(ty, relax.TensorType) else None
+    return static_shape(ty) if isinstance(ty, relax.TensorType) else None
 
 
 def _first_dtype(ty: Any) -> str | None:
@@ -439,14 +441,14 @@ def _trace_legalized(
                 pending = []
             elif (
                 isinstance(value, relax.Call)
-                and not _is_alias_op(value)
+                and not is_alias_op(value)
                 and not _is_static_shape_value(binding)
             ):
                 pending.append(binding.var)
             if (
                 isinstance(value, relax.Call)
-                and not _is_call_tir(value)
-                and not _is_alias_op(value)
+                and not is_call_tir(value)
+                and not is_alias_op(value)
                 and not _is_region_call(value)
                 and not _is_static_shape_value(binding)
             ):
@@ -498,125 +500,17 @@ def _specialize_kernels(
         bindings = []
         for binding in block.bindings:
             value = binding.value
-            if binding.var in tags and _is_call_tir(value):
+            if binding.var in tags and is_call_tir(value):
                 device, op, *index = tags[binding.var]
                 kernel = kernel_for(value.args[0], device, op, *index)
                 value = relax.Call(value.op, [kernel, *value.args[1:]], value.attrs, value.ty_args)
                 binding = relax.VarBinding(binding.var, value)
             bindings.append(binding)
-        blocks.append(_same_kind_block(block, bindings))
-    builder.update_func(mod.get_global_var(entry), builder.normalize(_replace_body(func, blocks)))
+        blocks.append(same_kind_block(block, bindings))
+    builder.update_func(mod.get_global_var(entry), builder.normalize(replace_body(func, blocks)))
     return builder.get()
 
 
-# ---- step 4: fences on device boundaries ----------------------------------------------------
-def _fence_devices(mod: tvm.IRModule, entry: str, regions: dict[str, Region] | None = None) -> tvm.IRModule:
-    """Route every cross-device dataflow edge through an opaque identity kernel."""
-    return _DeviceFencer(mod, regions or {}).run(entry)
-
-
-def FenceDeviceBoundaries(entry: str = "main") -> tvm.transform.Pass:
-    """Step 4 as a TVM pass, for modules whose ``call_tir`` kernels carry a device attribute.
-
-    Every PrimFunc called from ``entry`` must have the ``"tvm_hetero.device"`` attribute; each
-    edge between kernels of two devices then goes through an opaque identity kernel, so a
-    following ``FuseOps`` keeps each device's kernels apart.
-    """
-    return tvm.transform.module_pass(
-        lambda mod, _ctx: _fence_devices(mod, entry), opt_level=0, name="FenceDeviceBoundaries"
-    )
-
-
-class _DeviceFencer:
-    """Inserts fences in one pass over the bindings, tracking the device each value comes from."""
-
-    def __init__(self, mod: tvm.IRModule, regions: dict[str, Region]) -> None:
-        self.mod = mod
-        self.regions = regions  # calls to these run on the region's device
-        self.builder = relax.BlockBuilder(mod)
-        self.device_of: dict[relax.Var, int | None] = {}  # producer device of each bound value
-        self.bound: dict[relax.Var, Any] = {}  # original value of each binding
-        self.kernels: dict[tuple, tvm.ir.GlobalVar] = {}  # (shape, dtype) -> identity kernel
-        self.bindings: list[relax.Binding] = []  # the block being rebuilt
-        self.fenced: dict[tuple[relax.Var, int], relax.Var] = {}  # fences of that block
-        self.dataflow = True
-
-    def run(self, entry: str) -> tvm.IRModule:
-        func = self.mod[entry]
-        blocks = []
-        for block in func.body.blocks:
-            self.bindings, self.fenced = [], {}
-            self.dataflow = isinstance(block, relax.DataflowBlock)
-            for binding in block.bindings:
-                self.bound[binding.var] = binding.value
-                self.bindings.append(self._visit(binding))
-            blocks.append(_same_kind_block(block, self.bindings))
-        self.builder.update_func(
-            self.mod.get_global_var(entry), self.builder.normalize(_replace_body(func, blocks))
-        )
-        return self.builder.get()
-
-    def _visit(self, binding: relax.Binding) -> relax.Binding:
-        var, value = binding.var, binding.value
-        if _is_call_tir(value):
-            device = int(self.mod[value.args[0]].attrs[DEVICE_ATTR])
-            self.device_of[var] = device
-            fields = [self._fenced_for(arg, device) for arg in value.args[1].fields]
-            new_args = [value.args[0], relax.Tuple(fields), *value.args[2:]]
-            return relax.VarBinding(var, relax.Call(value.op, new_args, value.attrs, value.ty_args))
-        region = region_of(value, self.regions)
-        if region is not None:
-            self.device_of[var] = region.device
-            args = [self._fenced_for(arg, region.device) for arg in value.args]
-            return relax.VarBinding(var, relax.Call(value.op, args, value.attrs, value.ty_args))
-        if isinstance(value, relax.Tuple):
-            # A tuple may gather values of several devices; FuseOps could join their producers
-            # through it, so all but the first device's fields are fenced.
-            first = next((d for d in map(self._device, value.fields) if d is not None), None)
-            if first is not None:
-                fields = [self._fenced_for(f, first) for f in value.fields]
-                return relax.VarBinding(var, relax.Tuple(fields))
-        elif isinstance(value, relax.TupleGetItem):
-            source = self.bound.get(value.tuple_value)
-            if isinstance(source, relax.Tuple):
-                self.device_of[var] = self._device(source.fields[value.index])
-            else:
-                self.device_of[var] = self._device(value.tuple_value)
-        elif isinstance(value, relax.Var):
-            self.device_of[var] = self._device(value)
-        elif _is_alias_op(value):
-            self.device_of[var] = self._device(value.args[0])
-        return binding
-
-    def _device(self, expr: Any) -> int | None:
-        return self.device_of.get(expr) if isinstance(expr, relax.Var) else None
-
-    def _fenced_for(self, expr: Any, device: int) -> Any:
-        """``expr`` as read on ``device``: itself, or a fence if it comes from another device."""
-        source = self._device(expr)
-        if source is None or source == device:
-            return expr
-        if (expr, device) not in self.fenced:
-            var_type = relax.DataflowVar if self.dataflow else relax.Var
-            fence = var_type(f"{expr.name}_to_dev{device}", expr.ty)
-            call = relax.call_tir(self._identity_kernel(expr.ty), relax.Tuple([expr]), expr.ty)
-            self.bindings.append(relax.VarBinding(fence, call))
-            self.fenced[(expr, device)] = fence
-        return self.fenced[(expr, device)]
-
-    def _identity_kernel(self, ty: relax.TensorType) -> tvm.ir.GlobalVar:
-        shape, dtype = _tensor_type(ty, "value crossing devices")
-        if (shape, dtype) not in self.kernels:
-            prim = _identity_prim_func(shape, dtype).with_attr("op_pattern", OPAQUE)
-            name = f"{FENCE_PREFIX}_{len(self.kernels)}"
-            self.kernels[(shape, dtype)] = self.builder.add_func(prim, name)
-        return self.kernels[(shape, dtype)]
-
-
-def _identity_prim_func(shape: tuple[int, ...], dtype: str) -> tvm.tirx.PrimFunc:
-    src = te.placeholder(shape, dtype, name="src")
-    dst = te.compute(shape, lambda *i: src(*i), name="dst")
-    return te.create_prim_func([src, dst])
 
 
 # ---- step 5: fused groups and the graph -----------------------------------------------------
@@ -629,7 +523,7 @@ def _fused_group_tags(mod: tvm.IRModule) -> dict[str, tuple[int, list[str]]]:
         devices, ops = set(), []
         for block in func.body.blocks:
             for binding in block.bindings:
-                if _is_call_tir(binding.value):
+                if is_call_tir(binding.value):
                     callee = mod[binding.value.args[0]]
                     if callee.attrs is not None and DEVICE_ATTR in callee.attrs:
                         devices.add(int(callee.attrs[DEVICE_ATTR]))
@@ -648,7 +542,7 @@ def _fused_op_indices(mod: tvm.IRModule) -> dict[str, list[int]]:
             found = []
             for block in func.body.blocks:
                 for binding in block.bindings:
-                    if _is_call_tir(binding.value):
+                    if is_call_tir(binding.value):
                         attrs = mod[binding.value.args[0]].attrs
                         if attrs is not None and OP_INDEX_ATTR in attrs:
                             found.append(int(attrs[OP_INDEX_ATTR]))
@@ -686,7 +580,7 @@ class _GraphBuilder:
 
     def build(self) -> tuple[Graph, tvm.IRModule, dict[str, int]]:
         for var in self.func.params:
-            shape, dtype = _tensor_type(var.ty, f"parameter '{var.name}'")
+            shape, dtype = tensor_type(var.ty, f"parameter '{var.name}'")
             entry = self._add_null(var.name, shape, dtype)
             self.env[var] = entry
             if var.name in self.param_values:
@@ -723,7 +617,7 @@ class _GraphBuilder:
 
         def visit(expr: Any) -> None:
             if _is_tensor_const(expr) and expr not in self.const_entries:
-                shape, dtype = _tensor_type(expr.ty, "constant")
+                shape, dtype = tensor_type(expr.ty, "constant")
                 entry = self._add_null(f"const_{len(self.const_entries)}", shape, dtype)
                 self.const_entries[expr] = entry
                 self.param_arrays[self.nodes[entry.node].name] = expr.value.numpy()
@@ -743,9 +637,9 @@ class _GraphBuilder:
         var, value = binding.var, binding.value
         if isinstance(binding, relax.MatchCast):
             self.env[var] = self._value(value, var.name)
-        elif _is_call_tir(value):
+        elif is_call_tir(value):
             self.env[var] = self._kernel_call(var, value)
-        elif _is_alias_op(value):
+        elif is_alias_op(value):
             self.env[var] = self._value(value.args[0], var.name)
         elif region_of(value, self.regions) is not None:
             region = region_of(value, self.regions)
@@ -790,7 +684,7 @@ class _GraphBuilder:
                 raise LoweringError(f"call '{var.name}' ({name}) has an argument that is not a tensor")
             inputs.append(arg)
         out_types = list(var.ty.fields) if isinstance(var.ty, relax.TupleType) else [var.ty]
-        shapes, dtypes = zip(*(_tensor_type(t, f"output of '{var.name}'") for t in out_types))
+        shapes, dtypes = zip(*(tensor_type(t, f"output of '{var.name}'") for t in out_types))
         node_name = _unique(var.name, self.names)
         self.names.add(node_name)
         self.nodes.append(
@@ -861,98 +755,9 @@ def _clean_kernel(prim: tvm.tirx.PrimFunc, name: str) -> tvm.tirx.PrimFunc:
     return prim.with_attr("global_symbol", name)
 
 
-# ---- kernels to a runtime module ------------------------------------------------------------
-def compile_kernels(
-    lowered: LoweredGraph, targets: Sequence[Any], only_devices: Collection[int] | None = None
-) -> tvm.runtime.Module:
-    """Compile each device's kernels for its target; one module, the others imported into it.
-
-    ``targets[d]`` (a :class:`tvm.target.Target`, a string or a dict) is the target of device
-    ``d``. Devices with equal targets share one compilation. The first compiled module is the
-    host and the others are imported into it, so every kernel is found by ``lib[name]`` or by a
-    search through ``lib.imports``. A kernel its target cannot compile raises RuntimeError
-    naming the kernel, its Relax ops and its device. ``only_devices`` limits the module to the
-    kernels of those devices (one library per architecture, kernel_libraries.py).
-    """
-    if len(targets) != lowered.num_devices:
-        raise ValueError(f"got {len(targets)} targets for {lowered.num_devices} devices")
-    resolved = [t if isinstance(t, tvm.target.Target) else tvm.target.Target(t) for t in targets]
-    selected = sorted(range(len(resolved)) if only_devices is None else only_devices)
-    groups: dict[str, list[int]] = {}
-    for device in selected:
-        groups.setdefault(str(resolved[device]), []).append(device)
-    modules = []
-    for devices in groups.values():
-        names = [n for n, d in lowered.kernel_devices.items() if d in devices]
-        if not names:
-            continue
-        target = resolved[devices[0]]
-        funcs = {gv: f for gv, f in lowered.kernels.functions.items() if gv.name_hint in names}
-        modules.append(_compile_for(tvm.IRModule(funcs), target, devices, lowered))
-    for backend in lowered.backends:
-        regions = [r for r in lowered.regions.values() if r.backend == backend.name and r.device in selected]
-        if regions:
-            modules.append(backend.codegen(regions))
-    if not modules or not _is_compiled(modules[0]):  # a host module to import the others into
-        modules.insert(0, _build(tvm.IRModule({}), resolved[selected[0]]))
-    host = modules[0]
-    for other in modules[1:]:
-        host.import_module(other)
-    return host
-
-
-def _is_compiled(module: tvm.runtime.Module) -> bool:
-    """Whether ``module`` came from ``tvm.compile`` (so export_library can be the host)."""
-    return module.kind in ("llvm", "c", "static_library")
-
-
-def _compile_for(
-    kernels: tvm.IRModule, target: tvm.target.Target, devices: list[int], lowered: LoweredGraph
-) -> tvm.runtime.Module:
-    try:
-        return _build(kernels, target)
-    except Exception as whole_error:  # narrowed to one kernel below
-        for gv, prim in kernels.functions.items():
-            try:
-                _build(tvm.IRModule({gv: prim}), target)
-            except Exception as error:
-                name = gv.name_hint
-                ops = ", ".join(lowered.kernel_ops(name)) or "?"
-                raise RuntimeError(
-                    f"kernel {name} (ops {ops}) placed on device {lowered.kernel_devices[name]} "
-                    f"cannot be compiled for target {_target_text(target)}: {_first_line(error)}"
-                ) from error
-        raise RuntimeError(
-            f"kernels for device(s) {devices} do not compile for target {_target_text(target)}: "
-            f"{_first_line(whole_error)}"
-        ) from whole_error
-
-
-def _target_text(target: tvm.target.Target) -> str:
-    """``llvm``, or ``llvm -mtriple=aarch64-linux-gnu`` for a target of another architecture."""
-    triple = str(target.attrs.get("mtriple", "") or "") if target.kind.name in ("llvm", "c") else ""
-    if triple and not triple.startswith(platform.machine()):
-        return f"{target.kind.name} -mtriple={triple}"
-    return target.kind.name
-
-
-def _build(kernels: tvm.IRModule, target: tvm.target.Target) -> tvm.runtime.Module:
-    if "gpu" in target.keys:
-        if target.host is None:
-            target = tvm.target.Target(target, host="llvm")
-        with target:
-            kernels = tvm.s_tir.transform.DefaultGPUSchedule()(kernels)
-    return tvm.compile(kernels, target).mod
-
-
-def _first_line(error: Exception) -> str:
-    text = str(error).strip().splitlines()
-    return next((line for line in reversed(text) if line.strip()), type(error).__name__)
 
 
 # ---- small helpers --------------------------------------------------------------------------
-def _is_call_tir(value: Any) -> bool:
-    return isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name == _CALL_TIR
 
 
 def _is_region_call(value: Any) -> bool:
@@ -974,10 +779,6 @@ def _is_static_shape_value(binding: relax.Binding) -> bool:
     )
 
 
-def _is_alias_op(value: Any) -> bool:
-    return isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name in ALIAS_OPS
-
-
 def _is_tensor_const(expr: Any) -> bool:
     return isinstance(expr, tvm.ir.Constant) and isinstance(getattr(expr, "ty", None), relax.TensorType)
 
@@ -989,34 +790,13 @@ def _call_name(call: relax.Call) -> str:
     return getattr(op, "name_hint", None) or getattr(op, "global_symbol", None) or type(op).__name__
 
 
-def _static_shape(ty: relax.TensorType) -> tuple[int, ...] | None:
-    shape = ty.shape
-    if not isinstance(shape, relax.ShapeExpr):
-        return None
-    dims = []
-    for dim in shape.values:
-        if not isinstance(dim, tvm.tirx.IntImm):
-            return None
-        dims.append(int(dim.value))
-    return tuple(dims)
-
-
 def _static_type(ty: Any, what: str) -> None:
     if isinstance(ty, relax.TensorType):
-        if _static_shape(ty) is None or ty.dtype is None or str(ty.dtype) == "":
+        if static_shape(ty) is None or ty.dtype is None or str(ty.dtype) == "":
             raise LoweringError(f"{what}: dynamic shape {ty} is not supported (only static shapes)")
     elif isinstance(ty, relax.TupleType):
         for f in ty.fields:
             _static_type(f, what)
-
-
-def _tensor_type(ty: Any, what: str) -> tuple[tuple[int, ...], str]:
-    if not isinstance(ty, relax.TensorType):
-        raise LoweringError(f"{what}: expected a tensor, got {ty}")
-    shape = _static_shape(ty)
-    if shape is None or not str(ty.dtype):
-        raise LoweringError(f"{what}: dynamic shape {ty} is not supported (only static shapes)")
-    return shape, str(ty.dtype)
 
 
 def _unique(name: str, taken: set[str]) -> str:
@@ -1028,14 +808,3 @@ def _unique(name: str, taken: set[str]) -> str:
     return f"{name}_{k}"
 
 
-def _same_kind_block(block: relax.BindingBlock, bindings: list[relax.Binding]) -> relax.BindingBlock:
-    return (
-        relax.DataflowBlock(bindings)
-        if isinstance(block, relax.DataflowBlock)
-        else relax.BindingBlock(bindings)
-    )
-
-
-def _replace_body(func: relax.Function, blocks: list[relax.BindingBlock]) -> relax.Function:
-    body = relax.SeqExpr(blocks, func.body.body)
-    return relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs)

@@ -17,9 +17,7 @@ fit, gravity compaction), which starts from the stage-1 plan laid end to end. Th
 into storage ids where no entry's bytes cross (:func:`_arena_components`): they need no more than
 the arena together, and a plan whose offsets are all 0 is a classic storage-id plan. The result is
 kept only if it needs fewer bytes than stage 1 (offsets are rounded to 64 bytes, which can eat the
-gain on tiny tensors), so stage 2 never needs more than stage 1. On the light CNNs of
-``tests/python/test_light_models.py`` stage 2 is within 1.08x of the peak-live bound on all 20
-devices, at the bound on 16 (docs/performance.md).
+gain on tiny tensors), so stage 2 never needs more than stage 1.
 
 Stage 1 (and the whole plan with ``offsets=False``, the classic format TVM's graph executor reads): a
 portfolio of assignments of the device's kernel entries to slots, a slot sized by its largest user,
@@ -49,10 +47,8 @@ is the peak of bytes simultaneously live; ``slot_bound_bytes`` is the tighter bo
 plans without offsets (the ``j``-th largest slot is at least the ``j``-th largest size live at any
 one time), since such a slot cannot be split the way offsets split it. Optimal slot assignment
 (max-coloring of an interval graph) and optimal offsets (dynamic storage allocation) are NP-hard, so
-neither gap is bounded in general. In practice: stage 1 equals the brute-force slot optimum on every
-small random graph of the tests, and the slot bound on the light CNNs on all but one device of 20
-(1.041x there, optimal: exhaustive search); that slot bound is up to 1.50x the peak (a large early
-tensor's slot cannot hold two later tensors at once), which is what stage 2 removes.
+neither gap is bounded in general; the measured ratios are in docs/performance.md ("Memory
+planner: how close to the lower bound").
 
 Accounting: ``planned_bytes``, both bounds and ``unshared_bytes`` cover kernel outputs only (the
 memory this pass can save); the dedicated storage of inputs and params is reported separately, per

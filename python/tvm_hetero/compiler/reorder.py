@@ -38,7 +38,6 @@ from __future__ import annotations
 import heapq
 import itertools
 from dataclasses import dataclass
-from functools import cache
 
 from .graph import Graph
 
@@ -307,25 +306,3 @@ def reorder_for_devices(graph: Graph, exact_limit: int = 10, beam_width: int = 8
     best = min(candidates, key=lambda order: count_switches(dag, order))  # min keeps the first of ties
     return graph.permuted(with_inputs(graph, dag, best))
 
-
-def optimal_switches(graph: Graph) -> int:
-    """Fewest device switches over ALL topological orders, by exhaustive search (tests only).
-
-    Tries every ready kernel at every step (no drain lemma), memoised on (done set, last device):
-    exponential, for graphs of up to about 15 kernel nodes.
-    """
-    dag = KernelDag.of(graph)
-    pred_mask = [sum(1 << p for p in ps) for ps in dag.preds]
-    full = (1 << dag.size) - 1
-
-    @cache
-    def best(mask: int, last: int | None) -> int:
-        if mask == full:
-            return 0
-        return min(
-            best(mask | 1 << k, dag.device[k]) + (last is not None and last != dag.device[k])
-            for k in range(dag.size)
-            if not mask >> k & 1 and pred_mask[k] & ~mask == 0
-        )
-
-    return best(0, None)

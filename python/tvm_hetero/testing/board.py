@@ -68,7 +68,7 @@ def start_board_server(port: int, startup_timeout: float = 120.0) -> subprocess.
 
 def connect_board(session_timeout: float = 0):
     """An RPC session on the running board (RuntimeError naming how to start one if none runs)."""
-    from ..rpc import connect
+    from ..runtime.rpc import connect
 
     address = board_address()
     if address is None:

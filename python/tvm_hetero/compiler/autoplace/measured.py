@@ -64,7 +64,7 @@ class MeasureJob:
 
 
 class Measurer(Protocol):
-    """What the runtime side provides (tvm_hetero.autoplace_measure.RuntimeMeasurer)."""
+    """What the runtime side provides (tvm_hetero.runtime.autoplace_measure.RuntimeMeasurer)."""
 
     def kernel_seconds(self, jobs: Sequence[MeasureJob]) -> list[list[float]]:
         """Seconds of every call of every job (all devices in one call, so that a measurer can

@@ -181,21 +181,3 @@ def solve(
     chosen = min(results, key=lambda p: calls_key(simulate(model, p)))
     return Solution(chosen, simulate(model, chosen))
 
-
-def exhaustive(model: CostModel, objective: str = "latency", calls_slack: float = 0.10) -> Solution:
-    """The exact optimum by enumerating every placement (D^n of them): a test oracle for small DAGs."""
-    import itertools
-
-    schedules = []
-    for placement in itertools.product(range(model.num_devices), repeat=model.num_kernels):
-        schedule = simulate(model, placement)
-        if math.isfinite(schedule.makespan):
-            schedules.append((list(placement), schedule))
-    if not schedules:
-        raise ValueError("no placement can run every kernel")
-    best = min(schedules, key=lambda ps: ps[1].makespan)
-    if objective == "latency":
-        return Solution(*best)
-    bound = best[1].makespan * (1.0 + calls_slack)
-    inside = [ps for ps in schedules if ps[1].makespan <= bound]
-    return Solution(*min(inside, key=lambda ps: (ps[1].remote_calls, ps[1].makespan)))

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import tvm
 import tvm_ffi
 
-from . import _lib  # noqa: F401  (registers tvm_hetero.graph_runtime.create)
+from . import library  # noqa: F401  (registers tvm_hetero.graph_runtime.create)
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 RPC_SESS_MASK = 128
 DEVICE_INDEX_KINDS = ("position", "device_type")
@@ -109,7 +112,7 @@ def create(
     options_json = _device_options_json(device_options, len(devices))
     remote = [is_remote(d) for d in devices]
     if device_libs:
-        from .compiler.kernel_libraries import check_local_devices
+        from ..compiler.kernel_libraries import check_local_devices
 
         check_local_devices(devices, device_libs)
         if remote[0]:
@@ -154,7 +157,10 @@ def _create_remote(graph_json, lib, devices, device_index_kind) -> GraphModule:
 
 
 class GraphModule:
-    """A loaded graph: set inputs, run, read outputs (TVM's GraphModule API)."""
+    """A loaded graph: set inputs, run, read outputs (TVM's GraphModule API).
+
+    Use it as a context manager, or call :meth:`close`, to release its remote sessions and watchdog.
+    """
 
     def __init__(
         self,
@@ -227,6 +233,15 @@ class GraphModule:
     def get_num_outputs(self) -> int:
         return self._get_num_outputs()
 
+    @property
+    def input_names(self) -> list[str]:
+        """Names of the graph's inputs, parameters included, in index order."""
+        return [str(self._get_input_name(i)) for i in range(self._get_num_inputs())]
+
+    @property
+    def num_outputs(self) -> int:
+        return int(self._get_num_outputs())
+
     # ---- execution -------------------------------------------------------------------------
     def run(self, **inputs: Any) -> None:
         """Set the given inputs by name, then execute the graph once.
@@ -259,6 +274,10 @@ class GraphModule:
         if out is not None:
             return self._get_output(index, out)
         return self._get_output(index)
+
+    def get_outputs(self) -> list[np.ndarray]:
+        """Every output as a numpy array, like :meth:`PipelineModule.get_output`."""
+        return [self._get_output(i).numpy() for i in range(self.num_outputs)]
 
     # ---- parameters ------------------------------------------------------------------------
     def set_params(self, params: dict[str, Any]) -> None:
@@ -311,3 +330,22 @@ class GraphModule:
         result["device_time_us"] = by_device
         result["total_us"] = sum(by_device.values())
         return result
+
+    # ---- life cycle ----------------------------------------------------------------------------
+    def close(self) -> None:
+        """Release what the runtime holds beyond itself: the watchdog's timer and the remote
+        sessions, libraries and runners. Idempotent; the runtime is not used afterwards."""
+        if self._watchdog is not None:
+            self._watchdog.__exit__(None, None, None)
+            self._watchdog = None
+        self._keep_alive = ()
+
+    @property
+    def closed(self) -> bool:
+        return self._watchdog is None and not self._keep_alive
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,6 +1,6 @@
 """Python API of the pipeline executor: successive inferences flow through stages (docs/pipeline.md).
 
-Each stage is its own graph (its own :class:`~tvm_hetero.graph_runtime.GraphModule`, possibly on its
+Each stage is its own graph (its own :class:`~tvm_hetero.runtime.graph_runtime.GraphModule`, possibly on its
 own device) with its own worker thread; bounded queues between the stages let every device work on a
 different inference at once. Outputs come back in submission order, bit-identical to running the
 stages one after another.
@@ -18,8 +18,8 @@ import tvm
 import tvm_ffi
 
 from . import (
-    _lib,  # noqa: F401  (registers tvm_hetero.pipeline.create)
     graph_runtime,
+    library,  # noqa: F401  (registers tvm_hetero.pipeline.create)
 )
 
 if TYPE_CHECKING:
@@ -108,7 +108,6 @@ class PipelineModule:
         self._run = module["run"]
         self._try_run = module["try_run"]
         self._get_output = module["get_output"]
-        self._set_input_param = module["set_input_param"]
         self._set_params = module["set_params"]
         self._load_params = module["load_params"]
         self._stats = module["stats"]
@@ -131,7 +130,7 @@ class PipelineModule:
                 raise ValueError(
                     f"expected {len(self.input_names)} inputs {self.input_names}, got {len(values)}"
                 )
-        return [_as_tensor(v, f"input {n!r}") for v, n in zip(values, self.input_names)]
+        return [graph_runtime.as_tensor(v, f"input {n!r}") for v, n in zip(values, self.input_names)]
 
     def run(self, inputs: Mapping[str, Any] | Sequence[Any], block: bool = True) -> bool:
         """Submit one inference (a dict by name, or a list in :attr:`input_names` order).
@@ -182,7 +181,7 @@ class PipelineModule:
 
         Only while no inference is in flight.
         """
-        values = {name: _as_tensor(v, f"parameter {name!r}") for name, v in params.items()}
+        values = {name: graph_runtime.as_tensor(v, f"parameter {name!r}") for name, v in params.items()}
         self._set_params(self._stage_index(stage), values)
 
     def load_params(self, stage: int | str | None, param_bytes: bytes | bytearray) -> None:
@@ -195,8 +194,11 @@ class PipelineModule:
         return json.loads(self._stats())
 
     def close(self) -> None:
-        """Stop accepting work and join every thread (work in flight is dropped). Idempotent."""
+        """Stop accepting work and join every thread (work in flight is dropped), then close the
+        stage runtimes. Idempotent."""
         self._shutdown()
+        for stage in self.stages:
+            stage.close()
 
     def __enter__(self) -> Self:
         return self
@@ -204,7 +206,3 @@ class PipelineModule:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-
-def _as_tensor(value: Any, what: str) -> Any:
-    """The graph runtime's input conversion (0-d stays 0-d), so both APIs accept the same values."""
-    return graph_runtime.as_tensor(value, what)

@@ -21,10 +21,10 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import tvm
 
+from ..compiler.autoplace.measured import MeasureJob
+from ..compiler.compile_kernels import _build as compile_for_target
+from ..compiler.graph import Entry, Graph, Node
 from . import graph_runtime
-from .compiler.autoplace.measured import MeasureJob
-from .compiler.graph import Entry, Graph, Node
-from .compiler.lower import _build as compile_for_target
 
 #: Aim for this much traced time per device, within [MIN_RUNS, MAX_RUNS] runs.
 TARGET_SECONDS, MIN_RUNS, MAX_RUNS = 0.3, 3, 25

@@ -1,0 +1,470 @@
+"""Artifacts: compiled graphs and pipelines wrapped to run (``create``), export and load.
+
+One module for both kinds: :class:`Artifact` (a heterogeneous graph, ``tvm_hetero.build``) and
+:class:`PipelineArtifact` (``tvm_hetero.pipeline.build``) share the files (``lib.so``,
+``params.bin``, a manifest), their writing and their checked reading. The compiler returns plain
+data (``CompiledGraph``, ``CompiledPipeline``); this layer adds the runtime.
+
+Files are checked: a damaged or mismatched file is an error naming it.
+
+Guarantee of :func:`verify_files`: with a format-2 manifest, every file the manifest lists is
+compared against its SHA-256 (so a truncation or a single flipped bit anywhere is detected before
+anything is parsed or loaded), the manifest checks itself the same way, and the parameters are
+checked against the graph (every parameter the graph declares present, none unknown, shapes and
+dtypes equal). Format-1 manifests (no checksums) get the structural checks only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tvm
+import tvm_ffi
+
+from .compiler import build as compiler_build
+from .compiler.build import BuildReport, CompiledGraph, device_name, format_size, parse_device
+from .compiler.kernel_libraries import export_device_libraries, load_device_libraries
+from .compiler.pipeline import CompiledPipeline, target_label
+from .runtime import (
+    graph_runtime,
+    library,  # noqa: F401  (registers tvm_hetero.read_params)
+    pipeline_runtime,
+)
+from .runtime.graph_runtime import GraphModule
+from .runtime.pipeline_runtime import PipelineModule
+
+GRAPH_FILE, LIB_FILE, PARAMS_FILE, MANIFEST_FILE = "graph.json", "lib.so", "params.bin", "manifest.json"
+PIPELINE_MANIFEST_FILE, UNSPLIT_GRAPH_FILE = "pipeline.json", "graph.json"
+PIPELINE_FORMAT = "tvm-hetero-pipeline/1"
+
+FORMAT = "tvm-hetero-artifact/2"
+#: Manifest formats this version reads; 1 has no checksums or parameter table.
+KNOWN_FORMATS = ("tvm-hetero-artifact/1", FORMAT)
+#: Layout of params.bin (``tvm.runtime.save_param_dict``).
+PARAMS_FORMAT = "tvm-param-dict/1"
+MANIFEST_DIGEST_KEY = "manifest_sha256"
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def manifest_digest(manifest: dict) -> str:
+    """Checksum of the manifest's content (its own checksum field excluded), key order ignored."""
+    body = {k: v for k, v in manifest.items() if k != MANIFEST_DIGEST_KEY}
+    return sha256(json.dumps(body, sort_keys=True).encode())
+
+
+def param_table(params: dict[str, np.ndarray]) -> list[dict]:
+    """``[{"name", "shape", "dtype"}]`` in name order, as the manifest records it."""
+    return [
+        {"name": name, "shape": list(np.shape(value)), "dtype": str(np.asarray(value).dtype)}
+        for name, value in sorted(params.items())
+    ]
+
+
+def seal(manifest: dict, out: Path, files: list[str]) -> dict:
+    """Add checksums of ``files`` (already written in ``out``) and of the manifest itself."""
+    manifest["files"] = {name: sha256((out / name).read_bytes()) for name in files}
+    manifest[MANIFEST_DIGEST_KEY] = manifest_digest(manifest)
+    return manifest
+
+
+def read_manifest(path: Path) -> dict:
+    """The manifest, its format known and (format 2) its own checksum right."""
+    manifest = read_json(path)
+    if not isinstance(manifest, dict):  # damaged content, not a caller's wrong type
+        raise ValueError(  # noqa: TRY004
+            f"{path}: not a manifest (a JSON object was expected)"
+        )
+    fmt = manifest.get("format")
+    if fmt not in KNOWN_FORMATS:
+        raise ValueError(
+            f"{path}: unknown artifact format {fmt!r}; this tvm-hetero reads {', '.join(KNOWN_FORMATS)}"
+        )
+    if fmt != KNOWN_FORMATS[0] and manifest.get(MANIFEST_DIGEST_KEY) != manifest_digest(manifest):
+        raise ValueError(f"{path}: checksum mismatch: the manifest is damaged or was edited after export")
+    return manifest
+
+
+def verify_files(src: Path, manifest: dict) -> None:
+    """Every file the manifest lists matches its checksum (format 2; format 1 has none)."""
+    if manifest["format"] == KNOWN_FORMATS[0]:
+        return
+    files = manifest.get("files")
+    if not isinstance(files, dict):
+        raise ValueError(  # noqa: TRY004
+            f"{src / 'manifest.json'}: 'files' must map file names to SHA-256 checksums"
+        )
+    for name, digest in files.items():
+        path = src / name
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: listed in the manifest but missing")
+        if sha256(path.read_bytes()) != digest:
+            raise ValueError(f"{path}: checksum mismatch: the file is damaged or was changed after export")
+
+
+def read_text(path: Path) -> str:
+    """A UTF-8 text file; binary garbage is an error naming the file."""
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not UTF-8 text (byte {err.start}): the file is damaged") from None
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(read_text(path))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not valid JSON ({err})") from None
+
+
+def read_params(data: bytes, what: str) -> dict[str, np.ndarray]:
+    """A params.bin blob, every size checked against the bytes present (errors name ``what``)."""
+    tensors = tvm_ffi.get_global_func("tvm_hetero.read_params")(bytes(data), what)
+    return {str(k): v.numpy() for k, v in tensors.items()}
+
+
+def graph_inputs(graph: dict, where: str) -> dict[str, tuple[list[int], str]]:
+    """``{input name: (shape, dtype)}`` of a graph JSON document."""
+    try:
+        nodes, row_ptr = graph["nodes"], graph["node_row_ptr"]
+        shapes, dtypes = graph["attrs"]["shape"][1], graph["attrs"]["dltype"][1]
+        return {
+            nodes[nid]["name"]: (list(shapes[row_ptr[nid]]), dtypes[row_ptr[nid]])
+            for nid in graph["arg_nodes"]
+        }
+    except (KeyError, IndexError, TypeError) as err:
+        raise ValueError(f"{where}: not a tvm-hetero graph ({type(err).__name__}: {err})") from None
+
+
+def check_params(
+    params: dict[str, np.ndarray], graph: dict, input_names: list[str], manifest: dict, where: str
+) -> None:
+    """Every parameter the graph declares (its inputs that are not data inputs) is present with the
+    graph's shape and dtype, none is unknown, and (format 2) the manifest's table agrees."""
+    inputs = graph_inputs(graph, where)
+    declared = [name for name in inputs if name not in input_names]
+    missing = [name for name in declared if name not in params]
+    unknown = [name for name in params if name not in declared]
+    if missing or unknown:
+        raise ValueError(
+            f"{where}: parameters missing {missing}, unknown {unknown} (the graph declares {declared})"
+        )
+    for name, value in params.items():
+        shape, dtype = inputs[name]
+        if list(value.shape) != shape or str(value.dtype) != dtype:
+            raise ValueError(
+                f"{where}: parameter {name!r} is {list(value.shape)} {value.dtype}; the graph needs {shape} {dtype}"
+            )
+    if "params" in manifest and manifest["params"] != param_table(params):
+        raise ValueError(
+            f"{where}: the parameters differ from the manifest's table (names, shapes or dtypes)"
+        )
+
+
+def library_file_for(src: Path, manifest: dict, device: tvm.runtime.Device) -> Path:
+    """The exported kernel library a remote ``device`` loads: one library serves every device."""
+    return src / LIB_FILE
+
+
+# ---- files both artifact kinds share -----------------------------------------------------------
+def _write_lib_and_params(out: Path, lib: tvm.runtime.Module, params: Mapping[str, Any]) -> None:
+    """``lib.so`` and ``params.bin`` (``tvm.runtime.save_param_dict``) into ``out``."""
+    lib.export_library(str(out / LIB_FILE))
+    tensors = {k: v if isinstance(v, tvm.runtime.Tensor) else tvm.runtime.tensor(v) for k, v in params.items()}
+    (out / PARAMS_FILE).write_bytes(bytes(tvm.runtime.save_param_dict(tensors)))
+
+
+def _read_lib_and_params(src: Path) -> tuple[tvm.runtime.Module, dict[str, np.ndarray]]:
+    # Every size in params.bin is checked against the bytes present; errors name the file.
+    params = read_params((src / PARAMS_FILE).read_bytes(), str(src / PARAMS_FILE))
+    return tvm.runtime.load_module(str(src / LIB_FILE)), params
+
+
+def _device_table(devices: Sequence[tvm.runtime.Device]) -> list[list[int]]:
+    return [[d.dlpack_device_type(), d.index] for d in devices]
+
+
+def _devices_from(table: Any) -> list[tvm.runtime.Device]:
+    return [tvm.runtime.device(int(t), int(i)) for t, i in table]
+
+
+def _require_files(src: Path, names: Sequence[str], what: str) -> None:
+    missing = [f for f in names if not (src / f).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{src} is not {what}: missing {', '.join(missing)}")
+
+
+# ---- a heterogeneous graph ---------------------------------------------------------------------
+@dataclass
+class Artifact(CompiledGraph):
+    """A compiled heterogeneous graph: run it with :meth:`create`, save it with :meth:`export`."""
+
+    #: The directory it was loaded from (None: built in this process).
+    source_dir: Path | None = None
+    #: The manifest it was loaded with (None: built in this process).
+    manifest: dict | None = None
+
+    @classmethod
+    def of(cls, compiled: CompiledGraph) -> Artifact:
+        """Wrap what the compiler made."""
+        return cls(**{f.name: getattr(compiled, f.name) for f in dataclasses.fields(CompiledGraph)})
+
+    def create(
+        self,
+        devices: Sequence[tvm.runtime.Device] | None = None,
+        *,
+        device_index_kind: str = "position",
+        offload: str = "group",
+        remote_timeout: float | None = None,
+        remote_library: Any = None,
+        execution: str = "concurrent",
+        device_options: Sequence[dict | None] | None = None,
+    ) -> GraphModule:
+        """A runtime with the parameters loaded; ``devices`` defaults to the build's devices.
+
+        The keywords are those of :func:`tvm_hetero.graph_runtime.create`. Remote devices load
+        :meth:`library_file_for` (``remote_library`` default) when the artifact was loaded from
+        disk, else the library exported on the fly.
+        """
+        module = graph_runtime.create(
+            self.graph_json,
+            self.lib,
+            list(devices) if devices is not None else self.devices,
+            device_index_kind=device_index_kind,
+            offload=offload,
+            remote_timeout=remote_timeout,
+            remote_library=remote_library if remote_library is not None else self.library_file_for,
+            execution=execution,
+            device_options=device_options,
+            device_libs=self.device_libs,
+        )
+        if self.params:
+            try:
+                module.set_params(self.params)
+            except Exception:
+                module.close()
+                raise
+        return module
+
+    def library_file_for(self, device: tvm.runtime.Device) -> Path | None:
+        """The exported kernel library file a remote ``device`` uploads; None: export :attr:`lib`."""
+        if self.source_dir is None:
+            return None
+        return library_file_for(self.source_dir, self.manifest or {}, device)
+
+    def report(self) -> str:
+        return str(self.build_report) if self.build_report else "(no build report: artifact was loaded)"
+
+    @property
+    def graph(self) -> dict:
+        return json.loads(self.graph_json)
+
+    def export(self, path: str | os.PathLike) -> Path:
+        """Write graph.json, lib.so, params.bin and manifest.json into the directory ``path``.
+
+        The C++ runtime loads these without Python (see examples/run_artifact.cc).
+        """
+        out = Path(path)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / GRAPH_FILE).write_text(self.graph_json)
+        _write_lib_and_params(out, self.lib, self.params)
+        manifest = {
+            "format": FORMAT,
+            "devices": _device_table(self.devices),
+            "device_names": [device_name(d) for d in self.devices],
+            "inputs": self.input_names,
+            "params_format": PARAMS_FORMAT,
+            "params": param_table(self.params),
+            "report": self.build_report.to_dict() if self.build_report else None,
+        }
+        if self.device_libs:  # lib.so then holds only the host architecture's kernels
+            manifest.update(export_device_libraries(self.device_libs, out))
+        files = [GRAPH_FILE, LIB_FILE, PARAMS_FILE]
+        files += [entry["file"] for entry in manifest.get("device_libraries", [])]
+        seal(manifest, out, files)
+        (out / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1))
+        return out
+
+
+def load(path: str | os.PathLike) -> Artifact:
+    """Load an artifact written by :meth:`Artifact.export`, checking every file first.
+
+    A damaged, truncated or mismatched file (checksums, manifest format, parameters against the
+    graph) is a ValueError naming it; nothing is loaded from it.
+    """
+    src = Path(path)
+    _require_files(src, (GRAPH_FILE, LIB_FILE, PARAMS_FILE, MANIFEST_FILE), "a tvm-hetero artifact")
+    manifest = read_manifest(src / MANIFEST_FILE)
+    verify_files(src, manifest)
+    graph_json = read_text(src / GRAPH_FILE)
+    graph = read_json(src / GRAPH_FILE)
+    params = read_params((src / PARAMS_FILE).read_bytes(), str(src / PARAMS_FILE))
+    try:
+        input_names = list(manifest.get("inputs", []))
+        devices = _devices_from(manifest["devices"])
+        report = BuildReport(**manifest["report"]) if manifest.get("report") else None
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"{src / MANIFEST_FILE}: malformed ({type(err).__name__}: {err})") from None
+    check_params(params, graph, input_names, manifest, str(src / PARAMS_FILE))
+    return Artifact(
+        graph_json=graph_json,
+        lib=tvm.runtime.load_module(str(src / LIB_FILE)),
+        params=params,
+        devices=devices,
+        input_names=input_names,
+        build_report=report,
+        source_dir=src,
+        manifest=manifest,
+        device_libs=load_device_libraries(manifest, src),
+    )
+
+
+@functools.wraps(compiler_build.build)
+def build(mod: Any, targets: Any, placement: Any = None, *args: Any, **kwargs: Any) -> Artifact:
+    auto = isinstance(placement, str) and placement == "auto"
+    if auto and kwargs.get("measurer") is None:  # automatic placement times kernels on this runtime
+        from .runtime.autoplace_measure import RuntimeMeasurer
+
+        kwargs["measurer"] = RuntimeMeasurer(kwargs.get("progress"))
+    artifact = Artifact.of(compiler_build.build(mod, targets, placement, *args, **kwargs))
+    report = artifact.build_report
+    measure_latency = getattr(kwargs.get("measurer"), "latency_seconds", None)
+    if auto and report is not None and report.autoplace is not None and measure_latency is not None:
+        (kwargs.get("progress") or (lambda _msg: None))("automatic placement: measuring the built graph")
+        report.autoplace["measured_seconds"] = measure_latency(artifact, kwargs.get("device_options"))
+    return artifact
+
+
+# ---- a pipeline --------------------------------------------------------------------------------
+@dataclass
+class PipelineArtifact(CompiledPipeline):
+    """A compiled pipeline: run it with :meth:`create`, save it with :meth:`export`."""
+
+    @classmethod
+    def of(cls, compiled: CompiledPipeline) -> PipelineArtifact:
+        """Wrap what the compiler made."""
+        return cls(**{f.name: getattr(compiled, f.name) for f in dataclasses.fields(CompiledPipeline)})
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stage_graph_jsons)
+
+    def create(
+        self,
+        stage_devices: Sequence[Any] | None = None,
+        options: Mapping[str, Any] | None = None,
+    ) -> PipelineModule:
+        """A running :class:`~tvm_hetero.runtime.pipeline_runtime.PipelineModule` with the params set.
+
+        ``stage_devices`` defaults to the build's; ``options`` (``{"queue_capacity": C, "stages":
+        [{"cores": [0], "num_threads": 1}, ...]}``) to the build's options.
+        """
+        devices = (
+            [parse_device(d) for d in stage_devices] if stage_devices is not None else self.stage_devices
+        )
+        if len(devices) != self.num_stages:
+            raise ValueError(f"{len(devices)} stage devices for {self.num_stages} stages")
+        pipe = pipeline_runtime.create(
+            self.stage_graph_jsons,
+            self.lib,
+            devices,
+            self.wiring,
+            self.options if options is None else options,
+        )
+        try:
+            for s, stage in enumerate(self.wiring["stages"]):
+                if stage["params"]:
+                    pipe.set_params(s, {name: self.params[name] for name in stage["params"]})
+        except Exception:
+            pipe.close()
+            raise
+        return pipe
+
+    def unsplit(self, device: Any = None) -> Artifact:
+        """The unsplit graph with the same kernels, as an :class:`Artifact` (one device)."""
+        if self.unsplit_graph_json is None:
+            raise ValueError("stages have different targets: no single graph runs every kernel")
+        dev = parse_device(device) if device is not None else self.stage_devices[0]
+        return Artifact(self.unsplit_graph_json, self.lib, self.params, [dev], list(self.input_names))
+
+    def report(self) -> str:
+        """One line per stage: device, target, kernel range, bytes received, modelled cost."""
+        info = self.split or {}
+        costs = info.get("stage_costs_us")
+        lines = [
+            f"tvm-hetero pipeline: {self.num_stages} stages, split at kernels {info.get('split_points')}"
+        ]
+        for s, stage in enumerate(self.wiring["stages"]):
+            a, b = info["stage_kernels"][s] if info else (0, 0)
+            received = info["boundary_bytes"][s] if info else 0
+            cost = f", modelled {costs[s] / 1e3:.2f} ms" if costs else ""
+            lines.append(
+                f"  stage {s} {stage['name']:<8} {device_name(self.stage_devices[s]):<8} "
+                f"{target_label(self.stage_targets[s]):<8} kernels {a}..{b - 1}, receives {format_size(received)}, "
+                f"params {len(stage['params'])}{cost}"
+            )
+        if costs:
+            lines.append(f"  ideal speedup (sum / max of stage costs): {sum(costs) / max(costs):.2f}x")
+        return "\n".join(lines)
+
+    def export(self, path: str | os.PathLike) -> Path:
+        """Write stage graphs, lib.so, params.bin, the unsplit graph and pipeline.json into ``path``."""
+        out = Path(path)
+        out.mkdir(parents=True, exist_ok=True)
+        stage_files = [f"stage{s}.json" for s in range(self.num_stages)]
+        for name, graph_json in zip(stage_files, self.stage_graph_jsons):
+            (out / name).write_text(graph_json)
+        if self.unsplit_graph_json is not None:
+            (out / UNSPLIT_GRAPH_FILE).write_text(self.unsplit_graph_json)
+        _write_lib_and_params(out, self.lib, self.params)
+        manifest = {
+            "format": PIPELINE_FORMAT,
+            "stage_graphs": stage_files,
+            "stage_devices": _device_table(self.stage_devices),
+            "stage_device_names": [device_name(d) for d in self.stage_devices],
+            "stage_targets": self.stage_targets,
+            "inputs": self.input_names,
+            "wiring": self.wiring,
+            "options": self.options,
+            "unsplit_graph": UNSPLIT_GRAPH_FILE if self.unsplit_graph_json is not None else None,
+            "split": self.split,
+        }
+        (out / PIPELINE_MANIFEST_FILE).write_text(json.dumps(manifest, indent=1))
+        return out
+
+
+def load_pipeline(path: str | os.PathLike) -> PipelineArtifact:
+    """Load a pipeline written by :meth:`PipelineArtifact.export`."""
+    src = Path(path)
+    _require_files(src, (PIPELINE_MANIFEST_FILE,), "a tvm-hetero pipeline")
+    manifest = read_json(src / PIPELINE_MANIFEST_FILE)
+    if not isinstance(manifest, dict) or manifest.get("format") != PIPELINE_FORMAT:
+        found = manifest.get("format") if isinstance(manifest, dict) else None
+        raise ValueError(f"{src / PIPELINE_MANIFEST_FILE}: format {found!r}, expected {PIPELINE_FORMAT!r}")
+    unsplit = manifest["unsplit_graph"]
+    needed = [*manifest["stage_graphs"], LIB_FILE, PARAMS_FILE] + ([unsplit] if unsplit else [])
+    _require_files(src, needed, "a complete tvm-hetero pipeline")
+    lib, params = _read_lib_and_params(src)
+    return PipelineArtifact(
+        stage_graph_jsons=[read_text(src / f) for f in manifest["stage_graphs"]],
+        lib=lib,
+        params=params,
+        wiring=manifest["wiring"],
+        stage_devices=_devices_from(manifest["stage_devices"]),
+        stage_targets=list(manifest["stage_targets"]),
+        input_names=list(manifest["inputs"]),
+        options=manifest.get("options") or {},
+        unsplit_graph_json=read_text(src / unsplit) if unsplit else None,
+        split=manifest.get("split"),
+    )

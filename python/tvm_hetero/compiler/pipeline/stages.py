@@ -1,0 +1,74 @@
+"""Stage specs: what each pipeline stage runs on, ``(device, target)``, from the forms users write."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import tvm
+
+from ..build import device_name, parse_device
+
+#: ``(device, target)`` pair, a device (``tvm.cpu(1)``, ``"cpu:1"``) or a target (``"llvm"``).
+StageSpec = Any
+
+
+def stage_spec(spec: StageSpec) -> tuple[tvm.runtime.Device, tvm.target.Target]:
+    """``(device, target)`` from any :data:`StageSpec`."""
+    if isinstance(spec, tuple) and len(spec) == 2:
+        dev = parse_device(spec[0])
+        target = spec[1] if isinstance(spec[1], tvm.target.Target) else tvm.target.Target(spec[1])
+        return dev, target
+    if isinstance(spec, (tvm.target.Target, Mapping)):
+        target = spec if isinstance(spec, tvm.target.Target) else tvm.target.Target(dict(spec))
+        return device_of(target), target
+    if isinstance(spec, str):
+        try:
+            dev = parse_device(spec)
+        except ValueError:
+            target = tvm.target.Target(spec)
+            return device_of(target), target
+        return dev, default_target(dev)
+    if isinstance(spec, tvm.runtime.Device):
+        return spec, default_target(spec)
+    raise TypeError(f"a stage is (device, target), a device or a target; got {spec!r}")
+
+
+def default_target(dev: tvm.runtime.Device) -> tvm.target.Target:
+    kind = device_name(dev).split(":")[0]
+    return tvm.target.Target("llvm" if kind == "cpu" else kind)
+
+
+def target_label(target: str) -> str:
+    """``llvm``, ``cuda``: the kind of a target string (``str(Target)`` is JSON in TVM 0.27)."""
+    try:
+        return tvm.target.Target(target).kind.name
+    except Exception:  # noqa: BLE001  (a label only)
+        return target
+
+
+def device_of(target: tvm.target.Target) -> tvm.runtime.Device:
+    kind = target.kind.name
+    return tvm.cpu(0) if kind in ("llvm", "c") else tvm.runtime.device(kind, 0)
+
+
+def stage_specs(stages: StageSpec | Sequence[StageSpec], num_stages: int | None) -> list[tuple[Any, Any]]:
+    """One ``(device, target)`` per stage: a list gives one per stage, anything else is repeated."""
+    if isinstance(stages, list):
+        if num_stages is not None and len(stages) != num_stages:
+            raise ValueError(f"{len(stages)} stage devices/targets for {num_stages} stages")
+        if not stages:
+            raise ValueError("stages: at least one stage is needed")
+        return [stage_spec(s) for s in stages]
+    if num_stages is None:
+        raise ValueError("give a list of stages, or the number of stages (split_points=int)")
+    return [stage_spec(stages)] * num_stages
+
+
+def stage_options(options: Mapping[str, Any] | None, num_stages: int) -> list[dict]:
+    """Per-stage ``{"cores", "num_threads"}`` from pipeline options (docs/pipeline.md)."""
+    stages = list((options or {}).get("stages", []))
+    if len(stages) > num_stages:
+        raise ValueError(f"options give {len(stages)} stage entries for {num_stages} stages")
+    return [dict(s) for s in stages] + [{} for _ in range(num_stages - len(stages))]
+

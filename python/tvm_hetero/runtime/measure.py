@@ -1,0 +1,102 @@
+"""Measuring kernels as a pipeline stage's worker runs them: thread pinning and per-node profiles."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import tvm
+import tvm_ffi
+
+from . import graph_runtime
+
+_SHARE_ALL_CORES = -3  # runtime.config_threadpool mode: every pool thread shares the listed cores
+
+
+def configure_thread(cores: Sequence[int] = (), num_threads: int = 0) -> None:
+    """Pin the calling thread to ``cores`` and size its TVM thread pool, as a pipeline stage's worker.
+
+    The same calls as the C++ worker (``runtime.config_threadpool`` with mode -3, then
+    ``sched_setaffinity`` of the thread); use it in a thread of your own, never the main thread.
+    """
+    cores, num_threads = [int(c) for c in cores], int(num_threads)
+    if not cores and not num_threads:
+        return
+    cpus = cores or sorted(os.sched_getaffinity(0))
+    tvm_ffi.get_global_func("runtime.config_threadpool")(
+        _SHARE_ALL_CORES, num_threads, [str(c) for c in cpus]
+    )
+    if cores:
+        os.sched_setaffinity(0, cores)
+
+
+def run_in_thread(fn: Callable[[], Any], cores: Sequence[int] = (), num_threads: int = 0) -> Any:
+    """``fn()`` in a new thread configured by :func:`configure_thread`; its result or its exception."""
+    result: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            configure_thread(cores, num_threads)
+            result["value"] = fn()
+        except BaseException as err:  # noqa: BLE001  (re-raised in the caller)
+            result["error"] = err
+
+    thread = threading.Thread(target=work, name="tvm_hetero.pipeline.measure")
+    thread.start()
+    thread.join()
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
+
+def sample_inputs(graph_json: str, names: Sequence[str], seed: int = 0) -> dict[str, np.ndarray]:
+    """Random values (zeros for integer inputs) for the named inputs of a graph JSON document."""
+    data = json.loads(graph_json)
+    shapes, dtypes = data["attrs"]["shape"][1], data["attrs"]["dltype"][1]
+    row_ptr = data["node_row_ptr"]
+    found = {
+        node["name"]: (tuple(shapes[row_ptr[nid]]), dtypes[row_ptr[nid]])
+        for nid, node in enumerate(data["nodes"])
+        if node["op"] == "null"
+    }
+    rng = np.random.default_rng(seed)
+    values = {}
+    for name in names:
+        shape, dtype = found[name]
+        if np.dtype(dtype).kind == "f":
+            values[name] = rng.standard_normal(shape).astype(dtype)
+        else:
+            values[name] = np.zeros(shape, dtype)
+    return values
+
+
+def measure_kernels(
+    compiled: Any,
+    device: tvm.runtime.Device,
+    cores: Sequence[int] = (),
+    num_threads: int = 0,
+    rounds: int = 5,
+) -> Mapping[int, float]:
+    """Median µs of each kernel node of a compiled graph (``graph_json``, ``lib``, ``params``,
+    ``input_names``) on ``device``, in a thread set up like a pipeline stage's worker."""
+    inputs = sample_inputs(compiled.graph_json, compiled.input_names)
+
+    def measure() -> dict[int, float]:
+        with graph_runtime.create(compiled.graph_json, compiled.lib, [device]) as runtime:
+            if compiled.params:
+                runtime.set_params(compiled.params)
+            runtime.set_input(**inputs)
+            runtime.run()  # warm-up: first-call setup (oneDNN primitives, caches)
+            samples: dict[int, list[float]] = {}
+            for _ in range(max(int(rounds), 1)):
+                for node in runtime.profile(repeat=1)["nodes"]:
+                    samples.setdefault(int(node["node_id"]), []).append(float(node["time_us"]))
+        return {nid: statistics.median(times) for nid, times in samples.items()}
+
+    return run_in_thread(measure, cores, num_threads)
