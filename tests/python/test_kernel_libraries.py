@@ -102,7 +102,7 @@ def test_a_missing_board_library_is_named(board_artifact, tmp_path):
 
 
 def test_kernel_compile_errors_name_the_device_and_target(monkeypatch):
-    from tvm_hetero.compiler import lower
+    from tvm_hetero.compiler import compile_kernels as lower
 
     real_build = lower._build
 
