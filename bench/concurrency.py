@@ -37,23 +37,11 @@ MODELS = ("two_tower", "inception_v1", "squeezenet", "resnet50")
 def two_tower():
     """Two independent chains of equal cost (6 x matmul 256 + relu each) joined by an add."""
     import numpy as np
-    from tvm import relax
+    from tvm_hetero import models
 
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((64, 256), "float32"))
-    weights = [relax.Var(f"w{i}", relax.TensorType((256, 256), "float32")) for i in range(12)]
-    with bb.function("main", [x, *weights]):
-        with bb.dataflow():
-            a = b = x
-            for i in range(6):
-                a = bb.emit(relax.op.nn.relu(bb.emit(relax.op.matmul(a, weights[i]))))
-                b = bb.emit(relax.op.nn.relu(bb.emit(relax.op.matmul(b, weights[6 + i]))))
-            y = bb.emit_output(relax.op.add(a, b))
-        bb.emit_func_output(y)
-    rng = np.random.default_rng(0)
-    params = {f"w{i}": (rng.standard_normal((256, 256)) / 16).astype("float32") for i in range(12)}
-    inputs = {"x": rng.standard_normal((64, 256)).astype("float32")}
-    return bb.get(), params, inputs, None
+    mod, params = models.two_towers(batch=64, width=256, depth=6, weight_scale=16.0)
+    inputs = {"x": np.random.default_rng(0).standard_normal((64, 256)).astype("float32")}
+    return mod, params, inputs, None
 
 
 def light(name: str):

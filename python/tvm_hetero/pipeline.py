@@ -14,19 +14,16 @@ joins them: ``auto_split`` and ``build`` measure kernels with the runtime.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import functools
+from collections.abc import Callable
 from typing import Any
-
-import tvm
 
 from .artifact import PipelineArtifact
 from .artifact import load_pipeline as load
 from .compiler import pipeline as compiler_pipeline
 from .compiler.pipeline import (
-    DEFAULT_COPY_BYTES_PER_US,
     Kernel,
     PipelineSplit,
-    StageSpec,
     choose_split_points,
     split,
     stage_graphs,
@@ -52,75 +49,21 @@ __all__ = [
 ]
 
 
-def auto_split(
-    mod: tvm.IRModule,
-    num_stages: int,
-    targets: StageSpec | list[StageSpec] = "llvm",
-    params: Mapping[str, Any] | None = None,
-    *,
-    options: Mapping[str, Any] | None = None,
-    rounds: int = 5,
-    tolerance: float = 0.02,
-    copy_bytes_per_us: float | None = DEFAULT_COPY_BYTES_PER_US,
-    entry: str = "main",
-    backends: Sequence[Any] = (),
-    progress: Callable[[str], None] | None = None,
-) -> PipelineSplit:
-    """Split points for ``num_stages`` stages balancing kernel times measured here
-    (:func:`tvm_hetero.compiler.pipeline.auto_split` documents the arguments)."""
-    return compiler_pipeline.auto_split(
-        mod,
-        num_stages,
-        targets,
-        params,
-        measure=measure_kernels,
-        options=options,
-        rounds=rounds,
-        tolerance=tolerance,
-        copy_bytes_per_us=copy_bytes_per_us,
-        entry=entry,
-        backends=backends,
-        progress=progress,
-    )
+def _with_runtime_measuring(compile_fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``compile_fn`` with the runtime's kernel timing passed in (the compiler never runs graphs)."""
+
+    @functools.wraps(compile_fn)
+    def measured(*args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("measure", measure_kernels)
+        return compile_fn(*args, **kwargs)
+
+    return measured
 
 
-def build(
-    mod: tvm.IRModule,
-    stages: StageSpec | list[StageSpec],
-    split_points: Sequence[int | str] | int | PipelineSplit | None = None,
-    params: Mapping[str, Any] | None = None,
-    *,
-    options: Mapping[str, Any] | None = None,
-    entry: str = "main",
-    backends: Sequence[Any] = (),
-    rounds: int = 5,
-    tolerance: float = 0.02,
-    progress: Callable[[str], None] | None = None,
-) -> PipelineArtifact:
-    """Compile ``mod`` as a pipeline of stages: stage graphs, one library, params and wiring.
+#: Split points for stages balancing kernel times measured on this machine.
+auto_split = _with_runtime_measuring(compiler_pipeline.auto_split)
 
-    Parameters
-    ----------
-    stages : a list with one stage spec per stage (``(device, target)``, a device such as
-        ``"cpu:0"``, or a target such as ``"llvm"``), or one spec for every stage.
-    split_points : kernel positions or names where stages 1.. begin (:func:`split`); an int, the
-        number of stages, or None (one per entry of ``stages``) to choose them with
-        :func:`auto_split`; or a :class:`PipelineSplit` of the same module and params.
-    options : pipeline options kept as the default of :meth:`PipelineArtifact.create` and used to
-        measure for auto_split: ``{"queue_capacity": 2, "stages": [{"cores": [0], "num_threads": 1}]}``.
-    rounds, tolerance : for auto_split.
-    """
-    compiled = compiler_pipeline.build(
-        mod,
-        stages,
-        split_points,
-        params,
-        measure=measure_kernels,
-        options=options,
-        entry=entry,
-        backends=backends,
-        rounds=rounds,
-        tolerance=tolerance,
-        progress=progress,
-    )
-    return PipelineArtifact.of(compiled)
+
+@functools.wraps(compiler_pipeline.build)
+def build(*args: Any, **kwargs: Any) -> PipelineArtifact:
+    return PipelineArtifact.of(_with_runtime_measuring(compiler_pipeline.build)(*args, **kwargs))

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import tvm
 import tvm_hetero
-from tvm import relax
 from tvm_hetero import cli, models
 from tvm_hetero.compiler.autoplace.cost_cache import CostCache, settings_key
 from tvm_hetero.compiler.autoplace.measured import choose_placement
@@ -38,23 +37,6 @@ class FakeMeasurer:
         raise AssertionError("CPUs of one process share memory: no copy to measure")
 
 
-def two_towers():
-    """Two independent chains (matmul + relu, three deep) joined by an add."""
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((8, 32), "float32"))
-    ws = [relax.Var(f"w{i}", relax.TensorType((32, 32), "float32")) for i in range(6)]
-    with bb.function("main", [x, *ws]):
-        with bb.dataflow():
-            a = b = x
-            for i in range(3):
-                a = bb.emit(relax.op.nn.relu(bb.emit(relax.op.matmul(a, ws[i]))))
-                b = bb.emit(relax.op.nn.relu(bb.emit(relax.op.matmul(b, ws[3 + i]))))
-            y = bb.emit_output(relax.op.add(a, b))
-        bb.emit_func_output(y)
-    rng = np.random.default_rng(0)
-    return bb.get(), {f"w{i}": rng.standard_normal((32, 32)).astype("float32") / 8 for i in range(6)}
-
-
 def node_devices(artifact) -> dict[str, int]:
     graph = artifact.graph
     devices = graph["attrs"]["device_index"][1]
@@ -72,7 +54,7 @@ def test_fake_costs_that_favour_one_device_put_everything_there():
 
 
 def test_fake_equal_costs_split_independent_towers_across_devices():
-    mod, params = two_towers()
+    mod, params = models.two_towers()
     art = tvm_hetero.build(mod, TWO_CPUS, placement="auto", params=params, cost_cache=False,
                            measurer=FakeMeasurer(lambda name, d: 1e-3))
     auto = art.build_report.autoplace
@@ -247,7 +229,7 @@ def test_targets_auto_builds_for_the_discovered_devices():
 
 
 def test_objective_calls_stays_within_ten_percent_and_bad_objective_is_named():
-    mod, params = two_towers()
+    mod, params = models.two_towers()
     fake = FakeMeasurer(lambda name, d: 1e-3)
     latency = tvm_hetero.build(mod, TWO_CPUS, placement="auto", params=params, cost_cache=False, measurer=fake)
     calls = tvm_hetero.build(mod, TWO_CPUS, placement="auto", params=params, cost_cache=False, measurer=fake,

@@ -71,6 +71,29 @@ def small_cnn(seed: int = 0):
     return SmallCNN, params
 
 
+def two_towers(batch: int = 8, width: int = 32, depth: int = 3, weight_scale: float = 8.0, seed: int = 0):
+    """Two independent chains of equal cost (``depth`` x matmul ``width`` + relu each) joined by an
+    add, with seeded weights ``w0..w{2*depth-1}`` (the first ``depth`` are tower a's):
+    ``(IRModule, params)``. The smallest model where two devices can work at the same time."""
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((batch, width), "float32"))
+    weights = [relax.Var(f"w{i}", relax.TensorType((width, width), "float32")) for i in range(2 * depth)]
+    with bb.function("main", [x, *weights]):
+        with bb.dataflow():
+            a = b = x
+            for i in range(depth):
+                a = bb.emit(relax.op.nn.relu(bb.emit(relax.op.matmul(a, weights[i]))))
+                b = bb.emit(relax.op.nn.relu(bb.emit(relax.op.matmul(b, weights[depth + i]))))
+            y = bb.emit_output(relax.op.add(a, b))
+        bb.emit_func_output(y)
+    rng = np.random.default_rng(seed)
+    params = {f"w{i}": (rng.standard_normal((width, width)) / weight_scale).astype("float32")
+              for i in range(2 * depth)}
+    return bb.get(), params
+
+
 def light_model_dir() -> Path:
     import onnx
 

@@ -96,9 +96,20 @@ def build(
     tolerance: float = 0.02,
     progress: Callable[[str], None] | None = None,
 ) -> CompiledPipeline:
-    """Compile ``mod`` as a pipeline of stages (``tvm_hetero.pipeline.build`` documents the arguments).
+    """Compile ``mod`` as a pipeline of stages: stage graphs, one library, params and wiring.
 
-    ``measure`` times kernels for auto_split (needed when ``split_points`` is None or an int).
+    Parameters
+    ----------
+    stages : a list with one stage spec per stage (``(device, target)``, a device such as
+        ``"cpu:0"``, or a target such as ``"llvm"``), or one spec for every stage.
+    split_points : kernel positions or names where stages 1.. begin (``split``); an int, the
+        number of stages, or None (one per entry of ``stages``) to choose them with
+        ``auto_split``; or a ``PipelineSplit`` of the same module and params.
+    measure : times kernels for auto_split (needed when ``split_points`` is None or an int;
+        ``tvm_hetero.pipeline.build`` passes the runtime's).
+    options : pipeline options kept as the default of ``PipelineArtifact.create`` and used to
+        measure for auto_split: ``{"queue_capacity": 2, "stages": [{"cores": [0], "num_threads": 1}]}``.
+    rounds, tolerance : for auto_split.
     """
     say = progress or (lambda _msg: None)
     if isinstance(split_points, PipelineSplit):
