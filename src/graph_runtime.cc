@@ -138,17 +138,18 @@ void GraphRuntime::SetupPreparedCalls() {
     }
     steps_->calls.push_back(call);
   }
-  // An offload segment with a runner is one call; its other steps are skipped.
+  // An offload segment with a runner is one call carrying its inputs and outputs; the steps it
+  // covers are skipped.
+  SetupSegmentCalls();
   for (const OffloadSegment& segment : steps_->segments) {
     if (!segment.runner.has_value()) continue;
     PreparedCall& first = steps_->calls[segment.begin];
     first.mode = PreparedCall::Mode::kRemoteGroup;
     first.function = static_cast<const ffi::FunctionObj*>(segment.runner.value().get());
-    first.args = &segment.index_arg;
-    first.num_args = 1;
-    for (uint32_t i = segment.begin + 1; i < segment.end; ++i) {
-      steps_->calls[i].mode = PreparedCall::Mode::kSkip;
-    }
+    first.args = segment.call_args.data();
+    first.num_args = static_cast<int32_t>(segment.call_args.size());
+    for (uint32_t i = segment.begin + 1; i < segment.end; ++i) steps_->calls[i].mode = PreparedCall::Mode::kSkip;
+    for (uint32_t i : segment.outputs) steps_->calls[i].mode = PreparedCall::Mode::kSkip;
   }
   SetupExecution();  // the steps changed: derive the schedule again
 }
@@ -289,6 +290,8 @@ DLTensor* GraphRuntime::KernelInput(uint32_t nid, uint32_t eid) {
   return Mutable(implicit_copies_.back());
 }
 
+const std::vector<StepAccess>& GraphRuntime::StepAccesses() const { return concurrency_->access; }
+
 MemoryRegion GraphRuntime::EntryRegion(uint32_t eid) const {
   size_t begin = storage_plan_.entry_offset[eid];
   return MemoryRegion{storage_plan_.entry_slot[eid], begin, begin + EntryBytes(graph_.shapes[eid], graph_.dtypes[eid])};
@@ -318,17 +321,21 @@ void GraphRuntime::SetupExecution() {
   c.executors.Stop();
   c.num_waits = 0;
   if (execution_ != ExecutionMode::kConcurrent) return;
-  // An offloaded segment is one call at its first step: that step touches all the segment touches.
+  // An offloaded segment is one call at its first step, on its device's executor: that step touches
+  // all the segment's steps and carried outputs touch.
   std::vector<StepAccess> access = c.access;
   for (const OffloadSegment& segment : steps_->segments) {
     if (!segment.runner.has_value()) continue;
     StepAccess& first = access[segment.begin];
-    for (uint32_t i = segment.begin + 1; i < segment.end; ++i) {
+    first.device = segment.device;
+    auto absorb = [&](uint32_t i) {
       first.reads.insert(first.reads.end(), access[i].reads.begin(), access[i].reads.end());
       first.writes.insert(first.writes.end(), access[i].writes.begin(), access[i].writes.end());
       access[i].reads.clear();
       access[i].writes.clear();
-    }
+    };
+    for (uint32_t i = segment.begin + 1; i < segment.end; ++i) absorb(i);
+    for (uint32_t i : segment.outputs) absorb(i);
   }
   StepSchedule schedule = DeriveStepSchedule(access, static_cast<int>(devices_.size()));
   c.num_waits = schedule.NumWaits();
@@ -501,9 +508,14 @@ void GraphRuntime::RunOtherStep(uint32_t index, ffi::Any* rv) {
   switch (call.mode) {
     case PreparedCall::Mode::kCall:
     case PreparedCall::Mode::kRemoteCall:
-    case PreparedCall::Mode::kRemoteGroup:
       remote_compute_calls_ += call.mode != PreparedCall::Mode::kCall;
       call.function->CallPacked(call.args, call.num_args, rv);
+      break;
+    case PreparedCall::Mode::kRemoteGroup:
+      ++remote_compute_calls_;
+      call.function->CallPacked(call.args, call.num_args, rv);
+      ReceiveSegmentOutputs(steps_->segments[steps_->segment_at[index]], *rv);
+      *rv = nullptr;  // kernels that reuse the slot expect it empty, not holding the bytes object
       break;
     case PreparedCall::Mode::kRemoteStep:
       ++remote_copies_;
@@ -668,6 +680,10 @@ std::string GraphRuntime::StatsJSON() const {
   namespace json = ffi::json;
   int copies = 0;
   for (const OpExec& step : steps_->op_execs) copies += step.kind == OpExec::Kind::kCopy;
+  int64_t carried = 0;  // copies travelling inside a remote group's call
+  for (const OffloadSegment& segment : steps_->segments) {
+    if (segment.runner.has_value()) carried += static_cast<int64_t>(segment.inputs.size() + segment.outputs.size());
+  }
   json::Array storage_bytes, device_names, group_devices;
   for (size_t bytes : storage_plan_.BytesPerDevice(devices_.size())) storage_bytes.push_back(int64_t(bytes));
   for (const DLDevice& dev : devices_) device_names.push_back(ffi::String(DeviceName(dev)));
@@ -686,6 +702,8 @@ std::string GraphRuntime::StatsJSON() const {
       {ffi::String("remote_compute_calls"), remote_compute_calls_.load()},
       {ffi::String("remote_copies"), remote_copies_.load()},
       {ffi::String("cross_process_calls"), remote_compute_calls_.load() + remote_copies_.load()},
+      {ffi::String("round_trips"), remote_compute_calls_.load() + remote_copies_.load()},
+      {ffi::String("copies_in_remote_calls"), carried},
       {ffi::String("execution"), ffi::String(execution_ == ExecutionMode::kConcurrent ? "concurrent" : "serial")},
       {ffi::String("shared_edges"), int64_t(shared_views_.size())},
       {ffi::String("implicit_copies"), int64_t(implicit_copies_.size())},

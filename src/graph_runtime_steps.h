@@ -63,16 +63,31 @@ struct PreparedCall {
   Mode mode = Mode::kStep;
 };
 
-/*! \brief A maximal run of kernel steps on one offload device, executed by one remote call. */
+/*!
+ * \brief A run of steps on one offload device executed by one remote call: its kernels, the host
+ *        tensors they read (sent with the call) and the host tensors that read its results (returned
+ *        by the call), so a segment costs one round trip, data included (graph_runtime_offload.cc).
+ */
 struct OffloadSegment {
   /*! \brief Device position. */
   int device = 0;
-  /*! \brief Steps [begin, end) of RuntimeSteps::op_execs (all kernels). */
+  /*! \brief Steps [begin, end) of RuntimeSteps::op_execs: kernels on the device and, among them,
+   *         the host-to-device copies listed in `inputs`. The call runs at `begin`. */
   uint32_t begin = 0, end = 0;
+  /*! \brief Steps (host-to-device copies) whose data travels in the call, applied before the
+   *         kernels, in this order. */
+  std::vector<uint32_t> inputs;
+  /*! \brief Steps (device-to-host copies, at or after `end`) whose data the call returns, written
+   *         after it, in this order. */
+  std::vector<uint32_t> outputs;
+  /*! \brief The segment's index among its device's segments (the runner's numbering). */
+  int64_t index = 0;
   /*! \brief The remote runner's `run_segment`, once attached. */
   tvm::ffi::Optional<tvm::ffi::Function> runner;
-  /*! \brief Its packed argument: the segment's index on its device. */
-  tvm::ffi::AnyView index_arg;
+  /*! \brief The inputs' host bytes, pointed at by `call_args` (built with the prepared calls). */
+  std::vector<TVMFFIByteArray> input_bytes;
+  /*! \brief Packed call: the index, then one byte array per input. */
+  std::vector<tvm::ffi::AnyView> call_args;
 };
 
 /*! \brief Everything Init prepares for Run, owned by the runtime. */
@@ -83,6 +98,8 @@ struct RuntimeSteps {
   std::vector<PreparedCall> calls;
   /*! \brief Kernel runs on devices of another process (RPC), in step order. */
   std::vector<OffloadSegment> segments;
+  /*! \brief Per step: the segment whose call runs there once a runner is attached, or -1. */
+  std::vector<int32_t> segment_at;
 };
 
 /*! \brief One call at a time per runtime: a second raises instead of corrupting shared buffers

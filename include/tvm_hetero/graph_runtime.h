@@ -26,6 +26,7 @@
 namespace tvm_hetero {
 
 struct MemoryRegion;
+struct StepAccess;
 
 /*!
  * \brief Name of the optional function a kernel library (or an import) provides to drop caches
@@ -35,6 +36,7 @@ struct MemoryRegion;
 inline constexpr const char* kInvalidateCachesFunction = "__tvm_hetero_invalidate_caches";
 
 struct OpExec;
+struct OffloadSegment;
 /*! \brief The prepared steps (graph_runtime_steps.h, private to the library). */
 struct RuntimeSteps;
 
@@ -152,6 +154,12 @@ class GraphRuntime {
   void SetupOpExecs();
   void SetupGroups();
   void SetupOffloadSegments();
+  /*! \brief Point each segment's call arguments at its inputs' host bytes (after steps change). */
+  void SetupSegmentCalls();
+  /*! \brief Write the bytes a segment's call returned into its outputs' host tensors. */
+  void ReceiveSegmentOutputs(const OffloadSegment& segment, const tvm::ffi::Any& returned) const;
+  /*! \brief What each step reads and writes, in step order (concurrency/step_schedule.h). */
+  const std::vector<StepAccess>& StepAccesses() const;
   /*! \brief Find the libraries' cache-invalidation hooks. */
   void SetupCacheHooks();
   /*! \brief Parameter values changed: call every cache-invalidation hook. */

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 import tvm
-from conftest import duplex_graph, simplex_graph
+from conftest import copy, duplex_graph, inp, op, simplex_graph
 from tvm import te
 from tvm_hetero import graph_runtime
 from tvm_hetero.compiler.graph import COPY_FUNC, Entry, Graph, Node
@@ -35,7 +35,12 @@ def test_local_and_remote_devices_in_one_graph(rpc_server, kernels, graph_fn, of
     stats = m.stats()
     remote_groups = stats["group_devices"].count(1)
     assert stats["remote_compute_calls"] == remote_groups  # one kernel per remote group here
-    assert stats["remote_copies"] == stats["num_copies"]
+    if offload == "group":  # the copies travel inside the groups' calls
+        assert stats["copies_in_remote_calls"] == stats["num_copies"] > 0
+        assert stats["remote_copies"] == 0
+        assert stats["round_trips"] == remote_groups
+    else:
+        assert stats["remote_copies"] == stats["num_copies"]
     assert m.get_input("A").device.dlpack_device_type() >= 128  # A lives in the remote process
 
 
@@ -70,7 +75,9 @@ def test_a_remote_group_is_one_call_however_many_kernels(rpc_server, kernels):
         np.testing.assert_allclose(m.get_output(0).numpy(), x + 23, rtol=1e-6)
     assert grouped.stats()["remote_compute_calls"] == 1
     assert per_op.stats()["remote_compute_calls"] == 20
-    assert grouped.stats()["remote_copies"] == per_op.stats()["remote_copies"] == 1
+    assert per_op.stats()["remote_copies"] == 1
+    assert grouped.stats()["remote_copies"] == 0  # the result comes back with the group's call
+    assert grouped.stats()["round_trips"] == 1
 
 
 def test_compiled_model_with_a_remote_device_matches_local(rpc_server):
@@ -147,3 +154,37 @@ def test_hung_remote_device_times_out():
             assert time.perf_counter() - start < 6
         finally:
             os.killpg(server.process.pid, signal.SIGCONT)
+
+
+def reuse_graph() -> Graph:
+    """On the remote device: t0 = a + 1; t1 = t0 + 1; t2 = copy of host y; t3 = t2 + 1; then
+    out = t1 + t3 on the host. With the storage ids of ``SHARED_SLOT``, t2 reuses t0's bytes once
+    t1 has read them, so the copy of y must not be moved before that read."""
+    return Graph(
+        [inp("a", 1), inp("one", 1), inp("y", 0),
+         op("k0", "add", [0, 1], 1), op("k1", "add", [3, 1], 1), copy("c", 2, 1), op("k2", "add", [5, 1], 1),
+         copy("back1", 4, 0), copy("back2", 6, 0), op("out", "add", [7, 8], 0)],
+        [Entry(9)],
+    )
+
+
+SHARED_SLOT = [0, 1, 2, 3, 4, 3, 6, 7, 8, 9]  # t2 (entry 5) in t0's (entry 3) storage
+
+
+@pytest.mark.parametrize("storage_ids, calls", [(None, 1), (SHARED_SLOT, 2)])
+@pytest.mark.parametrize("execution", ["serial", "concurrent"])
+def test_copies_travel_with_the_group_call_unless_that_would_overwrite_a_live_tensor(
+        kernels, storage_ids, calls, execution):
+    with start_local_server() as server, graph_runtime.create(
+            reuse_graph().to_json(storage_ids), kernels, [tvm.cpu(0), server.connect().cpu(0)],
+            execution=execution) as m:
+        a, one = rng.standard_normal(4).astype("float32"), np.ones(4, "float32")
+        for _ in range(3):  # new host data each run travels with the call
+            y = rng.standard_normal(4).astype("float32")
+            m.run(a=a, one=one, y=y)
+            # Moving the copy of y before t1's read would give (y + 2) + (y + 1).
+            np.testing.assert_allclose(m.get_output(0).numpy(), (a + 2) + (y + 1), rtol=1e-6)
+        stats = m.stats()
+    assert stats["group_devices"].count(1) == 1
+    assert stats["remote_compute_calls"] == stats["round_trips"] == calls
+    assert stats["copies_in_remote_calls"] == stats["num_copies"] == 3
