@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 
 import numpy as np
 import tvm
 import tvm_hetero
+from timing import median_run_seconds
 from tvm_hetero import graph_runtime, models
 from tvm_hetero.testing.board import AARCH64_TARGET, connect_board
 
@@ -50,21 +49,11 @@ def load_model(name: str):
     return models.relax_module(model), None, models.model_inputs(model)
 
 
-def measure(runtime, repeat: int) -> float:
-    runtime.run()
-    samples = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        runtime.run()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
-
-
 def bench_model(name: str, repeat: int, with_concat: bool = False) -> dict:
     mod, params, inputs = load_model(name)
     host = tvm_hetero.build(mod, [(tvm.cpu(0), "llvm")], params=params).create()
     host.set_input(**inputs)
-    host_ms = measure(host, repeat) * 1e3
+    host_ms = median_run_seconds(host, repeat) * 1e3
     reference = host.get_output(0).numpy()
     placement = npu_concat_placement if with_concat else npu_placement
     art = tvm_hetero.build(mod, [(tvm.cpu(0), "llvm"), (tvm.cpu(1), AARCH64_TARGET)], placement=placement,
@@ -77,7 +66,7 @@ def bench_model(name: str, repeat: int, with_concat: bool = False) -> dict:
                                   device_libs=art.device_libs)
         rt.load_params(tvm.runtime.save_param_dict(art.params))
         rt.set_input(**inputs)
-        seconds = measure(rt, repeat)
+        seconds = median_run_seconds(rt, repeat)
         out = rt.get_output(0).numpy()
         stats = rt.stats()
         result[mode] = {

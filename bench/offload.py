@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 
 import numpy as np
 import tvm
 import tvm_hetero
+from timing import median_run_seconds
 from tvm_hetero.runtime.rpc import start_local_server
 from tvm_hetero.testing import models
 
@@ -76,7 +75,7 @@ def bench_small_ops(session, repeat: int) -> dict:
         rt = tvm_hetero.graph_runtime.create(art.graph_json, art.lib, devices, offload=mode)
         rt.load_params(tvm.runtime.save_param_dict(art.params))
         rt.set_input(x=x)
-        seconds = measure(rt, repeat * 10)
+        seconds = median_run_seconds(rt, repeat * 10)
         stats = rt.stats()
         error = float(np.abs(rt.get_output(0).numpy() - reference).max() / max(np.abs(reference).max(), 1e-6))
         result[label] = {"ms": seconds * 1e3, "remote_compute_calls": stats["remote_compute_calls"],
@@ -91,16 +90,6 @@ def _ratios(result: dict) -> dict:
     result["latency_per_op_vs_reordered"] = per_op["ms"] / reordered["ms"]
     result["latency_grouped_vs_reordered"] = grouped["ms"] / reordered["ms"]
     return result
-
-
-def measure(runtime, repeat: int) -> float:
-    runtime.run()
-    samples = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        runtime.run()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
 
 
 def bench_model(name: str, session, repeat: int) -> dict:
@@ -120,7 +109,7 @@ def bench_model(name: str, session, repeat: int) -> dict:
         rt = tvm_hetero.graph_runtime.create(art.graph_json, art.lib, devices, offload=mode)
         rt.load_params(tvm.runtime.save_param_dict(art.params))
         rt.set_input(**inputs)
-        seconds = measure(rt, repeat)
+        seconds = median_run_seconds(rt, repeat)
         out = rt.get_output(0).numpy()
         error = float(np.abs(out - reference).max() / np.abs(reference).max())
         stats = rt.stats()
