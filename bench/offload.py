@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
+import time
 
 import numpy as np
 import tvm
@@ -104,16 +106,27 @@ def bench_model(name: str, session, repeat: int) -> dict:
         "reordered": (tvm_hetero.build(mod, targets, placement=offload_placement, reorder=True), "group"),
     }
     reference = models.onnxruntime_outputs(model, inputs)[0]
-    result = {"model": name}
+    runtimes = {}
     for label, (art, mode) in variants.items():
         rt = tvm_hetero.graph_runtime.create(art.graph_json, art.lib, devices, offload=mode)
         rt.load_params(tvm.runtime.save_param_dict(art.params))
         rt.set_input(**inputs)
-        seconds = median_run_seconds(rt, repeat)
+        rt.run()  # warm-up
+        runtimes[label] = rt
+    # Interleaved: one timed run of each variant per round, so machine load hits all of them alike.
+    samples: dict[str, list[float]] = {label: [] for label in runtimes}
+    for _ in range(repeat):
+        for label, rt in runtimes.items():
+            start = time.perf_counter()
+            rt.run()
+            samples[label].append(time.perf_counter() - start)
+    result = {"model": name}
+    for label, rt in runtimes.items():
         out = rt.get_output(0).numpy()
         error = float(np.abs(out - reference).max() / np.abs(reference).max())
         stats = rt.stats()
-        result[label] = {"ms": seconds * 1e3, "remote_compute_calls": stats["remote_compute_calls"],
+        result[label] = {"ms": statistics.median(samples[label]) * 1e3,
+                         "remote_compute_calls": stats["remote_compute_calls"],
                          "remote_copies": stats["remote_copies"], "groups": stats["num_groups"],
                          "remote_groups": stats["group_devices"].count(1), "rel_error": error}
     return _ratios(result)
