@@ -42,6 +42,21 @@ class DnnlBackend(Backend):
 
     name = "dnnl"
 
+    def __init__(
+        self,
+        device: int | None = 0,
+        min_flops: float = 0.0,
+        devices: Any = None,
+        merge: bool = True,
+    ) -> None:
+        super().__init__(device, min_flops, devices)
+        #: Join consecutive regions into blocks that keep oneDNN's layouts inside (False: one
+        #: region per composite, reordered in and out at each; for comparisons).
+        self.merge = merge
+
+    def merges_regions(self) -> bool:
+        return self.merge
+
     def available(self) -> bool:
         return bool(tvm.get_global_func("tvm_hetero.dnnl.available")())
 
