@@ -555,7 +555,18 @@ class RegionExec {
     calls_.push_back(std::move(c));
   }
 
-  /*! \brief Concatenation along the step's axis, reading every input in the layout it has. */
+  /*! \brief The step's ReLU applied in place to `dst` (for primitives without post-ops). */
+  void ReluInPlace(const memory& dst) {
+    dnnl::eltwise_forward::desc desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::eltwise_relu,
+                                     dst.get_desc(), 0.f, 0.f);
+    Call c;
+    c.prim = dnnl::eltwise_forward(dnnl::eltwise_forward::primitive_desc(desc, CpuEngine()));
+    c.args = {{DNNL_ARG_SRC, dst}, {DNNL_ARG_DST, dst}};
+    calls_.push_back(std::move(c));
+  }
+
+  /*! \brief Concatenation along the step's axis, reading every input in the layout it has, then
+   *         the step's ReLU (ShuffleNet's concat + ReLU). */
   void SetupConcat(size_t k, const std::vector<DLTensor*>& t) {
     const StepSpec& s = spec_.steps[k];
     memory::dims y = OutputDims(k, t);
@@ -566,8 +577,10 @@ class RegionExec {
     Call c;
     c.prim = dnnl::concat(pd);
     for (size_t i = 0; i < s.inputs.size(); ++i) c.args[DNNL_ARG_MULTIPLE_SRC + static_cast<int>(i)] = values_[s.inputs[i]].mem;
-    c.args[DNNL_ARG_DST] = Output(k, pd.dst_desc());
+    memory dst = Output(k, pd.dst_desc());
+    c.args[DNNL_ARG_DST] = dst;
     calls_.push_back(std::move(c));
+    if (s.relu) ReluInPlace(dst);
   }
 
   void Execute(const ffi::PackedArgs& args) {

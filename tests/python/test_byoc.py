@@ -291,8 +291,9 @@ def test_following_the_placement_takes_every_region_a_fixed_device_takes():
         graph = lower_to_graph(mod, None, 1, None, "main", backends).graph
         return sorted(n.func_name.rstrip("0123456789") for n in graph.nodes if "_dnnl" in n.func_name)
 
-    fixed = regions([("dnnl", 0)])
-    assert len(fixed) >= 20 and regions([("dnnl", None)]) == fixed
+    fixed = regions([DnnlBackend(device=0, merge=False)])
+    assert len(fixed) >= 20 and regions([DnnlBackend(device=None, merge=False)]) == fixed
+    assert regions([("dnnl", None)]) == regions([("dnnl", 0)])  # blocks too
 
 
 def test_default_without_onednn_falls_back_to_tvm_kernels_and_reports_it(monkeypatch):

@@ -38,7 +38,7 @@ namespace dnnl_backend {
 struct StepSpec {
   /*! \brief "conv2d", "matmul", "max_pool2d", "avg_pool2d", "channel_shuffle", "softmax",
    *         "layer_norm" (over the last axis; weight and bias are its scale and shift) or
-   *         "concat" (of `inputs` along `axis`). */
+   *         "concat" (of `inputs` along `axis`, then `relu` if set). */
   std::string op;
   /*! \brief Value id of the data, the weight, the bias and the residual (-1: none). */
   int data = 0, weight = -1, bias = -1, residual = -1;

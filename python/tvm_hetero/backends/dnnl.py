@@ -60,11 +60,6 @@ class DnnlBackend(Backend):
     def available(self) -> bool:
         return bool(tvm.get_global_func("tvm_hetero.dnnl.available")())
 
-    def prepare(self, mod: tvm.IRModule, entry: str) -> tvm.IRModule:
-        mod = SimplifyStackSum(entry)(mod)
-        mod = FoldConvAffine(entry)(mod)
-        return UnshareConstantReshapes(entry)(mod)
-
     def patterns(self, is_weight: WeightPredicate) -> list[FusionPattern]:
         out = []
         for bias in (True, False):
@@ -84,7 +79,21 @@ class DnnlBackend(Backend):
         for op in ("max_pool2d", "avg_pool2d"):
             pool = is_op(f"relax.nn.{op}")(wildcard())
             out.append(FusionPattern(f"dnnl.{op}", pool, {"anchor": pool}, _check_pool))
+        mean = is_op("relax.mean")(wildcard())
+        out.append(FusionPattern("dnnl.global_avg_pool2d", mean, {"anchor": mean}, _check_global_mean))
+        for n in range(2, MAX_CONCAT_INPUTS + 1):
+            concat = is_op("relax.concat")(is_tuple([wildcard() for _ in range(n)]))
+            ann = {"anchor": concat, "concat": concat}
+            relu = _activation(concat, "relu", ann)  # ShuffleNet's concat then ReLU
+            out.append(FusionPattern(f"dnnl.concat{n}_relu", relu, ann, _check_concat))
+            out.append(FusionPattern(f"dnnl.concat{n}", concat, {"anchor": concat, "concat": concat}, _check_concat))
         return out
+
+    def prepare(self, mod: tvm.IRModule, entry: str) -> tvm.IRModule:
+        mod = DropDropout(entry)(mod)
+        mod = SimplifyStackSum(entry)(mod)
+        mod = FoldConvAffine(entry)(mod)
+        return UnshareConstantReshapes(entry)(mod)
 
     def describe(self, composite: relax.Function, pattern: str) -> dict:
         return _describe(composite, pattern)
@@ -327,6 +336,35 @@ def _check_softmax(ctx: Any) -> bool:
     return shape is not None and 1 <= len(shape) <= 5 and _all_f32(call.args[0], call)
 
 
+#: The most inputs a concat region takes (one pattern per count).
+MAX_CONCAT_INPUTS = 64
+
+
+def _check_concat(ctx: Any) -> bool:
+    """Tensors of rank 1-5 with known shapes, float32."""
+    if has_leaking_intermediate_variables(ctx):
+        return False
+    call = ctx.annotated_expr["concat"]
+    out = _shape(call)
+    fields = call.args[0].fields
+    return (
+        out is not None
+        and 1 <= len(out) <= 5
+        and all(_shape(f) is not None for f in fields)
+        and _all_f32(call, *fields)
+    )
+
+
+def _check_global_mean(ctx: Any) -> bool:
+    """``mean(x, axis=[2, 3], keepdims=True)`` of an NCHW tensor: a global average pooling."""
+    call = ctx.matched_expr
+    shape = _shape(call.args[0])
+    axes = call.attrs.axis
+    if shape is None or len(shape) != 4 or axes is None or not bool(call.attrs.keepdims):
+        return False
+    return sorted(int(a) % 4 for a in axes) == [2, 3] and _all_f32(call.args[0], call)
+
+
 def _check_pool(ctx: Any) -> bool:
     call = ctx.matched_expr
     a = call.attrs
@@ -390,6 +428,18 @@ def _describe(composite: relax.Function, pattern: str) -> dict:
             if op == "relax.nn.softmax":
                 rank = len(_shape(value.args[0]))
                 spec.update(op="softmax", axis=int(value.attrs.axis) % rank, data=_input(value.args[0], index, bound))
+                continue
+            if op == "relax.concat":
+                rank = len(_shape(value))
+                fields = value.args[0].fields if isinstance(value.args[0], relax.Tuple) else bound[value.args[0]].fields
+                spec.update(op="concat", axis=int(value.attrs.axis) % rank, inputs=[_input(f, index, bound) for f in fields])
+                continue
+            if op == "relax.mean":
+                h, w = _shape(value.args[0])[2:]
+                spec.update(
+                    op="avg_pool2d", data=_input(value.args[0], index, bound), pool_size=[h, w], strides=[1, 1],
+                    padding=[0, 0, 0, 0], dilation=[1, 1], count_include_pad=False,
+                )  # fmt: skip
                 continue
             if pattern == "dnnl.channel_shuffle":
                 if op == "relax.permute_dims":
@@ -462,6 +512,14 @@ def _derives_from(expr: Any, root: Any, bound: dict) -> bool:
 
 
 # ---- prepare: module passes -----------------------------------------------------------------
+def DropDropout(entry: str = "main") -> tvm.transform.Pass:
+    """``dropout(x)[0]`` -> ``x``: inference ignores dropout, and the tuple it makes would cut a
+    chain of regions in two."""
+    x = wildcard()
+    pattern = is_tuple_get_item(is_op("relax.nn.dropout")(x), 0)
+    return _rewrite_pass(pattern, lambda _orig, m: m[x], entry, "DropDropout")
+
+
 def SimplifyStackSum(entry: str = "main") -> tvm.transform.Pass:
     """``sum(stack([broadcast_to(a), broadcast_to(b)]), axis=0)`` with equal shapes -> ``add(a, b)``."""
     a, b = wildcard(), wildcard()
