@@ -207,6 +207,10 @@ class RegionExec {
       SetupSoftmax(k, t);
     } else if (op == "layer_norm") {
       SetupLayerNorm(k, t);
+    } else if (op == "lrn") {
+      SetupLrn(k);
+    } else if (op == "scale_shift") {
+      SetupScaleShift(k);
     } else {
       SetupConcat(k, t);
     }
@@ -552,6 +556,55 @@ class RegionExec {
               {DNNL_ARG_DST, Output(k, md)},
               {DNNL_ARG_SCALE, Vector(k, s.weight, vec)},
               {DNNL_ARG_SHIFT, Vector(k, s.bias, vec)}};
+    calls_.push_back(std::move(c));
+  }
+
+  /*! \brief Local response norm across channels, in the layout its input has:
+   *         x / (k + alpha / n * sum of x^2 over n channels)^beta. */
+  void SetupLrn(size_t k) {
+    const StepSpec& s = spec_.steps[k];
+    const Value& in = values_[s.data];
+    if (in.desc.dims().size() != 4) Fail(k, "lrn needs an NCHW tensor");
+    dnnl::lrn_forward::desc desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::lrn_across_channels, in.desc,
+                                 s.local_size, s.alpha, s.beta, s.k);
+    dnnl::lrn_forward::primitive_desc pd(desc, CpuEngine());
+    Call c;
+    c.prim = dnnl::lrn_forward(pd);
+    memory src = Input(k, s.data, pd.src_desc());
+    c.args = {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, Output(k, pd.dst_desc())}};
+    calls_.push_back(std::move(c));
+  }
+
+  /*!
+   * \brief data * weight + bias per channel of an NCHW tensor, then the activations: a binary
+   *        multiply by the (1, C, 1, 1) weight with the add as a binary post-op, in the layout the
+   *        data has (DenseNet's batch norm + ReLU before each convolution).
+   */
+  void SetupScaleShift(size_t k) {
+    const StepSpec& s = spec_.steps[k];
+    const Value& in = values_[s.data];
+    memory::dims x = in.desc.dims();
+    if (x.size() != 4) Fail(k, "scale_shift needs an NCHW tensor");
+    memory::desc vec({1, x[1], 1, 1}, dt::f32, tag::abcd);
+    memory scale = Vector(k, s.weight, vec), shift = Vector(k, s.bias, vec);
+    for (int role : {s.weight, s.bias}) {
+      if (values_[role].desc.get_size() != vec.get_size()) Fail(k, "scale and shift need one value per channel");
+    }
+    dnnl::post_ops ops;
+    ops.append_binary(dnnl::algorithm::binary_add, vec);
+    if (s.relu) ops.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
+    if (!s.activation.empty()) ops.append_eltwise(1.f, Activation(s.activation), s.activation == "silu" ? 1.f : s.alpha, s.beta);
+    dnnl::primitive_attr attr;
+    attr.set_post_ops(ops);
+    dnnl::binary::desc desc(dnnl::algorithm::binary_mul, in.desc, vec, memory::desc(x, dt::f32, tag::any));
+    dnnl::binary::primitive_desc pd(desc, attr, CpuEngine());
+    Call c;
+    c.prim = dnnl::binary(pd);
+    memory src = Input(k, s.data, pd.src0_desc());
+    c.args = {{DNNL_ARG_SRC_0, src},
+              {DNNL_ARG_SRC_1, scale},
+              {DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, shift},
+              {DNNL_ARG_DST, Output(k, pd.dst_desc())}};
     calls_.push_back(std::move(c));
   }
 

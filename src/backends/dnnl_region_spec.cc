@@ -52,7 +52,8 @@ double FloatOr(const json::Object& obj, const char* key, double fallback) {
 }
 
 const char* const kOps[] = {"conv2d",          "matmul",  "max_pool2d", "avg_pool2d",
-                            "channel_shuffle", "softmax", "layer_norm", "concat"};
+                            "channel_shuffle", "softmax", "layer_norm", "concat",
+                            "lrn",    "scale_shift"};
 const char* const kActivations[] = {"clip", "sigmoid", "hardswish", "gelu", "gelu_tanh", "silu"};
 
 std::string OneOf(const json::Object& obj, const char* key, const char* const* known, size_t n,
@@ -102,6 +103,10 @@ StepSpec ParseStep(const json::Object& obj, const std::vector<int64_t>& args, in
   s.groups = IntOr(obj, "groups", 1, where);
   s.axis = IntOr(obj, "axis", -1, where);
   s.epsilon = static_cast<float>(FloatOr(obj, "epsilon", 1e-5));
+  s.local_size = IntOr(obj, "local_size", 1, where);
+  s.k = static_cast<float>(FloatOr(obj, "k", 1.0));
+  if (s.op == "lrn") s.beta = static_cast<float>(FloatOr(obj, "beta", 0.75));
+  if (s.op == "scale_shift" && (s.weight < 0 || s.bias < 0)) kReader.Fail(where, "scale_shift needs a weight and a bias");
   if (s.op == "concat" && s.inputs.size() < 2) kReader.Fail(where, "concat needs at least two inputs");
   return s;
 }

@@ -38,7 +38,9 @@ namespace dnnl_backend {
 struct StepSpec {
   /*! \brief "conv2d", "matmul", "max_pool2d", "avg_pool2d", "channel_shuffle", "softmax",
    *         "layer_norm" (over the last axis; weight and bias are its scale and shift) or
-   *         "concat" (of `inputs` along `axis`, then `relu` if set). */
+   *         "concat" (of `inputs` along `axis`, then `relu` if set), "lrn" (across channels:
+   *         `local_size`, `alpha`, `beta`, `k`) or "scale_shift" (data * weight + bias per channel
+   *         of an NCHW tensor, then the activations). */
   std::string op;
   /*! \brief Value id of the data, the weight, the bias and the residual (-1: none). */
   int data = 0, weight = -1, bias = -1, residual = -1;
@@ -64,6 +66,9 @@ struct StepSpec {
   float epsilon = 1e-5f;
   /*! \brief conv2d groups; channel_shuffle: the number of groups. */
   int64_t groups = 1;
+  /*! \brief lrn: the window (channels, odd) and the constant added before the power. */
+  int64_t local_size = 1;
+  float k = 1.f;
 };
 
 /*!
