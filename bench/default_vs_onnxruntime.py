@@ -32,6 +32,10 @@ def median_ms(fn, runs: int) -> float:
     return statistics.median(times)
 
 
+def geomean(ratios: list[float]) -> float:
+    return math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=LIGHT_SIX)
@@ -95,8 +99,7 @@ def main() -> int:
             f"{min(per_round):5.2f}..{max(per_round):4.2f}  {regions} oneDNN regions, {kernels} TVM kernels",
             flush=True,
         )
-    geomean = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
-    print(f"geomean {geomean:.2f}x over {len(ratios)} models; worst {max(ratios):.2f}x")
+    print(f"geomean {geomean(ratios):.2f}x over {len(ratios)} models; worst {max(ratios):.2f}x")
     return 0
 
 

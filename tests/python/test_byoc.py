@@ -588,3 +588,39 @@ def test_a_default_region_never_takes_an_op_placed_on_another_device():
     rt.run(x=x)
     expected = np.maximum(x @ params["w1"] + params["b1"], 0) @ params["w2"]
     np.testing.assert_allclose(rt.get_output(0).numpy(), expected, rtol=1e-4, atol=1e-4)
+
+
+# ---- LRN and per-channel scale + shift against onnxruntime ----------------------------------
+def only_regions(art: tvm_hetero.Artifact) -> list[dict]:
+    """The region nodes, asserting that no TVM kernel node is left."""
+    kernels = [n for n in art.graph["nodes"] if n["op"] != "null" and n not in region_nodes(art)]
+    assert not kernels, [n["attrs"]["func_name"] for n in kernels]
+    return region_nodes(art)
+
+
+@needs_dnnl
+@pytest.mark.parametrize("size,alpha,beta,bias", [(5, 1e-4, 0.75, 1.0), (3, 0.5, 0.6, 2.0)])
+def test_lrn_is_one_region_and_matches_onnxruntime(size, alpha, beta, bias):
+    shape = (1, 16, 6, 5)
+    nodes = [helper.make_node("LRN", ["x"], ["z"], size=size, alpha=alpha, beta=beta, bias=bias)]
+    art = run_both(_model(nodes, {"x": shape}, ("z", shape)), rtol=1e-5, atol=1e-5)
+    (node,) = only_regions(art)
+    assert "power" in node["attrs"]["func_name"]
+
+
+@needs_dnnl
+@pytest.mark.parametrize("after", [[], ["Relu"], ["Mul", "Add", "Relu"]])
+def test_batch_norm_without_a_conv_is_one_scale_shift_region(after):
+    # DenseNet: batch norm (+ per-channel Mul and Add) + ReLU on a concat's output, no conv before.
+    c = 8
+    inits = [_weight(n, (c,)) for n in ("scale", "beta", "mean")]
+    inits.append(numpy_helper.from_array(RNG.uniform(0.5, 2.0, c).astype(np.float32), "var"))
+    inits += [_weight("m", (c, 1, 1)), _weight("a", (c, 1, 1))]
+    nodes = [helper.make_node("BatchNormalization", ["x", "scale", "beta", "mean", "var"], ["y0"])]
+    for k, op in enumerate(after):
+        operands = [f"y{k}"] + {"Mul": ["m"], "Add": ["a"]}.get(op, [])
+        nodes.append(helper.make_node(op, operands, [f"y{k + 1}"]))
+    shape = (1, c, 5, 4)
+    art = run_both(_model(nodes, {"x": shape}, (f"y{len(after)}", shape), inits), rtol=1e-5, atol=1e-5)
+    (node,) = only_regions(art)
+    assert "multiply" in node["attrs"]["func_name"]
