@@ -207,6 +207,8 @@ class RegionExec {
       SetupSoftmax(k, t);
     } else if (op == "layer_norm") {
       SetupLayerNorm(k, t);
+    } else if (op == "batch_matmul") {
+      SetupBatchMatmul(k, t);
     } else if (op == "lrn") {
       SetupLrn(k);
     } else if (op == "scale_shift") {
@@ -454,6 +456,25 @@ class RegionExec {
     c.args = {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}};
     if (s.bias >= 0) c.args[DNNL_ARG_BIAS] = Vector(k, s.bias, b_md);
     if (s.residual >= 0) Residual(k, s.residual, dst);
+    calls_.push_back(std::move(c));
+  }
+
+  /*! \brief a @ b over equal batch dims, both computed (attention's scores and context), plain. */
+  void SetupBatchMatmul(size_t k, const std::vector<DLTensor*>& t) {
+    const StepSpec& s = spec_.steps[k];
+    memory::dims a = values_[s.inputs[0]].desc.dims(), b = values_[s.inputs[1]].desc.dims(), y = OutputDims(k, t);
+    size_t r = a.size();
+    if (r < 3 || r > 4 || b.size() != r || y.size() != r || a[r - 1] != b[r - 2] ||
+        !std::equal(a.begin(), a.end() - 2, b.begin())) {
+      Fail(k, "batch_matmul needs (..., M, K) @ (..., K, N) of rank 3-4 with equal batch dims");
+    }
+    dnnl::matmul::desc desc(Plain(a), Plain(b), Plain(y));
+    dnnl::matmul::primitive_desc pd(desc, PostOps(s), CpuEngine());
+    Call c;
+    c.prim = dnnl::matmul(pd);
+    memory src = Input(k, s.inputs[0], Plain(a));
+    memory wei = Input(k, s.inputs[1], Plain(b));
+    c.args = {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, Output(k, Plain(y))}};
     calls_.push_back(std::move(c));
   }
 

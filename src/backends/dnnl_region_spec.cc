@@ -53,7 +53,7 @@ double FloatOr(const json::Object& obj, const char* key, double fallback) {
 
 const char* const kOps[] = {"conv2d",          "matmul",  "max_pool2d", "avg_pool2d",
                             "channel_shuffle", "softmax", "layer_norm", "concat",
-                            "lrn",    "scale_shift"};
+                            "lrn",    "scale_shift", "batch_matmul"};
 const char* const kActivations[] = {"clip", "sigmoid", "hardswish", "gelu", "gelu_tanh", "silu"};
 
 std::string OneOf(const json::Object& obj, const char* key, const char* const* known, size_t n,
@@ -107,6 +107,7 @@ StepSpec ParseStep(const json::Object& obj, const std::vector<int64_t>& args, in
   s.k = static_cast<float>(FloatOr(obj, "k", 1.0));
   if (s.op == "lrn") s.beta = static_cast<float>(FloatOr(obj, "beta", 0.75));
   if (s.op == "scale_shift" && (s.weight < 0 || s.bias < 0)) kReader.Fail(where, "scale_shift needs a weight and a bias");
+  if (s.op == "batch_matmul" && s.inputs.size() != 2) kReader.Fail(where, "batch_matmul needs two inputs");
   if (s.op == "concat" && s.inputs.size() < 2) kReader.Fail(where, "concat needs at least two inputs");
   return s;
 }

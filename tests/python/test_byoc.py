@@ -624,3 +624,53 @@ def test_batch_norm_without_a_conv_is_one_scale_shift_region(after):
     art = run_both(_model(nodes, {"x": shape}, (f"y{len(after)}", shape), inits), rtol=1e-5, atol=1e-5)
     (node,) = only_regions(art)
     assert "multiply" in node["attrs"]["func_name"]
+
+
+@needs_dnnl
+def test_linear_with_the_bias_on_the_left_is_one_region():
+    # torch's linear imports as add(bias, matmul(x, permute_dims(w))): the bias still fuses.
+    from tvm import relax
+
+    rng = np.random.default_rng(4)
+    params = {"w": rng.standard_normal((24, 32)).astype("float32"), "b": rng.standard_normal(24).astype("float32")}
+    x = relax.Var("x", relax.TensorType((6, 32), "float32"))
+    w, b = relax.Var("w", relax.TensorType((24, 32), "float32")), relax.Var("b", relax.TensorType((24,), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, w, b]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.add(b, relax.op.matmul(x, relax.op.permute_dims(w))))
+        bb.emit_func_output(out)
+    art = tvm_hetero.build(bb.get(), CPU, params=params)
+    assert len(only_regions(art)) == 1
+    value = rng.standard_normal((6, 32)).astype("float32")
+    rt = art.create()
+    rt.run(x=value)
+    np.testing.assert_allclose(rt.get_output(0).numpy(), value @ params["w"].T + params["b"], rtol=1e-4, atol=1e-4)
+
+
+@needs_dnnl
+@pytest.mark.parametrize("batch", [(8,), (2, 4)])
+def test_batched_matmul_of_two_activations_is_one_block_and_matches_numpy(batch):
+    # Attention: softmax(q @ k) @ v, every operand computed: batched matmul, softmax, batched
+    # matmul in one block.
+    from tvm import relax
+
+    rng = np.random.default_rng(5)
+    shapes = {"q": (*batch, 6, 4), "k": (*batch, 4, 6), "v": (*batch, 6, 5)}
+    args = [relax.Var(n, relax.TensorType(s, "float32")) for n, s in shapes.items()]
+    bb = relax.BlockBuilder()
+    with bb.function("main", args):
+        with bb.dataflow():
+            scores = bb.emit(relax.op.nn.softmax(relax.op.matmul(args[0], args[1]), axis=-1))
+            out = bb.emit_output(relax.op.matmul(scores, args[2]))
+        bb.emit_func_output(out)
+    art = tvm_hetero.build(bb.get(), CPU)
+    (node,) = only_regions(art)
+    assert "_block" in node["attrs"]["func_name"]
+    values = {n: rng.standard_normal(s).astype("float32") for n, s in shapes.items()}
+    rt = art.create()
+    rt.run(**values)
+    s = values["q"].astype(np.float64) @ values["k"]
+    p = np.exp(s - s.max(-1, keepdims=True))
+    expected = (p / p.sum(-1, keepdims=True)) @ values["v"]
+    np.testing.assert_allclose(rt.get_output(0).numpy(), expected, rtol=1e-4, atol=1e-5)

@@ -40,11 +40,12 @@ struct StepSpec {
    *         "layer_norm" (over the last axis; weight and bias are its scale and shift) or
    *         "concat" (of `inputs` along `axis`, then `relu` if set), "lrn" (across channels:
    *         `local_size`, `alpha`, `beta`, `k`) or "scale_shift" (data * weight + bias per channel
-   *         of an NCHW tensor, then the activations). */
+   *         of an NCHW tensor, then the activations) or "batch_matmul" (`inputs` a @ b, rank 3-4,
+   *         equal batch dims). */
   std::string op;
   /*! \brief Value id of the data, the weight, the bias and the residual (-1: none). */
   int data = 0, weight = -1, bias = -1, residual = -1;
-  /*! \brief concat: the value ids joined, in order. */
+  /*! \brief concat: the value ids joined, in order; batch_matmul: its two operands. */
   std::vector<int> inputs;
   /*! \brief Shape of the step's output (empty: the call's output tensor's, last step only). */
   std::vector<int64_t> shape;

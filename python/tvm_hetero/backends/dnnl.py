@@ -71,6 +71,8 @@ class DnnlBackend(Backend):
         for bias in (True, False):
             for act in ACTIVATIONS:
                 out.append(self._matmul_pattern(bias, act, is_weight))
+        bmm = is_op("relax.matmul")(wildcard(), wildcard())
+        out.append(FusionPattern("dnnl.batch_matmul", bmm, {"anchor": bmm}, _check_batch_matmul))
         out.append(_channel_shuffle_pattern())
         norm = is_op("relax.nn.layer_norm")(wildcard(), wildcard(), wildcard())
         out.append(FusionPattern("dnnl.layer_norm", norm, {"anchor": norm}, _check_layer_norm))
@@ -93,7 +95,7 @@ class DnnlBackend(Backend):
         return out
 
     def prepare(self, mod: tvm.IRModule, entry: str) -> tvm.IRModule:
-        mod = DropDropout(entry)(mod)
+        mod = DropNoOps(entry)(mod)
         mod = SimplifyStackSum(entry)(mod)
         mod = FoldConvAffine(entry)(mod)
         mod = FoldChannelAffine(entry)(mod)
@@ -264,17 +266,31 @@ def _clip_bounds(call: relax.Call) -> tuple[float, float] | None:
 
 
 def _bias_add(top: Any) -> tuple[Any, Any, Any]:
-    """``add(top, bias)`` where the bias may be reshaped on the way (ONNX Conv's B)."""
+    """``add(top, bias)`` or ``add(bias, top)`` (torch's linear), where the bias may be reshaped
+    on the way (ONNX Conv's B)."""
     src = wildcard()
     bias = is_op("relax.reshape")(src, wildcard()) | src
-    add = is_op("relax.add")(top, bias)
+    add = is_op("relax.add")(top, bias) | is_op("relax.add")(bias, top)
     return add, add, src
+
+
+def _bias_operand(ctx: Any) -> Any:
+    """The operand of the bias add that is not computed inside the match (the bias, or its reshape)."""
+    add = ctx.annotated_expr["bias_add"]
+    bias = ctx.annotated_expr["bias"]
+    for arg in add.args:
+        value = ctx.matched_bindings.get(arg) if isinstance(arg, relax.Var) else None
+        if arg.same_as(bias) or (
+            isinstance(value, relax.Call) and value.op.name == "relax.reshape" and value.args[0].same_as(bias)
+        ):
+            return arg
+    return add.args[1]
 
 
 def _is_channel_bias(ctx: Any, is_weight: WeightPredicate, channels: int, rank: int) -> bool:
     if not is_weight(ctx.annotated_expr["bias"]):
         return False
-    operand = ctx.annotated_expr["bias_add"].args[1]
+    operand = _bias_operand(ctx)
     shape = _shape(operand)
     if shape is None or len(shape) > rank or not _all_f32(operand):
         return False
@@ -287,11 +303,20 @@ def _is_last_axis_bias(ctx: Any, is_weight: WeightPredicate, out: tuple[int, ...
     """A weight of shape (..., 1, N) broadcast along every axis of ``out`` but the last."""
     if not is_weight(ctx.annotated_expr["bias"]):
         return False
-    operand = ctx.annotated_expr["bias_add"].args[1]
+    operand = _bias_operand(ctx)
     shape = _shape(operand)
     if shape is None or len(shape) > len(out) or not _all_f32(operand):
         return False
     return (1,) * (len(out) - len(shape)) + tuple(shape) == (1,) * (len(out) - 1) + (out[-1],)
+
+
+def _check_batch_matmul(ctx: Any) -> bool:
+    """(..., M, K) @ (..., K, N) of two float32 tensors of rank 3-4 with equal batch dims (attention)."""
+    call = ctx.matched_expr
+    a, b = _shape(call.args[0]), _shape(call.args[1])
+    if a is None or b is None or len(a) != len(b) or not 3 <= len(a) <= 4:
+        return False
+    return a[:-2] == b[:-2] and a[-1] == b[-2] and _all_f32(*call.args, call)
 
 
 def _channel_shuffle_pattern() -> FusionPattern:
@@ -537,6 +562,9 @@ def _describe(composite: relax.Function, pattern: str) -> dict:
                 elif "data" not in spec:
                     spec["data"] = _input(value.args[0], index, bound)
                 continue
+            if pattern == "dnnl.batch_matmul":
+                spec.update(op="batch_matmul", inputs=[_input(a, index, bound) for a in value.args])
+                continue
             if op in ("relax.nn.conv2d", "relax.matmul", "relax.nn.max_pool2d", "relax.nn.avg_pool2d"):
                 spec["op"] = op.rsplit(".", 1)[1]
                 spec["data"] = _input(value.args[0], index, bound)
@@ -602,12 +630,21 @@ def _derives_from(expr: Any, root: Any, bound: dict) -> bool:
 
 
 # ---- prepare: module passes -----------------------------------------------------------------
-def DropDropout(entry: str = "main") -> tvm.transform.Pass:
-    """``dropout(x)[0]`` -> ``x``: inference ignores dropout, and the tuple it makes would cut a
-    chain of regions in two."""
+def DropNoOps(entry: str = "main") -> tvm.transform.Pass:
+    """``dropout(x)[0]`` and ``broadcast_to(x, shape of x)`` -> ``x``: inference ignores dropout
+    (and the tuple it makes would cut a chain of regions in two); torch's attention broadcasts
+    to the shape a tensor already has, which would be a copy kernel between two regions."""
     x = wildcard()
-    pattern = is_tuple_get_item(is_op("relax.nn.dropout")(x), 0)
-    return _rewrite_pass(pattern, lambda _orig, m: m[x], entry, "DropDropout")
+    dropout = is_tuple_get_item(is_op("relax.nn.dropout")(x), 0)
+    broadcast = is_op("relax.broadcast_to")(x, wildcard())
+
+    def rewrite(orig: Any, m: dict) -> Any:
+        if isinstance(orig, relax.TupleGetItem):
+            return m[x]
+        same = _shape(orig) is not None and _shape(orig) == _shape(m[x]) and orig.ty.dtype == m[x].ty.dtype
+        return m[x] if same else orig
+
+    return _rewrite_pass(dropout | broadcast, rewrite, entry, "DropNoOps")
 
 
 def SimplifyStackSum(entry: str = "main") -> tvm.transform.Pass:
