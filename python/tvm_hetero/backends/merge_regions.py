@@ -39,14 +39,17 @@ def merge_regions(
     func = mod[entry]
     calls: dict[relax.Var, tuple[Region, relax.Call]] = {}
     order: list[relax.Var] = []
+    kept: dict[str, Region] = {}
     for block in func.body.blocks:
         for binding in block.bindings:
             value = binding.value
             if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.GlobalVar):
                 region = regions.get(value.op.name_hint)
-                if region is not None and region.backend == backend:
+                if region is not None and region.backend == backend and _is_static_tensor(binding.var):
                     calls[binding.var] = (region, value)
                     order.append(binding.var)
+                elif region is not None:
+                    kept[region.name] = region  # not a tensor: left alone
     users = _users(func)
     group_of: dict[relax.Var, relax.Var] = {}  # member -> its group's sink
     groups: dict[relax.Var, list[relax.Var]] = {}
@@ -71,14 +74,13 @@ def merge_regions(
         groups[sink] = [v for v in order if v in members]
 
     new_value: dict[relax.Var, relax.Call] = {}
-    kept: dict[str, Region] = {}
     builder = relax.BlockBuilder(mod)
     for sink, members in groups.items():
         if len(members) == 1:
             region = calls[sink][0]
             kept[region.name] = region
             continue
-        region, inputs, function = _block(sink, members, calls, len(kept))
+        region, inputs, function = _block(sink, members, calls, len(new_value))
         gv = builder.add_func(function, region.name)
         new_value[sink] = relax.Call(gv, inputs)
         kept[region.name] = region
@@ -155,6 +157,13 @@ def _block(
         spec={"name": name, "op": "block", "num_inputs": n, "steps": steps},
     )
     return region, inputs, function
+
+
+def _is_static_tensor(var: relax.Var) -> bool:
+    """A tensor of known shape: what a block's step describes (a region returning anything else is
+    left alone, for :func:`.region_check.check_partitioned` to name)."""
+    ty = var.ty
+    return isinstance(ty, relax.TensorType) and isinstance(ty.shape, relax.ShapeExpr)
 
 
 def _type_of(expr: Any) -> Any:
