@@ -283,11 +283,24 @@ class RegionExec {
     if (k + 1 == spec_.steps.size() && IsPlain(md)) {
       v.arg = spec_.num_inputs;
       v.mem = Bound(md, v.arg);
+    } else if (int r = InPlaceResidual(k, md); r >= 0) {
+      v.buffer = values_[r].buffer;  // the sum post-op adds what dst holds: the residual, already there
+      buffers_[v.buffer].last = std::max(v.last_use, static_cast<int>(k));
+      v.mem = Placed(md, v.buffer);
     } else {
       v.buffer = NewBuffer(md.get_size(), static_cast<int>(k), std::max(v.last_use, static_cast<int>(k)));
       v.mem = Placed(md, v.buffer);
     }
     return v.mem;
+  }
+
+  /*! \brief The residual value step k may write its output over (-1: none): one in the arena, in
+   *         the output's layout, read last by this step, and not also the step's data. */
+  int InPlaceResidual(size_t k, const memory::desc& md) const {
+    const StepSpec& s = spec_.steps[k];
+    if (s.residual < 0 || s.residual == s.data) return -1;
+    const Value& r = values_[s.residual];
+    return r.buffer >= 0 && r.last_use == static_cast<int>(k) && r.desc == md ? s.residual : -1;
   }
 
   /*! \brief A weight (a call input) in the primitive's layout `want`: reordered into memory this
@@ -313,6 +326,7 @@ class RegionExec {
   void Residual(size_t k, int id, const memory& dst) {
     const Value& v = values_[id];
     const Value& out = values_[spec_.num_inputs + k];
+    if (out.buffer >= 0 && out.buffer == v.buffer) return;  // written in place (InPlaceResidual)
     if (v.arg >= 0 && out.arg >= 0 && (IsPlain(dst.get_desc()) || v.desc == out.desc)) {
       Call c;  // both call arguments: the graph may have planned them into the same bytes
       c.copy_from = v.arg;

@@ -95,8 +95,8 @@ class DnnlBackend(Backend):
         return out
 
     def prepare(self, mod: tvm.IRModule, entry: str) -> tvm.IRModule:
+        mod = SimplifyStackSum(entry)(mod)  # before DropNoOps: it matches the broadcasts
         mod = DropNoOps(entry)(mod)
-        mod = SimplifyStackSum(entry)(mod)
         mod = FoldConvAffine(entry)(mod)
         mod = FoldChannelAffine(entry)(mod)
         return UnshareConstantReshapes(entry)(mod)
