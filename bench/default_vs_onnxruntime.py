@@ -33,20 +33,52 @@ def median_ms(fn, runs: int) -> float:
     return statistics.median(times)
 
 
-def geomean(ratios: list[float]) -> float:
-    return math.exp(sum(math.log(r) for r in ratios) / len(ratios))
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", nargs="+", default=LIGHT_SIX)
+def bench_args(description: str) -> argparse.Namespace:
+    """The options both side-by-side benches take (``--models`` defaults to None: every model)."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=None)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--runs", type=int, default=5, help="calls per side per round")
     parser.add_argument("--unmerged", action="store_true", help="also time oneDNN without blocks")
     args = parser.parse_args()
-    os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)  # read once, when OpenMP / TVM's pool load
     os.environ["TVM_NUM_THREADS"] = str(args.threads)
+    return args
+
+
+def interleaved(peer, ours: dict, rounds: int, runs: int) -> tuple[float, dict[str, list[float]]]:
+    """Each round times ``runs`` calls of ``peer``, then of each of ``ours`` (label -> function);
+    returns the peer's median time and, per label, the per-round ratios to the peer."""
+    peer_ms, ratios = [], {label: [] for label in ours}
+    for _ in range(rounds):
+        p = median_ms(peer, runs)
+        peer_ms.append(p)
+        for label, fn in ours.items():
+            ratios[label].append(median_ms(fn, runs) / p)
+    return statistics.median(peer_ms), ratios
+
+
+def report_row(name: str, art, peer_ms: float, per_round: list[float], extra: str = "") -> float:
+    """Print one model's line (ours: the median ratio times the peer's median time; the peer; the
+    median ratio and its range; what ran it); returns the ratio."""
+    ratio = statistics.median(per_round)
+    regions = sum(n for _b, _d, n, _ops in art.build_report.backend_regions)
+    kernels = sum(art.build_report.kernels_per_device)
+    print(
+        f"{name:<26} {ratio * peer_ms:7.1f}ms {peer_ms:7.1f}ms {ratio:6.2f}x "
+        f"{min(per_round):5.2f}..{max(per_round):4.2f}  {regions} oneDNN regions, {kernels} TVM kernels{extra}",
+        flush=True,
+    )
+    return ratio
+
+
+def geomean(ratios: list[float]) -> float:
+    return math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+
+
+def main() -> int:
+    args = bench_args(__doc__)
 
     import numpy as np
     import onnxruntime as ort
@@ -58,13 +90,13 @@ def main() -> int:
     if dnnl.info().get("available"):
         dnnl.set_num_threads(args.threads)
     print(f"threads {args.threads}; oneDNN {dnnl.info()}; {args.rounds} rounds x {args.runs} runs per side")
-    header = f"{'model':<13} {'default':>9} {'onnxrt':>9} {'ratio':>7} {'min..max':>11}  backend"
+    header = f"{'model':<26} {'default':>9} {'onnxrt':>9} {'ratio':>7} {'min..max':>11}  backend"
     if args.unmerged:
         header += "; no blocks: ratio"
     print(header)
     print("-" * len(header))
     ratios = []
-    for name in args.models:
+    for name in args.models or LIGHT_SIX:
         model = models.light_model(name)
         inputs = models.model_inputs(model)
         options = ort.SessionOptions()
@@ -87,29 +119,13 @@ def main() -> int:
             if err > 1e-4:
                 print(f"{name} ({label}): output differs from onnxruntime (max rel. error {err:.2e})", file=sys.stderr)
                 return 1
-        art, rt = builds["default"], runtimes["default"]
+        art = builds["default"]
 
         run_ort = lambda s=session, x=inputs: s.run(None, x)
         run_ort()
-        ours, theirs, per_round, unmerged = [], [], [], []
-        for _ in range(args.rounds):
-            o = median_ms(run_ort, args.runs)
-            t = median_ms(rt.run, args.runs)
-            ours.append(t)
-            theirs.append(o)
-            per_round.append(t / o)
-            if args.unmerged:
-                unmerged.append(median_ms(runtimes["unmerged"].run, args.runs) / o)
-        ratio = statistics.median(per_round)
-        ratios.append(ratio)
-        regions = sum(n for _b, _d, n, _ops in art.build_report.backend_regions)
-        kernels = sum(art.build_report.kernels_per_device)
-        print(
-            f"{name:<13} {statistics.median(ours):7.1f}ms {statistics.median(theirs):7.1f}ms {ratio:6.2f}x "
-            f"{min(per_round):5.2f}..{max(per_round):4.2f}  {regions} oneDNN regions, {kernels} TVM kernels"
-            + (f"; no blocks: {statistics.median(unmerged):.2f}x" if unmerged else ""),
-            flush=True,
-        )
+        peer_ms, per_round = interleaved(run_ort, {k: r.run for k, r in runtimes.items()}, args.rounds, args.runs)
+        extra = f"; no blocks: {statistics.median(per_round['unmerged']):.2f}x" if args.unmerged else ""
+        ratios.append(report_row(name, art, peer_ms, per_round["default"], extra))
     print(f"geomean {geomean(ratios):.2f}x over {len(ratios)} models; worst {max(ratios):.2f}x")
     return 0
 

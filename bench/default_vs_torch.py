@@ -11,23 +11,13 @@ as in bench/default_vs_onnxruntime.py (the median over rounds of the per-round r
 
 from __future__ import annotations
 
-import argparse
-import os
-import statistics
 import sys
 
-from default_vs_onnxruntime import geomean, median_ms
+from default_vs_onnxruntime import bench_args, geomean, interleaved, report_row
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", nargs="+", default=None)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--runs", type=int, default=5, help="calls per side per round")
-    args = parser.parse_args()
-    os.environ["OMP_NUM_THREADS"] = str(args.threads)
-    os.environ["TVM_NUM_THREADS"] = str(args.threads)
+    args = bench_args(__doc__)
 
     import numpy as np
     import torch
@@ -63,22 +53,8 @@ def main() -> int:
                 m(*a)
 
         run_torch()
-        ours, theirs, per_round = [], [], []
-        for _ in range(args.rounds):
-            o = median_ms(run_torch, args.runs)
-            t = median_ms(rt.run, args.runs)
-            ours.append(t)
-            theirs.append(o)
-            per_round.append(t / o)
-        ratio = statistics.median(per_round)
-        ratios.append(ratio)
-        regions = sum(n for _b, _d, n, _ops in art.build_report.backend_regions)
-        kernels = sum(art.build_report.kernels_per_device)
-        print(
-            f"{name:<26} {statistics.median(ours):7.1f}ms {statistics.median(theirs):7.1f}ms {ratio:6.2f}x "
-            f"{min(per_round):5.2f}..{max(per_round):4.2f}  {regions} oneDNN regions, {kernels} TVM kernels",
-            flush=True,
-        )
+        peer_ms, per_round = interleaved(run_torch, {"default": rt.run}, args.rounds, args.runs)
+        ratios.append(report_row(name, art, peer_ms, per_round["default"]))
     print(f"geomean {geomean(ratios):.2f}x over {len(ratios)} models; worst {max(ratios):.2f}x")
     return 0
 
