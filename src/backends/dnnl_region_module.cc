@@ -7,8 +7,9 @@
  * Life cycle of a call site, like the graph runtime's: the first call checks the arguments, creates
  * every primitive, reorder and argument map, and plans one arena for the values passed between
  * steps (kept in the layouts the primitives chose, so a chain of convolutions stays blocked and is
- * reordered only at the region's edges); every later call only points the memories bound to its
- * arguments at their data and executes -- no allocation, no map building, no lock. Weights are
+ * reordered only at the region's edges). Nothing in an arena outlives its call, so every call site
+ * of a thread uses that thread's scratch as its arena. Every later call only points the memories
+ * bound to its arguments at their data and executes -- no allocation, no map building, no lock. Weights are
  * reordered into the primitive's preferred layout once and kept while the weight tensor's address
  * and the module's parameter generation (bumped by the cache-invalidation hook whenever parameters
  * are set) stay the same (docs/byoc.md).
@@ -63,6 +64,41 @@ const dnnl::engine& CpuEngine() {
 }  // namespace
 
 namespace {
+/*! \brief Bytes of every thread's scratch now allocated in this process (reported by Info()). */
+std::atomic<int64_t> scratch_bytes_total{0};
+
+/*!
+ * \brief One thread's scratch: every call site's arena, used by one call at a time (nothing in an
+ *        arena outlives its call). Grown on a call that needs more (a call site's first calls),
+ *        never shrunk before the thread ends, so a steady-state call allocates nothing.
+ */
+class Scratch {
+ public:
+  ~Scratch() {
+    std::free(data_);
+    scratch_bytes_total.fetch_sub(static_cast<int64_t>(size_), std::memory_order_relaxed);
+  }
+  /*! \brief At least `nbytes`, 64-byte aligned; the contents are not kept when it grows. */
+  char* Get(size_t nbytes) {
+    if (nbytes > size_) {
+      std::free(data_);
+      scratch_bytes_total.fetch_sub(static_cast<int64_t>(size_), std::memory_order_relaxed);
+      size_ = 0;
+      data_ = static_cast<char*>(std::aligned_alloc(kAlign, (nbytes + kAlign - 1) / kAlign * kAlign));
+      if (data_ == nullptr) TVM_FFI_THROW(RuntimeError) << "oneDNN region: out of memory for scratch";
+      size_ = (nbytes + kAlign - 1) / kAlign * kAlign;
+      scratch_bytes_total.fetch_add(static_cast<int64_t>(size_), std::memory_order_relaxed);
+    }
+    return data_;
+  }
+  static constexpr size_t kAlign = 64;
+
+ private:
+  char* data_ = nullptr;
+  size_t size_ = 0;
+};
+thread_local Scratch scratch;
+
 /*! \brief The plain (row-major) layout of `dims`, rank 1-5. */
 memory::desc Plain(const memory::dims& dims) {
   static const tag kPlain[] = {tag::a, tag::ab, tag::abc, tag::abcd, tag::abcde};
@@ -83,7 +119,7 @@ int64_t Elements(const memory::dims& dims) {
 
 /*!
  * \brief One call site of a region: the steps' primitives, the reorders at the region's edges, and
- *        one buffer (the arena) holding every value passed between steps, made on the first call.
+ *        the plan of its arena (every value passed between steps), made on the first call.
  *        Every later call points the memories bound to call arguments at them and runs a flat list
  *        of prepared primitive calls.
  *
@@ -189,7 +225,7 @@ class RegionExec {
     } catch (const dnnl::error& e) {
       Fail(std::min(k, spec_.steps.size() - 1), std::string("cannot create the primitive: ") + e.what());
     }
-    PlaceArena();
+    PlanArena();
     ready_ = true;
   }
 
@@ -347,15 +383,14 @@ class RegionExec {
   }
 
   /*! \brief Offsets for every buffer (largest first, lowest offset clear of every buffer alive at
-   *         the same time), one allocation, then every placed memory pointed into it. */
-  void PlaceArena() {
-    constexpr size_t kAlign = 64;
+   *         the same time), checked; the arena is the calling thread's scratch (PointArena). */
+  void PlanArena() {
+    constexpr size_t kAlign = Scratch::kAlign;
     std::vector<int> order(buffers_.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
     std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return buffers_[a].bytes > buffers_[b].bytes; });
     auto live_together = [&](const Buffer& a, const Buffer& b) { return a.first <= b.last && b.first <= a.last; };
     std::vector<int> placed;
-    size_t total = 0;
     for (int i : order) {
       Buffer& b = buffers_[i];
       b.bytes = (b.bytes + kAlign - 1) / kAlign * kAlign;
@@ -370,7 +405,7 @@ class RegionExec {
         offset = std::max(offset, hi);
       }
       b.offset = offset;
-      total = std::max(total, offset + b.bytes);
+      arena_bytes_ = std::max(arena_bytes_, offset + b.bytes);
       placed.push_back(i);
     }
     for (size_t a = 0; a < buffers_.size(); ++a) {  // the plan checks itself: cheap, once
@@ -382,11 +417,16 @@ class RegionExec {
         }
       }
     }
-    if (total > 0) {
-      arena_.reset(static_cast<char*>(std::aligned_alloc(kAlign, total)));
-      if (!arena_) TVM_FFI_THROW(RuntimeError) << "oneDNN region '" << spec_.name << "': out of memory";
-    }
-    for (auto& [m, buffer] : placements_) m.set_data_handle(arena_.get() + buffers_[buffer].offset);
+    for (auto& [m, buffer] : placements_) offsets_.push_back(buffers_[buffer].offset);
+  }
+
+  /*! \brief Point every placed memory into this thread's scratch, when it is not there already. */
+  void PointArena() {
+    if (arena_bytes_ == 0) return;
+    char* base = scratch.Get(arena_bytes_);
+    if (base == arena_base_) return;
+    for (size_t i = 0; i < placements_.size(); ++i) placements_[i].first.set_data_handle(base + offsets_[i]);
+    arena_base_ = base;
   }
 
   // ---- steps ----
@@ -672,6 +712,7 @@ class RegionExec {
   }
 
   void Execute(const ffi::PackedArgs& args) {
+    PointArena();
     for (auto& [m, arg] : bindings_) m.set_data_handle(Arg(args, arg)->data);
     uint64_t generation = weights_generation_->load(std::memory_order_acquire);
     for (Call& c : calls_) {
@@ -691,9 +732,6 @@ class RegionExec {
     stream_.wait();
   }
 
-  struct FreeDeleter {
-    void operator()(char* p) const { std::free(p); }
-  };
 
   /*! \brief What the compiler wrote. */
   RegionSpec spec_;
@@ -712,8 +750,10 @@ class RegionExec {
   std::vector<std::pair<memory, int>> bindings_;
   /*! \brief What every call runs, in order. */
   std::vector<Call> calls_;
-  /*! \brief The values passed between steps, and reorder buffers. */
-  std::unique_ptr<char, FreeDeleter> arena_;
+  /*! \brief Offset of each placed memory in the arena, its size, and the scratch it points into. */
+  std::vector<size_t> offsets_;
+  size_t arena_bytes_ = 0;
+  char* arena_base_ = nullptr;
 };
 namespace {
 /*! \brief OpenMP's thread count (libgomp is loaded by libdnnl), or -1. */
@@ -734,7 +774,7 @@ std::string Info() {
   std::ostringstream os;
   os << "{\"available\": true, \"version\": \"" << v->major << "." << v->minor << "." << v->patch
      << "\", \"cpu_runtime\": \"" << (v->cpu_runtime == DNNL_RUNTIME_OMP ? "OMP" : "other")
-     << "\", \"threads\": " << OmpMaxThreads() << "}";
+     << "\", \"threads\": " << OmpMaxThreads() << ", \"scratch_bytes\": " << scratch_bytes_total.load() << "}";
   return os.str();
 }
 }  // namespace

@@ -211,3 +211,42 @@ def test_merge_keeps_a_region_whose_value_the_function_also_returns():
     merged, kept = merge_regions(module(return_both=False), "main", {"r_dnnl": region}, "dnnl")
     (name,) = kept
     assert "_block" in name and kept[name].spec["steps"][1]["args"] == [1]
+
+
+def test_blocks_called_from_alternating_threads_use_each_threads_scratch():
+    # A block's arena is its thread's scratch, shared by every call site of that thread: calls
+    # from two threads in turn (and two runtimes with different parameters) must each point their
+    # values into the scratch of the thread they run on.
+    import threading
+
+    from tvm_hetero.backends import dnnl
+
+    model = inception_model()
+    inputs = models.model_inputs(model)
+    art = tvm_hetero.build(models.relax_module(model), CPU, backends=[DnnlBackend(device=0)])
+    first, second = art.create(), art.create()
+    second.load_params(tvm.runtime.save_param_dict({k: v * 2 for k, v in art.params.items()}))
+    first.run(**inputs)
+    want = first.get_output(0).numpy().copy()
+    second.run(**inputs)
+    want2 = second.get_output(0).numpy().copy()
+    assert not np.allclose(want, want2)
+    errors = []
+
+    def run(rt, expected):
+        try:
+            for _ in range(5):
+                rt.run(**inputs)
+                np.testing.assert_allclose(rt.get_output(0).numpy(), expected, rtol=1e-5, atol=1e-5)
+        except AssertionError as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    for _ in range(3):
+        threads = [threading.Thread(target=run, args=(first, want)), threading.Thread(target=run, args=(second, want2))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        run(first, want)  # and the main thread again
+    assert not errors, errors[0]
+    assert dnnl.info()["scratch_bytes"] > 0

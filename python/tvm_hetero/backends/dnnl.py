@@ -194,7 +194,8 @@ def set_num_threads(threads: int) -> None:
 
 
 def info() -> dict:
-    """``{"available", "version", "cpu_runtime", "threads"}`` of the oneDNN in libtvm_hetero."""
+    """``{"available", "version", "cpu_runtime", "threads", "scratch_bytes"}`` of the oneDNN in
+    libtvm_hetero; ``scratch_bytes``: the per-thread scratch (region arenas) now allocated."""
     return json.loads(tvm.get_global_func("tvm_hetero.dnnl.info")())
 
 
