@@ -14,7 +14,8 @@ every op call of the entry function a device; a match is taken only if its ancho
 can run the backend, and its region runs there.
 
 Guarantee: every region has one output and its intermediate values are used only inside it (the
-backends' pattern checks reject a match that would leak one), and :func:`.region_check.
+backends' pattern checks reject a match that would leak one; a block takes in a region call only
+when every reader of its value is in the block, and never one on another device), and :func:`.region_check.
 check_partitioned` verifies that, with every use after its definition, after each partitioning.
 """
 
