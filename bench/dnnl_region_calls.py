@@ -2,7 +2,9 @@
 
 Each region computes little (16 channels, 8x8, 3x3), so the time per call is mostly the call
 path itself: pointing memories at the arguments, the reorders in and out of oneDNN's blocked
-layout, and the primitive's launch. The output is checked against onnxruntime first.
+layout, and the primitive's launch. Built twice: one region per conv (``merge=False``: the time
+per region call) and the default, one block holding every conv (the time per step inside a block,
+no reorders between steps). Each output is checked against onnxruntime first.
 
     PYTHONPATH=python python bench/dnnl_region_calls.py [--regions 64] [--repeat 200]
 """
@@ -61,27 +63,28 @@ def main() -> int:
 
     model = chain_model(args.regions, 16, 8)
     x = np.random.default_rng(1).standard_normal((1, 16, 8, 8)).astype("float32")
-    art = tvm_hetero.build(
-        from_onnx(model, keep_params_in_input=False), [(tvm.cpu(0), "llvm")], backends=["dnnl"]
-    )
-    regions = sum(count for _, _, count, _ in art.build_report.backend_regions)
-    rt = art.create()
-    rt.run(x=x)
+    from tvm_hetero.backends import DnnlBackend
+
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     expected = ort.InferenceSession(
         model.SerializeToString(), options, providers=["CPUExecutionProvider"]
     ).run(None, {"x": x})[0]
-    np.testing.assert_allclose(rt.get_output(0).numpy(), expected, rtol=1e-4, atol=1e-4)
-    times = []
-    for _ in range(args.repeat):
-        start = time.perf_counter()
-        rt.run()
-        times.append(time.perf_counter() - start)
-    per_call = statistics.median(times) / regions * 1e6
-    print(
-        f"{regions} oneDNN region calls per run, median of {args.repeat} runs: {per_call:.2f} us per region call"
-    )
+    for label, merge in (("region calls (one per conv)", False), ("steps in one block", True)):
+        art = tvm_hetero.build(
+            from_onnx(model, keep_params_in_input=False), [(tvm.cpu(0), "llvm")], backends=[DnnlBackend(merge=merge)]
+        )
+        regions = sum(count for _, _, count, _ in art.build_report.backend_regions)
+        rt = art.create()
+        rt.run(x=x)
+        np.testing.assert_allclose(rt.get_output(0).numpy(), expected, rtol=1e-4, atol=1e-4)
+        times = []
+        for _ in range(args.repeat):
+            start = time.perf_counter()
+            rt.run()
+            times.append(time.perf_counter() - start)
+        per_conv = statistics.median(times) / args.regions * 1e6
+        print(f"{args.regions} convs as {regions} region(s): {per_conv:.2f} us per conv ({label}), median of {args.repeat} runs")
     return 0
 
 

@@ -1,14 +1,18 @@
 /*!
  * \file dnnl_region_module.cc
- * \brief The oneDNN backend at run time: one primitive (plus post-ops) per region call site, created
- *        on its first call; the module serializes to the compiler's JSON document.
+ * \brief The oneDNN backend at run time: each region call site runs the region's steps (oneDNN
+ *        primitives with post-ops) as a prepared list of primitive calls, created on its first
+ *        call; the module serializes to the compiler's JSON document (parsed in dnnl_region_spec.cc).
  *
- * Life cycle of a call site, like the graph runtime's: the first call checks the arguments and
- * creates the primitive, the memory objects, the reorder primitives and every argument map; every
- * later call only points the memories at the arguments' data and executes -- no allocation, no map
- * building, no lock. Weights are reordered into the primitive's preferred layout once and kept
- * while the weight tensor's address and the module's parameter generation (bumped by the
- * cache-invalidation hook whenever parameters are set) stay the same (docs/byoc.md).
+ * Life cycle of a call site, like the graph runtime's: the first call checks the arguments, creates
+ * every primitive, reorder and argument map, and plans one arena for the values passed between
+ * steps (kept in the layouts the primitives chose, so a chain of convolutions stays blocked and is
+ * reordered only at the region's edges). Nothing in an arena outlives its call, so every call site
+ * of a thread uses that thread's scratch as its arena. Every later call only points the memories
+ * bound to its arguments at their data and executes -- no allocation, no map building, no lock. Weights are
+ * reordered into the primitive's preferred layout once and kept while the weight tensor's address
+ * and the module's parameter generation (bumped by the cache-invalidation hook whenever parameters
+ * are set) stay the same (docs/byoc.md).
  *
  * Built without oneDNN (TVM_HETERO_WITH_ONEDNN undefined) the module still loads, saves and
  * lists its regions, and calling a region raises an error that says so.
@@ -21,6 +25,7 @@
 #include <tvm_hetero/backends/dnnl_region.h>
 #include <tvm_hetero/graph_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -32,93 +37,12 @@
 #include <oneapi/dnnl/dnnl.hpp>
 #endif
 
-#include "support/json_reader.h"
 
 namespace tvm_hetero {
 namespace dnnl_backend {
 
 namespace ffi = tvm::ffi;
 namespace json = tvm::ffi::json;
-
-namespace {
-
-const support::JsonReader kReader{"invalid oneDNN regions"};
-
-std::vector<int64_t> IntList(const json::Object& obj, const char* key, const std::string& where) {
-  auto v = support::JsonReader::Find(obj, key);
-  return v ? kReader.IntList(*v, where + "." + key) : std::vector<int64_t>{};
-}
-
-int64_t IntOr(const json::Object& obj, const char* key, int64_t fallback, const std::string& where) {
-  auto v = support::JsonReader::Find(obj, key);
-  return v ? kReader.Int(*v, where + "." + key) : fallback;
-}
-
-bool BoolOr(const json::Object& obj, const char* key, bool fallback, const std::string& where) {
-  auto v = support::JsonReader::Find(obj, key);
-  return v ? kReader.Bool(*v, where + "." + key) : fallback;
-}
-
-double FloatOr(const json::Object& obj, const char* key, double fallback) {
-  auto it = obj.find(ffi::String(key));
-  if (it == obj.end()) return fallback;
-  const ffi::Any& v = (*it).second;
-  if (auto f = v.try_cast<double>()) return *f;
-  return static_cast<double>(v.cast<int64_t>());
-}
-
-const char* const kActivations[] = {"clip", "sigmoid", "hardswish", "gelu", "gelu_tanh", "silu"};
-
-std::string ActivationOf(const json::Object& obj, const std::string& region) {
-  auto it = obj.find(ffi::String("activation"));
-  if (it == obj.end()) return "";
-  std::string name((*it).second.cast<ffi::String>());
-  for (const char* known : kActivations) {
-    if (name == known) return name;
-  }
-  TVM_FFI_THROW(ValueError) << "oneDNN region '" << region << "': unknown activation '" << name << "'";
-}
-
-}  // namespace
-
-std::vector<RegionSpec> ParseRegions(const std::string& json_text) {
-  json::Object top = kReader.Object(kReader.Parse(json_text), "document");
-  json::Array regions = kReader.Array(kReader.Require(top, "regions", "document"), "field 'regions'");
-  std::vector<RegionSpec> out;
-  for (size_t k = 0; k < regions.size(); ++k) {
-    std::string where = "regions[" + std::to_string(k) + "]";
-    json::Object obj = kReader.Object(regions[k], where);
-    RegionSpec r;
-    r.name = kReader.String(kReader.Require(obj, "name", where), where + ".name");
-    where = "region '" + r.name + "'";
-    r.op = kReader.String(kReader.Require(obj, "op", where), where + ".op");
-    r.num_inputs = static_cast<int>(IntOr(obj, "num_inputs", 1, where));
-    r.data = static_cast<int>(IntOr(obj, "data", 0, where));
-    r.weight = static_cast<int>(IntOr(obj, "weight", -1, where));
-    r.bias = static_cast<int>(IntOr(obj, "bias", -1, where));
-    r.residual = static_cast<int>(IntOr(obj, "residual", -1, where));
-    r.relu = BoolOr(obj, "relu", false, where);
-    r.activation = ActivationOf(obj, r.name);
-    r.alpha = static_cast<float>(FloatOr(obj, "alpha", 0.0));
-    r.beta = static_cast<float>(FloatOr(obj, "beta", 0.0));
-    r.weight_transposed = BoolOr(obj, "weight_transposed", false, where);
-    r.count_include_pad = BoolOr(obj, "count_include_pad", false, where);
-    r.strides = IntList(obj, "strides", where);
-    r.padding = IntList(obj, "padding", where);
-    r.dilation = IntList(obj, "dilation", where);
-    r.pool_size = IntList(obj, "pool_size", where);
-    r.groups = IntOr(obj, "groups", 1, where);
-    r.axis = IntOr(obj, "axis", -1, where);
-    r.epsilon = static_cast<float>(FloatOr(obj, "epsilon", 1e-5));
-    for (int role : {r.data, r.weight, r.bias, r.residual}) {
-      if (role >= r.num_inputs) {
-        kReader.Fail(where, "argument " + std::to_string(role) + " of " + std::to_string(r.num_inputs));
-      }
-    }
-    out.push_back(std::move(r));
-  }
-  return out;
-}
 
 #ifdef TVM_HETERO_WITH_ONEDNN
 
@@ -136,48 +60,74 @@ const dnnl::engine& CpuEngine() {
   return engine;
 }
 
-memory::dims Dims(const DLTensor* t) { return memory::dims(t->shape, t->shape + t->ndim); }
 
 }  // namespace
 
+namespace {
+/*! \brief Bytes of every thread's scratch now allocated in this process (reported by Info()). */
+std::atomic<int64_t> scratch_bytes_total{0};
+
 /*!
- * \brief Scratch for the region's own layouts, per thread: src and dst of one call are live together.
- *        Grown on a thread's first call of a region that needs more, never shrunk or freed before
- *        the thread ends, so a steady-state call allocates nothing.
+ * \brief One thread's scratch: every call site's arena, used by one call at a time (nothing in an
+ *        arena outlives its call). Grown on a call that needs more (a call site's first calls),
+ *        never shrunk before the thread ends, so a steady-state call allocates nothing.
  */
 class Scratch {
  public:
-  ~Scratch() { std::free(data_); }
-  void* Get(size_t nbytes) {
+  ~Scratch() {
+    std::free(data_);
+    scratch_bytes_total.fetch_sub(static_cast<int64_t>(size_), std::memory_order_relaxed);
+  }
+  /*! \brief At least `nbytes`, 64-byte aligned; the contents are not kept when it grows. */
+  char* Get(size_t nbytes) {
     if (nbytes > size_) {
       std::free(data_);
-      size_ = (nbytes + kAlign - 1) / kAlign * kAlign;
-      data_ = std::aligned_alloc(kAlign, size_);
+      scratch_bytes_total.fetch_sub(static_cast<int64_t>(size_), std::memory_order_relaxed);
+      size_ = 0;
+      data_ = static_cast<char*>(std::aligned_alloc(kAlign, (nbytes + kAlign - 1) / kAlign * kAlign));
       if (data_ == nullptr) TVM_FFI_THROW(RuntimeError) << "oneDNN region: out of memory for scratch";
+      size_ = (nbytes + kAlign - 1) / kAlign * kAlign;
+      scratch_bytes_total.fetch_add(static_cast<int64_t>(size_), std::memory_order_relaxed);
     }
     return data_;
   }
+  static constexpr size_t kAlign = 64;
 
  private:
-  static constexpr size_t kAlign = 64;
-  void* data_ = nullptr;
+  char* data_ = nullptr;
   size_t size_ = 0;
 };
-thread_local Scratch src_scratch, dst_scratch;
+thread_local Scratch scratch;
 
-/*! \brief A reorder with its argument map, made once. */
-struct PreparedReorder {
-  dnnl::reorder prim;
-  std::unordered_map<int, memory> args;
-  PreparedReorder() = default;
-  PreparedReorder(const memory& from, const memory& to)
-      : prim(from, to), args{{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}} {}
-  void Run(dnnl::stream& s) const { prim.execute(s, args); }
-};
+/*! \brief The plain (row-major) layout of `dims`, rank 1-5. */
+memory::desc Plain(const memory::dims& dims) {
+  static const tag kPlain[] = {tag::a, tag::ab, tag::abc, tag::abcd, tag::abcde};
+  if (dims.empty() || dims.size() > 5) {
+    TVM_FFI_THROW(ValueError) << "oneDNN region: tensors of rank 1-5 only, got rank " << dims.size();
+  }
+  return memory::desc(dims, dt::f32, kPlain[dims.size() - 1]);
+}
+
+bool IsPlain(const memory::desc& md) { return md == Plain(md.dims()); }
+
+int64_t Elements(const memory::dims& dims) {
+  int64_t n = 1;
+  for (int64_t d : dims) n *= d;
+  return n;
+}
+}  // namespace
 
 /*!
- * \brief One call site of a region: primitive, memories, reorders and argument maps, made on the
- *        first call; every later call points the memories at the arguments and executes.
+ * \brief One call site of a region: the steps' primitives, the reorders at the region's edges, and
+ *        the plan of its arena (every value passed between steps), made on the first call.
+ *        Every later call points the memories bound to call arguments at them and runs a flat list
+ *        of prepared primitive calls.
+ *
+ * Layouts: each step's primitive picks its layouts (`any`) given what it reads; a value is
+ * reordered only when its reader wants another layout (a plain-layout reader of a blocked value,
+ * the call's inputs into a blocked convolution, the last value out to the call's plain output).
+ * Arena: each internal value lives from the step that makes it to its last reader; buffers whose
+ * lifetimes overlap never share bytes (placed greedily by size, then checked).
  */
 class RegionExec {
  public:
@@ -195,7 +145,43 @@ class RegionExec {
   }
 
  private:
+  /*! \brief A value of the region (a call input or a step's output) as stored. */
+  struct Value {
+    /*! \brief Its layout (dims are the value's own shape). */
+    memory::desc desc;
+    /*! \brief Its memory, in `desc`. */
+    memory mem;
+    /*! \brief Call argument it is (-1: it lives in the arena, buffer `buffer`). */
+    int arg = -1, buffer = -1;
+    /*! \brief The last step reading it (the number of steps: read after the last step). */
+    int last_use = -1;
+  };
+  /*! \brief A byte range of the arena, needed from step `first` to step `last`. */
+  struct Buffer {
+    size_t bytes = 0, offset = 0;
+    int first = 0, last = 0;
+  };
+  /*! \brief One prepared call: a primitive with its arguments, a weight reorder (run only when the
+   *         weights changed), or a copy between two call arguments (skipped when they coincide). */
+  struct Call {
+    dnnl::primitive prim;
+    std::unordered_map<int, memory> args;
+    /*! \brief Weight reorder: the call argument holding the weights; its address and the parameter
+     *         generation of the weights now reordered. */
+    int weight_arg = -1;
+    void* weight_seen = nullptr;
+    uint64_t generation_seen = 0;
+    /*! \brief Copy: from and to call arguments, and how many bytes. */
+    int copy_from = -1, copy_to = -1;
+    size_t copy_bytes = 0;
+  };
+
   static DLTensor* Arg(const ffi::PackedArgs& args, int i) { return args[i].cast<DLTensor*>(); }
+
+  [[noreturn]] void Fail(size_t step, const std::string& what) const {
+    TVM_FFI_THROW(ValueError) << "oneDNN region '" << spec_.name << "' step " << step << " ("
+                              << spec_.steps[step].op << "): " << what;
+  }
 
   void Check(const ffi::PackedArgs& args) const {
     for (int i = 0; i < args.size(); ++i) {
@@ -212,52 +198,253 @@ class RegionExec {
     Check(args);
     std::vector<DLTensor*> t;
     for (int i = 0; i < args.size(); ++i) t.push_back(Arg(args, i));
-    try {
-      if (spec_.op == "conv2d") {
-        SetupConv(t);
-      } else if (spec_.op == "matmul") {
-        SetupMatmul(t);
-      } else if (spec_.op == "max_pool2d" || spec_.op == "avg_pool2d") {
-        SetupPool(t);
-      } else if (spec_.op == "channel_shuffle") {
-        SetupChannelShuffle(t);
-      } else if (spec_.op == "softmax") {
-        SetupSoftmax(t);
-      } else if (spec_.op == "layer_norm") {
-        SetupLayerNorm(t);
-      } else {
-        TVM_FFI_THROW(ValueError) << "oneDNN region '" << spec_.name << "': unknown op '" << spec_.op << "'";
-      }
-      SetupArguments();
-    } catch (const dnnl::error& e) {
-      TVM_FFI_THROW(RuntimeError) << "oneDNN region '" << spec_.name << "' (" << spec_.op
-                                  << "): cannot create the primitive: " << e.what();
+    int n = spec_.num_inputs, steps = static_cast<int>(spec_.steps.size());
+    values_.assign(n + steps, Value{});
+    for (int i = 0; i < n; ++i) {
+      memory::dims dims(t[i]->shape, t[i]->shape + t[i]->ndim);
+      values_[i].desc = Plain(dims.empty() ? memory::dims{1} : dims);  // a scalar (e.g. hardswish's 3) as one element
+      values_[i].arg = i;
+      values_[i].mem = Bound(values_[i].desc, i);
     }
+    for (int k = 0; k < steps; ++k) {
+      const StepSpec& s = spec_.steps[k];
+      for (int v : {s.data, s.residual}) {
+        if (v >= 0) values_[v].last_use = k;
+      }
+      for (int v : s.inputs) values_[v].last_use = k;
+    }
+    values_.back().last_use = steps;
+    size_t k = 0;
+    try {
+      for (k = 0; k < spec_.steps.size(); ++k) SetupStep(k, t);
+      const Value& out = values_.back();
+      if (out.arg != n) {  // the last value is in the arena: reorder it out to the call's output
+        memory user = Bound(Plain(OutputDims(k - 1, t)), n);
+        calls_.push_back(Reorder(out.mem, user));
+      }
+    } catch (const dnnl::error& e) {
+      Fail(std::min(k, spec_.steps.size() - 1), std::string("cannot create the primitive: ") + e.what());
+    }
+    PlanArena();
     ready_ = true;
   }
 
-  /*! \brief A memory in `want`'s layout (data set per call) when it differs from `user`, else `user`. */
-  static memory Reordered(const memory::desc& want, const memory& user, bool* differs) {
-    *differs = want != user.get_desc();
-    return *differs ? memory(want, CpuEngine(), nullptr) : user;
+  void SetupStep(size_t k, const std::vector<DLTensor*>& t) {
+    const std::string& op = spec_.steps[k].op;
+    if (op == "conv2d") {
+      SetupConv(k, t);
+    } else if (op == "matmul") {
+      SetupMatmul(k, t);
+    } else if (op == "max_pool2d" || op == "avg_pool2d") {
+      SetupPool(k, t);
+    } else if (op == "channel_shuffle") {
+      SetupChannelShuffle(k, t);
+    } else if (op == "softmax") {
+      SetupSoftmax(k, t);
+    } else if (op == "layer_norm") {
+      SetupLayerNorm(k, t);
+    } else if (op == "batch_matmul") {
+      SetupBatchMatmul(k, t);
+    } else if (op == "lrn") {
+      SetupLrn(k);
+    } else if (op == "scale_shift") {
+      SetupScaleShift(k);
+    } else {
+      SetupConcat(k, t);
+    }
   }
 
-  dnnl::primitive_attr PostOps(bool sum) const {
+  // ---- values and memories ----
+  /*! \brief A memory in `md` pointed at call argument `arg` on every call. */
+  memory Bound(const memory::desc& md, int arg) {
+    memory m(md, CpuEngine(), nullptr);
+    bindings_.push_back({m, arg});
+    return m;
+  }
+
+  /*! \brief A memory in `md` over arena buffer `buffer` (placed once the arena is planned). */
+  memory Placed(const memory::desc& md, int buffer) {
+    memory m(md, CpuEngine(), nullptr);
+    placements_.push_back({m, buffer});
+    return m;
+  }
+
+  int NewBuffer(size_t bytes, int first, int last) {
+    buffers_.push_back(Buffer{bytes, 0, first, last});
+    return static_cast<int>(buffers_.size()) - 1;
+  }
+
+  /*! \brief A memory in `md` over the same bytes as value `v`. */
+  memory Alias(const Value& v, const memory::desc& md) {
+    if (md == v.desc) return v.mem;
+    return v.arg >= 0 ? Bound(md, v.arg) : Placed(md, v.buffer);
+  }
+
+  /*! \brief The dims of step k's output: written by the compiler, or the call output's (last step). */
+  memory::dims OutputDims(size_t k, const std::vector<DLTensor*>& t) const {
+    const StepSpec& s = spec_.steps[k];
+    if (!s.shape.empty()) return memory::dims(s.shape.begin(), s.shape.end());
+    const DLTensor* y = t.back();
+    return memory::dims(y->shape, y->shape + y->ndim);
+  }
+
+  /*!
+   * \brief Value `id` as read by step k in layout `want`: the value itself when its layout is
+   *        `want`; a view when both are plain with as many elements (a matmul reads (B, T, K) as
+   *        (B*T, K)); otherwise a reorder into a buffer needed during step k only.
+   */
+  memory Input(size_t k, int id, const memory::desc& want) {
+    const Value& v = values_[id];
+    if (v.desc == want) return v.mem;
+    bool same_dims = v.desc.dims() == want.dims();
+    if (!same_dims && !(IsPlain(want) && Elements(v.desc.dims()) == Elements(want.dims()))) {
+      Fail(k, "value " + std::to_string(id) + " has another shape than the step reads");
+    }
+    if (!same_dims && IsPlain(v.desc)) return Alias(v, want);
+    memory::desc to = same_dims ? want : Plain(v.desc.dims());
+    int buffer = NewBuffer(to.get_size(), static_cast<int>(k), static_cast<int>(k));
+    memory tmp = Placed(to, buffer);
+    calls_.push_back(Reorder(v.mem, tmp));
+    return same_dims ? tmp : Placed(want, buffer);
+  }
+
+  /*!
+   * \brief Step k's output value, stored in `md` (its dims are the value's): the call's output when
+   *        it is the last step and `md` is plain, else an arena buffer alive until its last reader.
+   */
+  memory Output(size_t k, const memory::desc& md) {
+    int id = spec_.num_inputs + static_cast<int>(k);
+    Value& v = values_[id];
+    v.desc = md;
+    if (k + 1 == spec_.steps.size() && IsPlain(md)) {
+      v.arg = spec_.num_inputs;
+      v.mem = Bound(md, v.arg);
+    } else if (int r = InPlaceResidual(k, md); r >= 0) {
+      v.buffer = values_[r].buffer;  // the sum post-op adds what dst holds: the residual, already there
+      buffers_[v.buffer].last = std::max(v.last_use, static_cast<int>(k));
+      v.mem = Placed(md, v.buffer);
+    } else {
+      v.buffer = NewBuffer(md.get_size(), static_cast<int>(k), std::max(v.last_use, static_cast<int>(k)));
+      v.mem = Placed(md, v.buffer);
+    }
+    return v.mem;
+  }
+
+  /*! \brief The residual value step k may write its output over (-1: none): one in the arena, in
+   *         the output's layout, read last by this step, and not also the step's data. */
+  int InPlaceResidual(size_t k, const memory::desc& md) const {
+    const StepSpec& s = spec_.steps[k];
+    if (s.residual < 0 || s.residual == s.data) return -1;
+    const Value& r = values_[s.residual];
+    return r.buffer >= 0 && r.last_use == static_cast<int>(k) && r.desc == md ? s.residual : -1;
+  }
+
+  /*! \brief A weight (a call input) in the primitive's layout `want`: reordered into memory this
+   *         call site owns when it differs from the stored `user` layout, again only when it changed. */
+  memory Weights(size_t k, int id, const memory::desc& user, const memory::desc& want) {
+    if (id < 0 || id >= spec_.num_inputs) Fail(k, "weights must be inputs of the region");
+    memory from = Bound(user, id);
+    if (want == user) return from;
+    memory owned(want, CpuEngine());
+    Call c = Reorder(from, owned);
+    c.weight_arg = id;
+    calls_.push_back(std::move(c));
+    return owned;
+  }
+
+  /*! \brief A vector argument (bias, scale, shift): a call input read as `md`. */
+  memory Vector(size_t k, int id, const memory::desc& md) {
+    if (id < 0 || id >= spec_.num_inputs) Fail(k, "bias, scale and shift must be inputs of the region");
+    return Bound(md, id);
+  }
+
+  /*! \brief Before the step: `dst` (the step's output) gets value `id`, for the sum post-op. */
+  void Residual(size_t k, int id, const memory& dst) {
+    const Value& v = values_[id];
+    const Value& out = values_[spec_.num_inputs + k];
+    if (out.buffer >= 0 && out.buffer == v.buffer) return;  // written in place (InPlaceResidual)
+    if (v.arg >= 0 && out.arg >= 0 && (IsPlain(dst.get_desc()) || v.desc == out.desc)) {
+      Call c;  // both call arguments: the graph may have planned them into the same bytes
+      c.copy_from = v.arg;
+      c.copy_to = out.arg;
+      c.copy_bytes = out.desc.get_size();
+      calls_.push_back(std::move(c));
+      return;
+    }
+    memory from = v.desc.dims() == dst.get_desc().dims() ? v.mem : Input(k, id, dst.get_desc());
+    calls_.push_back(Reorder(from, dst));
+  }
+
+  static Call Reorder(const memory& from, const memory& to) {
+    Call c;
+    c.prim = dnnl::reorder(from, to);
+    c.args = {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}};
+    return c;
+  }
+
+  /*! \brief Offsets for every buffer (largest first, lowest offset clear of every buffer alive at
+   *         the same time), checked; the arena is the calling thread's scratch (PointArena). */
+  void PlanArena() {
+    constexpr size_t kAlign = Scratch::kAlign;
+    std::vector<int> order(buffers_.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return buffers_[a].bytes > buffers_[b].bytes; });
+    auto live_together = [&](const Buffer& a, const Buffer& b) { return a.first <= b.last && b.first <= a.last; };
+    std::vector<int> placed;
+    for (int i : order) {
+      Buffer& b = buffers_[i];
+      b.bytes = (b.bytes + kAlign - 1) / kAlign * kAlign;
+      std::vector<std::pair<size_t, size_t>> busy;
+      for (int j : placed) {
+        if (live_together(b, buffers_[j])) busy.push_back({buffers_[j].offset, buffers_[j].offset + buffers_[j].bytes});
+      }
+      std::sort(busy.begin(), busy.end());
+      size_t offset = 0;
+      for (const auto& [lo, hi] : busy) {
+        if (offset + b.bytes <= lo) break;
+        offset = std::max(offset, hi);
+      }
+      b.offset = offset;
+      arena_bytes_ = std::max(arena_bytes_, offset + b.bytes);
+      placed.push_back(i);
+    }
+    for (size_t a = 0; a < buffers_.size(); ++a) {  // the plan checks itself: cheap, once
+      for (size_t b = a + 1; b < buffers_.size(); ++b) {
+        const Buffer &x = buffers_[a], &y = buffers_[b];
+        if (live_together(x, y) && x.offset < y.offset + y.bytes && y.offset < x.offset + x.bytes) {
+          TVM_FFI_THROW(InternalError) << "oneDNN region '" << spec_.name << "': arena buffers " << a << " and " << b
+                                       << " overlap while both are alive";
+        }
+      }
+    }
+    for (auto& [m, buffer] : placements_) offsets_.push_back(buffers_[buffer].offset);
+  }
+
+  /*! \brief Point every placed memory into this thread's scratch, when it is not there already. */
+  void PointArena() {
+    if (arena_bytes_ == 0) return;
+    char* base = scratch.Get(arena_bytes_);
+    if (base == arena_base_) return;
+    for (size_t i = 0; i < placements_.size(); ++i) placements_[i].first.set_data_handle(base + offsets_[i]);
+    arena_base_ = base;
+  }
+
+  // ---- steps ----
+  dnnl::primitive_attr PostOps(const StepSpec& s) const {
     dnnl::post_ops ops;
-    if (sum) ops.append_sum(1.f);
-    if (spec_.relu) ops.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
-    if (!spec_.activation.empty()) {
-      float alpha = spec_.activation == "silu" ? 1.f : spec_.alpha;
-      ops.append_eltwise(1.f, Activation(), alpha, spec_.beta);
+    if (s.residual >= 0) ops.append_sum(1.f);
+    if (s.relu) ops.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
+    if (!s.activation.empty()) {
+      float alpha = s.activation == "silu" ? 1.f : s.alpha;
+      ops.append_eltwise(1.f, Activation(s.activation), alpha, s.beta);
     }
     dnnl::primitive_attr attr;
     attr.set_post_ops(ops);
     return attr;
   }
 
-  /*! \brief oneDNN's algorithm for spec_.activation (checked when parsed); silu is swish with alpha 1. */
-  dnnl::algorithm Activation() const {
-    const std::string& a = spec_.activation;
+  /*! \brief oneDNN's algorithm for an activation (checked when parsed); silu is swish with alpha 1. */
+  static dnnl::algorithm Activation(const std::string& a) {
     if (a == "clip") return dnnl::algorithm::eltwise_clip;
     if (a == "sigmoid") return dnnl::algorithm::eltwise_logistic;
     if (a == "hardswish") return dnnl::algorithm::eltwise_hardswish;
@@ -266,211 +453,285 @@ class RegionExec {
     return dnnl::algorithm::eltwise_swish;
   }
 
-  void SetupConv(const std::vector<DLTensor*>& t) {
-    const DLTensor* x = t[spec_.data];
-    const DLTensor* w = t[spec_.weight];
-    const DLTensor* y = t.back();
-    if (x->ndim != 4 || w->ndim != 4 || y->ndim != 4) {
-      TVM_FFI_THROW(ValueError) << "oneDNN region '" << spec_.name << "': conv2d needs NCHW/OIHW tensors";
+  void SetupConv(size_t k, const std::vector<DLTensor*>& t) {
+    const StepSpec& s = spec_.steps[k];
+    if (s.weight < 0 || s.weight >= spec_.num_inputs) Fail(k, "conv2d needs weights among the region's inputs");
+    memory::dims x = values_[s.data].desc.dims(), y = OutputDims(k, t);
+    const DLTensor* w = t[s.weight];
+    if (x.size() != 4 || w->ndim != 4 || y.size() != 4 || s.padding.size() != 4 || s.strides.size() != 2 ||
+        s.dilation.size() != 2) {
+      Fail(k, "conv2d needs NCHW/OIHW tensors and 2-D strides, dilation and (4) padding");
     }
-    int64_t g = spec_.groups;
-    memory::dims wdims = Dims(w);
-    memory::desc user_w;
+    int64_t g = s.groups;
+    memory::dims wdims(w->shape, w->shape + 4);
+    memory::desc user_w(wdims, dt::f32, tag::oihw);
     if (g > 1) {
       wdims = {g, w->shape[0] / g, w->shape[1], w->shape[2], w->shape[3]};
       user_w = memory::desc(wdims, dt::f32, tag::goihw);
-    } else {
-      user_w = memory::desc(wdims, dt::f32, tag::oihw);
     }
-    memory::dims dilation;
-    for (int64_t d : spec_.dilation) dilation.push_back(d - 1);
-    memory::dims pad_l{spec_.padding[0], spec_.padding[1]}, pad_r{spec_.padding[2], spec_.padding[3]};
-    memory::desc src_any(Dims(x), dt::f32, tag::any), dst_any(Dims(y), dt::f32, tag::any);
-    memory::desc w_any(wdims, dt::f32, tag::any);
-    memory::desc b_md = spec_.bias >= 0 ? memory::desc({y->shape[1]}, dt::f32, tag::x) : memory::desc();
-    memory::dims strides(spec_.strides.begin(), spec_.strides.end());
-    dnnl::convolution_forward::desc desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
-                                         src_any, w_any, b_md, dst_any, strides, dilation, pad_l, pad_r);
-    dnnl::convolution_forward::primitive_desc pd(desc, PostOps(spec_.residual >= 0), CpuEngine());
-    prim_ = dnnl::convolution_forward(pd);
-    user_src_ = memory(memory::desc(Dims(x), dt::f32, tag::nchw), CpuEngine(), nullptr);
-    user_dst_ = memory(memory::desc(Dims(y), dt::f32, tag::nchw), CpuEngine(), nullptr);
-    user_wei_ = memory(user_w, CpuEngine(), nullptr);
-    src_ = Reordered(pd.src_desc(), user_src_, &reorder_src_);
-    dst_ = Reordered(pd.dst_desc(), user_dst_, &reorder_dst_);
-    reorder_wei_ = pd.weights_desc() != user_wei_.get_desc();
-    wei_ = reorder_wei_ ? memory(pd.weights_desc(), CpuEngine()) : user_wei_;  // owned: reordered weights
-    if (spec_.bias >= 0) bias_ = memory(b_md, CpuEngine(), nullptr);
+    memory::dims dilation{s.dilation[0] - 1, s.dilation[1] - 1};
+    memory::dims pad_l{s.padding[0], s.padding[1]}, pad_r{s.padding[2], s.padding[3]};
+    memory::desc b_md = s.bias >= 0 ? memory::desc({y[1]}, dt::f32, tag::x) : memory::desc();
+    dnnl::convolution_forward::desc desc(
+        dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, memory::desc(x, dt::f32, tag::any),
+        memory::desc(wdims, dt::f32, tag::any), b_md, memory::desc(y, dt::f32, tag::any),
+        memory::dims(s.strides.begin(), s.strides.end()), dilation, pad_l, pad_r);
+    dnnl::convolution_forward::primitive_desc pd(desc, PostOps(s), CpuEngine());
+    memory src = Input(k, s.data, pd.src_desc());
+    memory wei = Weights(k, s.weight, user_w, pd.weights_desc());
+    memory dst = Output(k, pd.dst_desc());
+    Call c;
+    c.prim = dnnl::convolution_forward(pd);
+    c.args = {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}};
+    if (s.bias >= 0) c.args[DNNL_ARG_BIAS] = Vector(k, s.bias, b_md);
+    if (s.residual >= 0) Residual(k, s.residual, dst);
+    calls_.push_back(std::move(c));
   }
 
-  void SetupMatmul(const std::vector<DLTensor*>& t) {
-    const DLTensor* x = t[spec_.data];
-    const DLTensor* w = t[spec_.weight];
-    const DLTensor* y = t.back();
-    if (x->ndim < 2 || w->ndim != 2 || y->ndim != x->ndim) {
-      TVM_FFI_THROW(ValueError) << "oneDNN region '" << spec_.name
-                                << "': matmul needs data of rank 2-5 and a 2-D weight";
-    }
+  void SetupMatmul(size_t k, const std::vector<DLTensor*>& t) {
+    const StepSpec& s = spec_.steps[k];
+    if (s.weight < 0 || s.weight >= spec_.num_inputs) Fail(k, "matmul needs weights among the region's inputs");
+    memory::dims x = values_[s.data].desc.dims(), y = OutputDims(k, t);
+    const DLTensor* w = t[s.weight];
+    if (x.size() < 2 || w->ndim != 2 || y.size() != x.size()) Fail(k, "matmul needs data of rank 2-5 and a 2-D weight");
     // Data of higher rank is contiguous, so it is read as rows x K (and written as rows x N).
-    int64_t k = x->shape[x->ndim - 1], n = y->shape[y->ndim - 1], rows = 1;
-    for (int d = 0; d + 1 < x->ndim; ++d) rows *= x->shape[d];
-    memory::desc src_md({rows, k}, dt::f32, tag::ab), dst_md({rows, n}, dt::f32, tag::ab);
-    memory::desc w_md({k, n}, dt::f32, spec_.weight_transposed ? tag::ba : tag::ab);
-    memory::desc b_md = spec_.bias >= 0 ? memory::desc({1, n}, dt::f32, tag::ab) : memory::desc();
+    int64_t kk = x.back(), n = y.back(), rows = Elements(x) / kk;
+    memory::desc src_md({rows, kk}, dt::f32, tag::ab), dst_md({rows, n}, dt::f32, tag::ab);
+    memory::desc w_md({kk, n}, dt::f32, s.weight_transposed ? tag::ba : tag::ab);
+    memory::desc b_md = s.bias >= 0 ? memory::desc({1, n}, dt::f32, tag::ab) : memory::desc();
     dnnl::matmul::desc desc(src_md, w_md, b_md, dst_md);
-    dnnl::matmul::primitive_desc pd(desc, PostOps(spec_.residual >= 0), CpuEngine());
-    prim_ = dnnl::matmul(pd);
-    user_src_ = src_ = memory(src_md, CpuEngine(), nullptr);
-    user_dst_ = dst_ = memory(dst_md, CpuEngine(), nullptr);
-    user_wei_ = wei_ = memory(w_md, CpuEngine(), nullptr);
-    if (spec_.bias >= 0) bias_ = memory(b_md, CpuEngine(), nullptr);
+    dnnl::matmul::primitive_desc pd(desc, PostOps(s), CpuEngine());
+    memory src = Input(k, s.data, src_md);
+    memory wei = Weights(k, s.weight, w_md, w_md);
+    Output(k, Plain(y));
+    memory dst = Alias(values_[spec_.num_inputs + k], dst_md);
+    Call c;
+    c.prim = dnnl::matmul(pd);
+    c.args = {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}};
+    if (s.bias >= 0) c.args[DNNL_ARG_BIAS] = Vector(k, s.bias, b_md);
+    if (s.residual >= 0) Residual(k, s.residual, dst);
+    calls_.push_back(std::move(c));
   }
 
-  void SetupPool(const std::vector<DLTensor*>& t) {
-    const DLTensor* x = t[spec_.data];
-    const DLTensor* y = t.back();
-    // Blocked layouts: oneDNN's jit pooling needs them (its plain-NCHW pooling is ~30x slower).
-    memory::desc src_md(Dims(x), dt::f32, tag::nChw8c), dst_md(Dims(y), dt::f32, tag::any);
-    memory::dims kernel(spec_.pool_size.begin(), spec_.pool_size.end());
-    memory::dims strides(spec_.strides.begin(), spec_.strides.end());
-    memory::dims dilation;
-    for (int64_t d : spec_.dilation) dilation.push_back(d - 1);
-    memory::dims pad_l{spec_.padding[0], spec_.padding[1]}, pad_r{spec_.padding[2], spec_.padding[3]};
-    dnnl::algorithm alg = spec_.op == "max_pool2d"    ? dnnl::algorithm::pooling_max
-                          : spec_.count_include_pad ? dnnl::algorithm::pooling_avg_include_padding
-                                                    : dnnl::algorithm::pooling_avg_exclude_padding;
-    dnnl::pooling_v2_forward::desc desc(dnnl::prop_kind::forward_inference, alg, src_md, dst_md, strides, kernel,
-                                        dilation, pad_l, pad_r);
-    dnnl::pooling_v2_forward::primitive_desc pd(desc, PostOps(false), CpuEngine());
-    prim_ = dnnl::pooling_v2_forward(pd);
-    user_src_ = memory(memory::desc(Dims(x), dt::f32, tag::nchw), CpuEngine(), nullptr);
-    user_dst_ = memory(memory::desc(Dims(y), dt::f32, tag::nchw), CpuEngine(), nullptr);
-    src_ = Reordered(pd.src_desc(), user_src_, &reorder_src_);
-    dst_ = Reordered(pd.dst_desc(), user_dst_, &reorder_dst_);
+  /*! \brief a @ b over equal batch dims, both computed (attention's scores and context), plain. */
+  void SetupBatchMatmul(size_t k, const std::vector<DLTensor*>& t) {
+    const StepSpec& s = spec_.steps[k];
+    memory::dims a = values_[s.inputs[0]].desc.dims(), b = values_[s.inputs[1]].desc.dims(), y = OutputDims(k, t);
+    size_t r = a.size();
+    if (r < 3 || r > 4 || b.size() != r || y.size() != r || a[r - 1] != b[r - 2] ||
+        !std::equal(a.begin(), a.end() - 2, b.begin())) {
+      Fail(k, "batch_matmul needs (..., M, K) @ (..., K, N) of rank 3-4 with equal batch dims");
+    }
+    dnnl::matmul::desc desc(Plain(a), Plain(b), Plain(y));
+    dnnl::matmul::primitive_desc pd(desc, PostOps(s), CpuEngine());
+    Call c;
+    c.prim = dnnl::matmul(pd);
+    memory src = Input(k, s.inputs[0], Plain(a));
+    memory wei = Input(k, s.inputs[1], Plain(b));
+    c.args = {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, Output(k, Plain(y))}};
+    calls_.push_back(std::move(c));
+  }
+
+  void SetupPool(size_t k, const std::vector<DLTensor*>& t) {
+    const StepSpec& s = spec_.steps[k];
+    const Value& in = values_[s.data];
+    memory::dims x = in.desc.dims(), y = OutputDims(k, t);
+    if (x.size() != 4 || y.size() != 4 || s.padding.size() != 4) Fail(k, "pooling needs NCHW tensors");
+    // A blocked layout: oneDNN's jit pooling needs one (its plain-NCHW pooling is ~30x slower).
+    memory::desc src_md = IsPlain(in.desc) ? memory::desc(x, dt::f32, tag::nChw8c) : in.desc;
+    memory::dims dilation{s.dilation[0] - 1, s.dilation[1] - 1};
+    memory::dims pad_l{s.padding[0], s.padding[1]}, pad_r{s.padding[2], s.padding[3]};
+    dnnl::algorithm alg = s.op == "max_pool2d"       ? dnnl::algorithm::pooling_max
+                          : s.count_include_pad ? dnnl::algorithm::pooling_avg_include_padding
+                                                : dnnl::algorithm::pooling_avg_exclude_padding;
+    dnnl::pooling_v2_forward::desc desc(dnnl::prop_kind::forward_inference, alg, src_md,
+                                        memory::desc(y, dt::f32, tag::any),
+                                        memory::dims(s.strides.begin(), s.strides.end()),
+                                        memory::dims(s.pool_size.begin(), s.pool_size.end()), dilation, pad_l, pad_r);
+    dnnl::pooling_v2_forward::primitive_desc pd(desc, PostOps(s), CpuEngine());
+    memory src = Input(k, s.data, src_md);
+    memory dst = Output(k, pd.dst_desc());
+    Call c;
+    c.prim = dnnl::pooling_v2_forward(pd);
+    c.args = {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}};
+    calls_.push_back(std::move(c));
   }
 
   /*!
-   * \brief Channel shuffle (reshape to (N, g, C/g, H, W), swap g and C/g, reshape back) as one
-   *        reorder: the source viewed as (N, g, C/g, H, W), the destination as the same dims with
-   *        the strides of (N, C/g, g, H, W).
+   * \brief Channel shuffle (reshape to (N, g, C/g, H, W), swap g and C/g, reshape back). From a
+   *        plain value: one reorder, the source viewed as (N, g, C/g, H, W), the destination as the
+   *        same dims with the strides of (N, C/g, g, H, W). From a blocked one: oneDNN's shuffle,
+   *        which transposes the channels read as (C/G, G) with G = C/g, in that layout.
    */
-  void SetupChannelShuffle(const std::vector<DLTensor*>& t) {
-    const DLTensor* x = t[spec_.data];
-    const DLTensor* y = t.back();
-    int64_t g = spec_.groups;
-    if (x->ndim != 4 || y->ndim != 4 || g < 1 || x->shape[1] % g != 0) {
-      TVM_FFI_THROW(ValueError) << "oneDNN region '" << spec_.name << "': channel_shuffle needs NCHW tensors "
-                                << "whose channels divide into " << g << " groups";
+  void SetupChannelShuffle(size_t k, const std::vector<DLTensor*>&) {
+    const StepSpec& s = spec_.steps[k];
+    const Value& in = values_[s.data];
+    memory::dims x = in.desc.dims();
+    int64_t g = s.groups;
+    if (x.size() != 4 || g < 1 || x[1] % g != 0) {
+      Fail(k, "channel_shuffle needs an NCHW tensor whose channels divide into " + std::to_string(g) + " groups");
     }
-    int64_t n = x->shape[0], c = x->shape[1], h = x->shape[2], w = x->shape[3];
-    memory::dims dims{n, g, c / g, h, w};
-    memory::desc src_md(dims, dt::f32, tag::abcde);
-    memory::desc dst_md(dims, dt::f32, memory::dims{c * h * w, h * w, g * h * w, w, 1});
-    user_src_ = src_ = memory(src_md, CpuEngine(), nullptr);
-    user_dst_ = dst_ = memory(dst_md, CpuEngine(), nullptr);
-    prim_ = dnnl::reorder(src_, dst_);
+    int64_t n = x[0], c = x[1], h = x[2], w = x[3];
+    Call call;
+    if (IsPlain(in.desc)) {
+      memory::dims dims{n, g, c / g, h, w};
+      memory src = Alias(in, memory::desc(dims, dt::f32, tag::abcde));
+      Output(k, in.desc);
+      memory dst = Alias(values_[spec_.num_inputs + k], memory::desc(dims, dt::f32, memory::dims{c * h * w, h * w, g * h * w, w, 1}));
+      calls_.push_back(Reorder(src, dst));
+      return;
+    }
+    dnnl::shuffle_forward::desc desc(dnnl::prop_kind::forward_inference, in.desc, 1, static_cast<int>(c / g));
+    dnnl::shuffle_forward::primitive_desc pd(desc, CpuEngine());
+    memory src = Input(k, s.data, pd.src_desc());
+    memory dst = Output(k, pd.dst_desc());
+    call.prim = dnnl::shuffle_forward(pd);
+    call.args = {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}};
+    calls_.push_back(std::move(call));
   }
 
-  /*! \brief Softmax along spec_.axis of a plain (row-major) tensor of rank 1-5. */
-  void SetupSoftmax(const std::vector<DLTensor*>& t) {
-    const DLTensor* x = t[spec_.data];
-    if (x->ndim < 1 || x->ndim > 5 || spec_.axis < 0 || spec_.axis >= x->ndim) {
-      TVM_FFI_THROW(ValueError) << "oneDNN region '" << spec_.name << "': softmax needs a 1-5-D tensor and an "
-                                << "axis inside it, got rank " << x->ndim << " and axis " << spec_.axis;
+  /*! \brief Softmax along the step's axis of a plain tensor of rank 1-5. */
+  void SetupSoftmax(size_t k, const std::vector<DLTensor*>&) {
+    const StepSpec& s = spec_.steps[k];
+    memory::dims x = values_[s.data].desc.dims();
+    if (s.axis < 0 || s.axis >= static_cast<int64_t>(x.size())) {
+      Fail(k, "softmax axis " + std::to_string(s.axis) + " outside a tensor of rank " + std::to_string(x.size()));
     }
-    static const tag kPlain[] = {tag::a, tag::ab, tag::abc, tag::abcd, tag::abcde};
-    memory::desc md(Dims(x), dt::f32, kPlain[x->ndim - 1]);
-    dnnl::softmax_forward::desc desc(dnnl::prop_kind::forward_inference, md, static_cast<int>(spec_.axis));
-    prim_ = dnnl::softmax_forward(dnnl::softmax_forward::primitive_desc(desc, CpuEngine()));
-    user_src_ = src_ = memory(md, CpuEngine(), nullptr);
-    user_dst_ = dst_ = memory(md, CpuEngine(), nullptr);
+    memory::desc md = Plain(x);
+    dnnl::softmax_forward::desc desc(dnnl::prop_kind::forward_inference, md, static_cast<int>(s.axis));
+    Call c;
+    c.prim = dnnl::softmax_forward(dnnl::softmax_forward::primitive_desc(desc, CpuEngine()));
+    memory src = Input(k, s.data, md);
+    c.args = {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, Output(k, md)}};
+    calls_.push_back(std::move(c));
   }
 
   /*! \brief Layer norm over the last axis of a plain tensor of rank 2-5, with scale and shift. */
-  void SetupLayerNorm(const std::vector<DLTensor*>& t) {
-    const DLTensor* x = t[spec_.data];
-    if (x->ndim < 2 || x->ndim > 5 || spec_.weight < 0 || spec_.bias < 0) {
-      TVM_FFI_THROW(ValueError) << "oneDNN region '" << spec_.name << "': layer_norm needs a 2-5-D tensor, "
-                                << "a scale and a shift";
-    }
-    int64_t channels = x->shape[x->ndim - 1];
-    for (int role : {spec_.weight, spec_.bias}) {
+  void SetupLayerNorm(size_t k, const std::vector<DLTensor*>& t) {
+    const StepSpec& s = spec_.steps[k];
+    memory::dims x = values_[s.data].desc.dims();
+    if (x.size() < 2 || s.weight < 0 || s.bias < 0) Fail(k, "layer_norm needs a 2-5-D tensor, a scale and a shift");
+    int64_t channels = x.back();
+    for (int role : {s.weight, s.bias}) {
+      if (role >= spec_.num_inputs) Fail(k, "layer_norm's scale and shift must be inputs of the region");
       const DLTensor* v = t[role];
-      int64_t size = 1;
-      for (int d = 0; d < v->ndim; ++d) size *= v->shape[d];
+      int64_t size = Elements(memory::dims(v->shape, v->shape + v->ndim));
       if (size != channels) {
-        TVM_FFI_THROW(ValueError) << "oneDNN region '" << spec_.name << "': layer_norm argument " << role
-                                  << " has " << size << " elements, the last axis " << channels;
+        Fail(k, "layer_norm argument " + std::to_string(role) + " has " + std::to_string(size) +
+                    " elements, the last axis " + std::to_string(channels));
       }
     }
-    static const tag kPlain[] = {tag::a, tag::ab, tag::abc, tag::abcd, tag::abcde};
-    memory::desc md(Dims(x), dt::f32, kPlain[x->ndim - 1]);
-    memory::desc vec({channels}, dt::f32, tag::a);
+    memory::desc md = Plain(x), vec({channels}, dt::f32, tag::a);
     auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
-    dnnl::layer_normalization_forward::desc desc(dnnl::prop_kind::forward_inference, md, spec_.epsilon, flags);
-    prim_ = dnnl::layer_normalization_forward(dnnl::layer_normalization_forward::primitive_desc(desc, CpuEngine()));
-    user_src_ = src_ = memory(md, CpuEngine(), nullptr);
-    user_dst_ = dst_ = memory(md, CpuEngine(), nullptr);
-    user_wei_ = wei_ = memory(vec, CpuEngine(), nullptr);
-    bias_ = memory(vec, CpuEngine(), nullptr);
+    dnnl::layer_normalization_forward::desc desc(dnnl::prop_kind::forward_inference, md, s.epsilon, flags);
+    Call c;
+    c.prim = dnnl::layer_normalization_forward(dnnl::layer_normalization_forward::primitive_desc(desc, CpuEngine()));
+    memory src = Input(k, s.data, md);
+    c.args = {{DNNL_ARG_SRC, src},
+              {DNNL_ARG_DST, Output(k, md)},
+              {DNNL_ARG_SCALE, Vector(k, s.weight, vec)},
+              {DNNL_ARG_SHIFT, Vector(k, s.bias, vec)}};
+    calls_.push_back(std::move(c));
   }
 
-  /*! \brief The argument maps and reorders of every call, bound to the memories above. */
-  void SetupArguments() {
-    margs_ = {{DNNL_ARG_SRC, src_}, {DNNL_ARG_DST, dst_}};
-    if (spec_.weight >= 0) margs_[DNNL_ARG_WEIGHTS] = wei_;
-    if (spec_.bias >= 0) margs_[DNNL_ARG_BIAS] = bias_;
-    if (spec_.op == "layer_norm") {  // the same memories under layer norm's argument names
-      margs_.erase(DNNL_ARG_WEIGHTS);
-      margs_.erase(DNNL_ARG_BIAS);
-      margs_[DNNL_ARG_SCALE] = wei_;
-      margs_[DNNL_ARG_SHIFT] = bias_;
+  /*! \brief Local response norm across channels, in the layout its input has:
+   *         x / (k + alpha / n * sum of x^2 over n channels)^beta. */
+  void SetupLrn(size_t k) {
+    const StepSpec& s = spec_.steps[k];
+    const Value& in = values_[s.data];
+    if (in.desc.dims().size() != 4) Fail(k, "lrn needs an NCHW tensor");
+    dnnl::lrn_forward::desc desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::lrn_across_channels, in.desc,
+                                 s.local_size, s.alpha, s.beta, s.k);
+    dnnl::lrn_forward::primitive_desc pd(desc, CpuEngine());
+    Call c;
+    c.prim = dnnl::lrn_forward(pd);
+    memory src = Input(k, s.data, pd.src_desc());
+    c.args = {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, Output(k, pd.dst_desc())}};
+    calls_.push_back(std::move(c));
+  }
+
+  /*!
+   * \brief data * weight + bias per channel of an NCHW tensor, then the activations: a binary
+   *        multiply by the (1, C, 1, 1) weight with the add as a binary post-op, in the layout the
+   *        data has (DenseNet's batch norm + ReLU before each convolution).
+   */
+  void SetupScaleShift(size_t k) {
+    const StepSpec& s = spec_.steps[k];
+    const Value& in = values_[s.data];
+    memory::dims x = in.desc.dims();
+    if (x.size() != 4) Fail(k, "scale_shift needs an NCHW tensor");
+    memory::desc vec({1, x[1], 1, 1}, dt::f32, tag::abcd);
+    memory scale = Vector(k, s.weight, vec), shift = Vector(k, s.bias, vec);
+    for (int role : {s.weight, s.bias}) {
+      if (values_[role].desc.get_size() != vec.get_size()) Fail(k, "scale and shift need one value per channel");
     }
-    if (reorder_src_) src_in_ = PreparedReorder(user_src_, src_);
-    if (reorder_dst_) dst_out_ = PreparedReorder(dst_, user_dst_);
-    if (reorder_wei_) wei_in_ = PreparedReorder(user_wei_, wei_);
-    if (spec_.residual >= 0) {
-      user_res_ = memory(user_dst_.get_desc(), CpuEngine(), nullptr);
-      if (reorder_dst_) res_in_ = PreparedReorder(user_res_, dst_);
-    }
-    src_bytes_ = reorder_src_ ? src_.get_desc().get_size() : 0;
-    dst_bytes_ = reorder_dst_ ? dst_.get_desc().get_size() : 0;
+    dnnl::post_ops ops;
+    ops.append_binary(dnnl::algorithm::binary_add, vec);
+    if (s.relu) ops.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
+    if (!s.activation.empty()) ops.append_eltwise(1.f, Activation(s.activation), s.activation == "silu" ? 1.f : s.alpha, s.beta);
+    dnnl::primitive_attr attr;
+    attr.set_post_ops(ops);
+    dnnl::binary::desc desc(dnnl::algorithm::binary_mul, in.desc, vec, memory::desc(x, dt::f32, tag::any));
+    dnnl::binary::primitive_desc pd(desc, attr, CpuEngine());
+    Call c;
+    c.prim = dnnl::binary(pd);
+    memory src = Input(k, s.data, pd.src0_desc());
+    c.args = {{DNNL_ARG_SRC_0, src},
+              {DNNL_ARG_SRC_1, scale},
+              {DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, shift},
+              {DNNL_ARG_DST, Output(k, pd.dst_desc())}};
+    calls_.push_back(std::move(c));
+  }
+
+  /*! \brief The step's ReLU applied in place to `dst` (for primitives without post-ops). */
+  void ReluInPlace(const memory& dst) {
+    dnnl::eltwise_forward::desc desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::eltwise_relu,
+                                     dst.get_desc(), 0.f, 0.f);
+    Call c;
+    c.prim = dnnl::eltwise_forward(dnnl::eltwise_forward::primitive_desc(desc, CpuEngine()));
+    c.args = {{DNNL_ARG_SRC, dst}, {DNNL_ARG_DST, dst}};
+    calls_.push_back(std::move(c));
+  }
+
+  /*! \brief Concatenation along the step's axis, reading every input in the layout it has, then
+   *         the step's ReLU (ShuffleNet's concat + ReLU). */
+  void SetupConcat(size_t k, const std::vector<DLTensor*>& t) {
+    const StepSpec& s = spec_.steps[k];
+    memory::dims y = OutputDims(k, t);
+    if (s.axis < 0 || s.axis >= static_cast<int64_t>(y.size())) Fail(k, "concat axis outside the output");
+    std::vector<memory::desc> srcs;
+    for (int id : s.inputs) srcs.push_back(values_[id].desc);
+    dnnl::concat::primitive_desc pd(memory::desc(y, dt::f32, tag::any), static_cast<int>(s.axis), srcs, CpuEngine());
+    Call c;
+    c.prim = dnnl::concat(pd);
+    for (size_t i = 0; i < s.inputs.size(); ++i) c.args[DNNL_ARG_MULTIPLE_SRC + static_cast<int>(i)] = values_[s.inputs[i]].mem;
+    memory dst = Output(k, pd.dst_desc());
+    c.args[DNNL_ARG_DST] = dst;
+    calls_.push_back(std::move(c));
+    if (s.relu) ReluInPlace(dst);
   }
 
   void Execute(const ffi::PackedArgs& args) {
-    dnnl::stream& s = stream_;
-    DLTensor* out = Arg(args, spec_.num_inputs);
-    user_src_.set_data_handle(Arg(args, spec_.data)->data);
-    user_dst_.set_data_handle(out->data);
-    if (reorder_src_) {
-      src_.set_data_handle(src_scratch.Get(src_bytes_));
-      src_in_.Run(s);
-    }
-    if (reorder_dst_) dst_.set_data_handle(dst_scratch.Get(dst_bytes_));
-    if (spec_.weight >= 0) {
-      void* w = Arg(args, spec_.weight)->data;
-      user_wei_.set_data_handle(w);
-      uint64_t generation = weights_generation_->load(std::memory_order_acquire);
-      if (reorder_wei_ && (w != weights_source_ || generation != weights_seen_)) {
-        wei_in_.Run(s);  // new weights (first call, new address, or parameters set): reorder once
-        weights_source_ = w;
-        weights_seen_ = generation;
+    PointArena();
+    for (auto& [m, arg] : bindings_) m.set_data_handle(Arg(args, arg)->data);
+    uint64_t generation = weights_generation_->load(std::memory_order_acquire);
+    for (Call& c : calls_) {
+      if (c.weight_arg >= 0) {  // new weights (first call, new address, or parameters set): reorder once
+        void* w = Arg(args, c.weight_arg)->data;
+        if (w == c.weight_seen && generation == c.generation_seen) continue;
+        c.weight_seen = w;
+        c.generation_seen = generation;
+      } else if (c.copy_from >= 0) {
+        void* from = Arg(args, c.copy_from)->data;
+        void* to = Arg(args, c.copy_to)->data;
+        if (from != to) std::memcpy(to, from, c.copy_bytes);
+        continue;
       }
+      c.prim.execute(stream_, c.args);
     }
-    if (spec_.bias >= 0) bias_.set_data_handle(Arg(args, spec_.bias)->data);
-    if (spec_.residual >= 0) {  // the sum post-op adds what dst holds before the call
-      void* residual = Arg(args, spec_.residual)->data;
-      if (reorder_dst_) {
-        user_res_.set_data_handle(residual);
-        res_in_.Run(s);
-      } else if (residual != out->data) {
-        std::memcpy(out->data, residual, user_dst_.get_desc().get_size());
-      }
-    }
-    prim_.execute(s, margs_);
-    if (reorder_dst_) dst_out_.Run(s);
-    s.wait();
+    stream_.wait();
   }
+
 
   /*! \brief What the compiler wrote. */
   RegionSpec spec_;
@@ -480,26 +741,20 @@ class RegionExec {
   bool ready_ = false;
   /*! \brief The region's stream on the CPU engine. */
   dnnl::stream stream_{CpuEngine()};
-  /*! \brief The primitive (convolution, matmul or pooling). */
-  dnnl::primitive prim_;
-  /*! \brief Memories in the graph's plain layout, pointed at the arguments on every call. */
-  memory user_src_, user_dst_, user_wei_, user_res_;
-  /*! \brief Memories in the primitive's layout (the user's when no reorder is needed): src and dst
-   *         point at per-thread scratch, weights own their reordered copy; and the bias. */
-  memory src_, dst_, wei_, bias_;
-  /*! \brief Whether source, destination and weights go through a reorder. */
-  bool reorder_src_ = false, reorder_dst_ = false, reorder_wei_ = false;
-  /*! \brief Scratch bytes of the reordered source and destination. */
-  size_t src_bytes_ = 0, dst_bytes_ = 0;
-  /*! \brief The primitive's arguments, bound once. */
-  std::unordered_map<int, memory> margs_;
-  /*! \brief Reorders into and out of the primitive's layouts, bound once. */
-  PreparedReorder src_in_, dst_out_, wei_in_, res_in_;
-  /*! \brief Address and parameter generation of the weights now in wei_. */
-  void* weights_source_ = nullptr;
-  uint64_t weights_seen_ = 0;
+  /*! \brief Every value: the call's inputs, then each step's output (setup only). */
+  std::vector<Value> values_;
+  /*! \brief The arena's buffers (setup only) and the memories placed in them. */
+  std::vector<Buffer> buffers_;
+  std::vector<std::pair<memory, int>> placements_;
+  /*! \brief Memories pointed at a call argument on every call. */
+  std::vector<std::pair<memory, int>> bindings_;
+  /*! \brief What every call runs, in order. */
+  std::vector<Call> calls_;
+  /*! \brief Offset of each placed memory in the arena, its size, and the scratch it points into. */
+  std::vector<size_t> offsets_;
+  size_t arena_bytes_ = 0;
+  char* arena_base_ = nullptr;
 };
-
 namespace {
 /*! \brief OpenMP's thread count (libgomp is loaded by libdnnl), or -1. */
 int OmpMaxThreads() {
@@ -519,7 +774,7 @@ std::string Info() {
   std::ostringstream os;
   os << "{\"available\": true, \"version\": \"" << v->major << "." << v->minor << "." << v->patch
      << "\", \"cpu_runtime\": \"" << (v->cpu_runtime == DNNL_RUNTIME_OMP ? "OMP" : "other")
-     << "\", \"threads\": " << OmpMaxThreads() << "}";
+     << "\", \"threads\": " << OmpMaxThreads() << ", \"scratch_bytes\": " << scratch_bytes_total.load() << "}";
   return os.str();
 }
 }  // namespace

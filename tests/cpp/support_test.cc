@@ -84,5 +84,29 @@ TEST(SupportJsonReader, OneDnnRegionErrorsNameTheRegionAndField) {
   EXPECT_EQ(ErrorOf([] { dnnl_backend::ParseRegions(R"({})"); }), "invalid oneDNN regions: document: missing field 'regions'");
 }
 
+TEST(SupportJsonReader, OneDnnBlockStepsReadOnlyValuesMadeBefore) {
+  // Two inputs; step 0 (value 2) reads input 0, step 1 (value 3) reads value 2: a valid chain.
+  auto regions = dnnl_backend::ParseRegions(
+      R"({"regions": [{"name": "b", "op": "block", "num_inputs": 2, "steps": [)"
+      R"({"op": "softmax", "axis": 1, "args": [0], "shape": [2, 3]},)"
+      R"({"op": "concat", "axis": 1, "inputs": [0, 1], "args": [2, 1]}]}]})");
+  ASSERT_EQ(regions.size(), 1u);
+  ASSERT_EQ(regions[0].steps.size(), 2u);
+  EXPECT_EQ(regions[0].steps[1].inputs, (std::vector<int>{2, 1}));  // positions in args -> value ids
+  EXPECT_EQ(ErrorOf([] {
+              dnnl_backend::ParseRegions(R"({"regions": [{"name": "b", "op": "block", "num_inputs": 1, "steps": [)"
+                                         R"({"op": "softmax", "args": [1], "shape": [2]}]}]})");
+            }),
+            "invalid oneDNN regions: region 'b'.steps[0]: args[0] is value 1, not an input nor an earlier step's "
+            "output (1 values so far)");
+  EXPECT_EQ(ErrorOf([] {
+              dnnl_backend::ParseRegions(R"({"regions": [{"name": "b", "op": "block", "num_inputs": 1, "steps": [)"
+                                         R"({"op": "conv2d", "weight": 1, "args": [0]}]}]})");
+            }),
+            "invalid oneDNN regions: region 'b'.steps[0]: weight: argument 1 of 1");
+  EXPECT_EQ(ErrorOf([] { dnnl_backend::ParseRegions(R"({"regions": [{"name": "r", "op": "dance"}]})"); }),
+            "invalid oneDNN regions: region 'r': unknown op 'dance'");
+}
+
 }  // namespace
 }  // namespace tvm_hetero

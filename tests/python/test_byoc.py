@@ -291,8 +291,9 @@ def test_following_the_placement_takes_every_region_a_fixed_device_takes():
         graph = lower_to_graph(mod, None, 1, None, "main", backends).graph
         return sorted(n.func_name.rstrip("0123456789") for n in graph.nodes if "_dnnl" in n.func_name)
 
-    fixed = regions([("dnnl", 0)])
-    assert len(fixed) >= 20 and regions([("dnnl", None)]) == fixed
+    fixed = regions([DnnlBackend(device=0, merge=False)])
+    assert len(fixed) >= 20 and regions([DnnlBackend(device=None, merge=False)]) == fixed
+    assert regions([("dnnl", None)]) == regions([("dnnl", 0)])  # blocks too
 
 
 def test_default_without_onednn_falls_back_to_tvm_kernels_and_reports_it(monkeypatch):
@@ -319,7 +320,9 @@ def test_no_default_backend_for_a_device_that_is_not_a_host_cpu():
 def test_light_model_matches_onnxruntime(name):
     model = models.light_model(name)
     art = run_both(model, rtol=1e-3, atol=1e-3 * 10 ** (4 if name == "resnet50" else 0))
-    assert len(region_nodes(art)) >= 20
+    ((_backend, _device, regions, ops),) = art.build_report.backend_regions
+    print(f"{name}: {regions} oneDNN regions holding {ops} ops, {len(region_nodes(art))} region nodes")
+    assert ops >= 100 and regions == len(region_nodes(art))
 
 
 @needs_dnnl
@@ -585,3 +588,89 @@ def test_a_default_region_never_takes_an_op_placed_on_another_device():
     rt.run(x=x)
     expected = np.maximum(x @ params["w1"] + params["b1"], 0) @ params["w2"]
     np.testing.assert_allclose(rt.get_output(0).numpy(), expected, rtol=1e-4, atol=1e-4)
+
+
+# ---- LRN and per-channel scale + shift against onnxruntime ----------------------------------
+def only_regions(art: tvm_hetero.Artifact) -> list[dict]:
+    """The region nodes, asserting that no TVM kernel node is left."""
+    kernels = [n for n in art.graph["nodes"] if n["op"] != "null" and n not in region_nodes(art)]
+    assert not kernels, [n["attrs"]["func_name"] for n in kernels]
+    return region_nodes(art)
+
+
+@needs_dnnl
+@pytest.mark.parametrize("size,alpha,beta,bias", [(5, 1e-4, 0.75, 1.0), (3, 0.5, 0.6, 2.0)])
+def test_lrn_is_one_region_and_matches_onnxruntime(size, alpha, beta, bias):
+    shape = (1, 16, 6, 5)
+    nodes = [helper.make_node("LRN", ["x"], ["z"], size=size, alpha=alpha, beta=beta, bias=bias)]
+    art = run_both(_model(nodes, {"x": shape}, ("z", shape)), rtol=1e-5, atol=1e-5)
+    (node,) = only_regions(art)
+    assert "power" in node["attrs"]["func_name"]
+
+
+@needs_dnnl
+@pytest.mark.parametrize("after", [[], ["Relu"], ["Mul", "Add", "Relu"]])
+def test_batch_norm_without_a_conv_is_one_scale_shift_region(after):
+    # DenseNet: batch norm (+ per-channel Mul and Add) + ReLU on a concat's output, no conv before.
+    c = 8
+    inits = [_weight(n, (c,)) for n in ("scale", "beta", "mean")]
+    inits.append(numpy_helper.from_array(RNG.uniform(0.5, 2.0, c).astype(np.float32), "var"))
+    inits += [_weight("m", (c, 1, 1)), _weight("a", (c, 1, 1))]
+    nodes = [helper.make_node("BatchNormalization", ["x", "scale", "beta", "mean", "var"], ["y0"])]
+    for k, op in enumerate(after):
+        operands = [f"y{k}"] + {"Mul": ["m"], "Add": ["a"]}.get(op, [])
+        nodes.append(helper.make_node(op, operands, [f"y{k + 1}"]))
+    shape = (1, c, 5, 4)
+    art = run_both(_model(nodes, {"x": shape}, (f"y{len(after)}", shape), inits), rtol=1e-5, atol=1e-5)
+    (node,) = only_regions(art)
+    assert "multiply" in node["attrs"]["func_name"]
+
+
+@needs_dnnl
+def test_linear_with_the_bias_on_the_left_is_one_region():
+    # torch's linear imports as add(bias, matmul(x, permute_dims(w))): the bias still fuses.
+    from tvm import relax
+
+    rng = np.random.default_rng(4)
+    params = {"w": rng.standard_normal((24, 32)).astype("float32"), "b": rng.standard_normal(24).astype("float32")}
+    x = relax.Var("x", relax.TensorType((6, 32), "float32"))
+    w, b = relax.Var("w", relax.TensorType((24, 32), "float32")), relax.Var("b", relax.TensorType((24,), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, w, b]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.add(b, relax.op.matmul(x, relax.op.permute_dims(w))))
+        bb.emit_func_output(out)
+    art = tvm_hetero.build(bb.get(), CPU, params=params)
+    assert len(only_regions(art)) == 1
+    value = rng.standard_normal((6, 32)).astype("float32")
+    rt = art.create()
+    rt.run(x=value)
+    np.testing.assert_allclose(rt.get_output(0).numpy(), value @ params["w"].T + params["b"], rtol=1e-4, atol=1e-4)
+
+
+@needs_dnnl
+@pytest.mark.parametrize("batch", [(8,), (2, 4)])
+def test_batched_matmul_of_two_activations_is_one_block_and_matches_numpy(batch):
+    # Attention: softmax(q @ k) @ v, every operand computed: batched matmul, softmax, batched
+    # matmul in one block.
+    from tvm import relax
+
+    rng = np.random.default_rng(5)
+    shapes = {"q": (*batch, 6, 4), "k": (*batch, 4, 6), "v": (*batch, 6, 5)}
+    args = [relax.Var(n, relax.TensorType(s, "float32")) for n, s in shapes.items()]
+    bb = relax.BlockBuilder()
+    with bb.function("main", args):
+        with bb.dataflow():
+            scores = bb.emit(relax.op.nn.softmax(relax.op.matmul(args[0], args[1]), axis=-1))
+            out = bb.emit_output(relax.op.matmul(scores, args[2]))
+        bb.emit_func_output(out)
+    art = tvm_hetero.build(bb.get(), CPU)
+    (node,) = only_regions(art)
+    assert "_block" in node["attrs"]["func_name"]
+    values = {n: rng.standard_normal(s).astype("float32") for n, s in shapes.items()}
+    rt = art.create()
+    rt.run(**values)
+    s = values["q"].astype(np.float64) @ values["k"]
+    p = np.exp(s - s.max(-1, keepdims=True))
+    expected = (p / p.sum(-1, keepdims=True)) @ values["v"]
+    np.testing.assert_allclose(rt.get_output(0).numpy(), expected, rtol=1e-4, atol=1e-5)

@@ -3,13 +3,14 @@
  * \brief The oneDNN backend's regions: what the compiler writes for each (`RegionSpec`) and the
  *        module that runs them (`DnnlRegionModule`, kind "tvm_hetero_dnnl").
  *
- * A region is one oneDNN primitive with its fused post-ops (bias, residual sum, ReLU). The
- * compiler describes every region of a graph in one JSON document (docs/byoc.md); the module
+ * A region is a short program of oneDNN primitives (steps), each with its fused post-ops (bias,
+ * residual sum, activation); the values passed between steps stay in the layouts the primitives
+ * chose and are reordered only where they enter or leave the region. The compiler describes every region of a graph in one JSON document (docs/byoc.md); the module
  * holds that text, serializes it with SaveToBytes, and is rebuilt from it by the loader
  * `ffi.Module.load_from_bytes.tvm_hetero_dnnl`. Weights are graph parameters, passed to the
  * region like any kernel argument, so the module holds no tensors. Every GetFunction returns a
- * fresh executor for one call site (the graph runtime asks once per node): its primitive,
- * reorders and argument maps are built on its first call, from the shapes of its arguments, and
+ * fresh executor for one call site (the graph runtime asks once per node): its primitives,
+ * reorders, argument maps and the buffer of its internal values are built on its first call, from the shapes of its arguments, and
  * later calls only point memories at the arguments and execute -- no allocation, no lock. One
  * call site's function is not to be called from two threads at once (like any kernel with state).
  */
@@ -29,17 +30,25 @@
 namespace tvm_hetero {
 namespace dnnl_backend {
 
-/*! \brief One region as the compiler describes it; argument roles index the call's inputs. */
-struct RegionSpec {
-  /*! \brief The symbol the graph's func_name uses. */
-  std::string name;
-  /*! \brief "conv2d", "matmul", "max_pool2d", "avg_pool2d", "channel_shuffle", "softmax" or
-   *         "layer_norm" (over the last axis; weight and bias are its scale and shift). */
+/*!
+ * \brief One oneDNN primitive of a region, with its fused post-ops. Argument roles are value
+ *        ids of the region: 0 .. num_inputs-1 are the call's inputs, num_inputs + k is step k's
+ *        output (the last step's output is the call's output).
+ */
+struct StepSpec {
+  /*! \brief "conv2d", "matmul", "max_pool2d", "avg_pool2d", "channel_shuffle", "softmax",
+   *         "layer_norm" (over the last axis; weight and bias are its scale and shift) or
+   *         "concat" (of `inputs` along `axis`, then `relu` if set), "lrn" (across channels:
+   *         `local_size`, `alpha`, `beta`, `k`) or "scale_shift" (data * weight + bias per channel
+   *         of an NCHW tensor, then the activations) or "batch_matmul" (`inputs` a @ b, rank 3-4,
+   *         equal batch dims). */
   std::string op;
-  /*! \brief Number of inputs of the call (the output follows them). */
-  int num_inputs = 1;
-  /*! \brief Input index of the data, the weight, the bias and the residual (-1: none). */
+  /*! \brief Value id of the data, the weight, the bias and the residual (-1: none). */
   int data = 0, weight = -1, bias = -1, residual = -1;
+  /*! \brief concat: the value ids joined, in order; batch_matmul: its two operands. */
+  std::vector<int> inputs;
+  /*! \brief Shape of the step's output (empty: the call's output tensor's, last step only). */
+  std::vector<int64_t> shape;
   /*! \brief ReLU after everything else. */
   bool relu = false;
   /*! \brief Another activation after everything else (empty: none): "clip" (alpha, beta = min, max),
@@ -52,12 +61,28 @@ struct RegionSpec {
   bool count_include_pad = false;
   /*! \brief conv2d / pooling attributes, Relax conventions (padding is top, left, bottom, right). */
   std::vector<int64_t> strides, padding, dilation, pool_size;
-  /*! \brief softmax: the axis (non-negative). */
+  /*! \brief softmax and concat: the axis (non-negative). */
   int64_t axis = -1;
   /*! \brief layer_norm: the epsilon added to the variance. */
   float epsilon = 1e-5f;
   /*! \brief conv2d groups; channel_shuffle: the number of groups. */
   int64_t groups = 1;
+  /*! \brief lrn: the window (channels, odd) and the constant added before the power. */
+  int64_t local_size = 1;
+  float k = 1.f;
+};
+
+/*!
+ * \brief One region as the compiler describes it: a chain (in general a DAG, in order) of steps
+ *        whose intermediate values never leave the region, so they stay in oneDNN's layouts.
+ */
+struct RegionSpec {
+  /*! \brief The symbol the graph's func_name uses. */
+  std::string name;
+  /*! \brief Number of inputs of the call (the output follows them). */
+  int num_inputs = 1;
+  /*! \brief The primitives, in an order where every value is made before it is read. */
+  std::vector<StepSpec> steps;
 };
 
 /*! \brief The document the compiler writes: every region, by name. */

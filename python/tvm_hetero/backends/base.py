@@ -71,6 +71,13 @@ class Backend:
             return device == self.device
         return self.devices is None or device in self.devices
 
+    def merges_regions(self) -> bool:
+        """Whether consecutive regions are joined into blocks (:mod:`.merge_regions`): the
+        backend's ``codegen`` then also gets regions described as ``{"op": "block", "steps":
+        [...]}``, each step a member's description plus ``args`` (value ids: inputs first, then
+        earlier steps' outputs) and ``shape``."""
+        return False
+
     def prepare(self, mod: tvm.IRModule, entry: str) -> tvm.IRModule:
         """Rewrite the module before matching (e.g. fold batch norm into convolutions)."""
         return mod

@@ -42,13 +42,23 @@ class DnnlBackend(Backend):
 
     name = "dnnl"
 
+    def __init__(
+        self,
+        device: int | None = 0,
+        min_flops: float = 0.0,
+        devices: Any = None,
+        merge: bool = True,
+    ) -> None:
+        super().__init__(device, min_flops, devices)
+        #: Join consecutive regions into blocks that keep oneDNN's layouts inside (False: one
+        #: region per composite, reordered in and out at each; for comparisons).
+        self.merge = merge
+
+    def merges_regions(self) -> bool:
+        return self.merge
+
     def available(self) -> bool:
         return bool(tvm.get_global_func("tvm_hetero.dnnl.available")())
-
-    def prepare(self, mod: tvm.IRModule, entry: str) -> tvm.IRModule:
-        mod = SimplifyStackSum(entry)(mod)
-        mod = FoldConvAffine(entry)(mod)
-        return UnshareConstantReshapes(entry)(mod)
 
     def patterns(self, is_weight: WeightPredicate) -> list[FusionPattern]:
         out = []
@@ -61,6 +71,8 @@ class DnnlBackend(Backend):
         for bias in (True, False):
             for act in ACTIVATIONS:
                 out.append(self._matmul_pattern(bias, act, is_weight))
+        bmm = is_op("relax.matmul")(wildcard(), wildcard())
+        out.append(FusionPattern("dnnl.batch_matmul", bmm, {"anchor": bmm}, _check_batch_matmul))
         out.append(_channel_shuffle_pattern())
         norm = is_op("relax.nn.layer_norm")(wildcard(), wildcard(), wildcard())
         out.append(FusionPattern("dnnl.layer_norm", norm, {"anchor": norm}, _check_layer_norm))
@@ -69,7 +81,25 @@ class DnnlBackend(Backend):
         for op in ("max_pool2d", "avg_pool2d"):
             pool = is_op(f"relax.nn.{op}")(wildcard())
             out.append(FusionPattern(f"dnnl.{op}", pool, {"anchor": pool}, _check_pool))
+        out.append(_lrn_pattern())
+        for act in ("relu", None):
+            out.append(_scale_shift_pattern(act, is_weight))
+        mean = is_op("relax.mean")(wildcard())
+        out.append(FusionPattern("dnnl.global_avg_pool2d", mean, {"anchor": mean}, _check_global_mean))
+        for n in range(2, MAX_CONCAT_INPUTS + 1):
+            concat = is_op("relax.concat")(is_tuple([wildcard() for _ in range(n)]))
+            ann = {"anchor": concat, "concat": concat}
+            relu = _activation(concat, "relu", ann)  # ShuffleNet's concat then ReLU
+            out.append(FusionPattern(f"dnnl.concat{n}_relu", relu, ann, _check_concat))
+            out.append(FusionPattern(f"dnnl.concat{n}", concat, {"anchor": concat, "concat": concat}, _check_concat))
         return out
+
+    def prepare(self, mod: tvm.IRModule, entry: str) -> tvm.IRModule:
+        mod = SimplifyStackSum(entry)(mod)  # before DropNoOps: it matches the broadcasts
+        mod = DropNoOps(entry)(mod)
+        mod = FoldConvAffine(entry)(mod)
+        mod = FoldChannelAffine(entry)(mod)
+        return UnshareConstantReshapes(entry)(mod)
 
     def describe(self, composite: relax.Function, pattern: str) -> dict:
         return _describe(composite, pattern)
@@ -164,7 +194,8 @@ def set_num_threads(threads: int) -> None:
 
 
 def info() -> dict:
-    """``{"available", "version", "cpu_runtime", "threads"}`` of the oneDNN in libtvm_hetero."""
+    """``{"available", "version", "cpu_runtime", "threads", "scratch_bytes"}`` of the oneDNN in
+    libtvm_hetero; ``scratch_bytes``: the per-thread scratch (region arenas) now allocated."""
     return json.loads(tvm.get_global_func("tvm_hetero.dnnl.info")())
 
 
@@ -236,17 +267,31 @@ def _clip_bounds(call: relax.Call) -> tuple[float, float] | None:
 
 
 def _bias_add(top: Any) -> tuple[Any, Any, Any]:
-    """``add(top, bias)`` where the bias may be reshaped on the way (ONNX Conv's B)."""
+    """``add(top, bias)`` or ``add(bias, top)`` (torch's linear), where the bias may be reshaped
+    on the way (ONNX Conv's B)."""
     src = wildcard()
     bias = is_op("relax.reshape")(src, wildcard()) | src
-    add = is_op("relax.add")(top, bias)
+    add = is_op("relax.add")(top, bias) | is_op("relax.add")(bias, top)
     return add, add, src
+
+
+def _bias_operand(ctx: Any) -> Any:
+    """The operand of the bias add that is not computed inside the match (the bias, or its reshape)."""
+    add = ctx.annotated_expr["bias_add"]
+    bias = ctx.annotated_expr["bias"]
+    for arg in add.args:
+        value = ctx.matched_bindings.get(arg) if isinstance(arg, relax.Var) else None
+        if arg.same_as(bias) or (
+            isinstance(value, relax.Call) and value.op.name == "relax.reshape" and value.args[0].same_as(bias)
+        ):
+            return arg
+    return add.args[1]
 
 
 def _is_channel_bias(ctx: Any, is_weight: WeightPredicate, channels: int, rank: int) -> bool:
     if not is_weight(ctx.annotated_expr["bias"]):
         return False
-    operand = ctx.annotated_expr["bias_add"].args[1]
+    operand = _bias_operand(ctx)
     shape = _shape(operand)
     if shape is None or len(shape) > rank or not _all_f32(operand):
         return False
@@ -259,11 +304,20 @@ def _is_last_axis_bias(ctx: Any, is_weight: WeightPredicate, out: tuple[int, ...
     """A weight of shape (..., 1, N) broadcast along every axis of ``out`` but the last."""
     if not is_weight(ctx.annotated_expr["bias"]):
         return False
-    operand = ctx.annotated_expr["bias_add"].args[1]
+    operand = _bias_operand(ctx)
     shape = _shape(operand)
     if shape is None or len(shape) > len(out) or not _all_f32(operand):
         return False
     return (1,) * (len(out) - len(shape)) + tuple(shape) == (1,) * (len(out) - 1) + (out[-1],)
+
+
+def _check_batch_matmul(ctx: Any) -> bool:
+    """(..., M, K) @ (..., K, N) of two float32 tensors of rank 3-4 with equal batch dims (attention)."""
+    call = ctx.matched_expr
+    a, b = _shape(call.args[0]), _shape(call.args[1])
+    if a is None or b is None or len(a) != len(b) or not 3 <= len(a) <= 4:
+        return False
+    return a[:-2] == b[:-2] and a[-1] == b[-2] and _all_f32(*call.args, call)
 
 
 def _channel_shuffle_pattern() -> FusionPattern:
@@ -310,6 +364,105 @@ def _check_softmax(ctx: Any) -> bool:
     call = ctx.matched_expr
     shape = _shape(call.args[0])
     return shape is not None and 1 <= len(shape) <= 5 and _all_f32(call.args[0], call)
+
+
+#: The most inputs a concat region takes (one pattern per count).
+MAX_CONCAT_INPUTS = 64
+
+
+def _check_concat(ctx: Any) -> bool:
+    """Tensors of rank 1-5 with known shapes, float32."""
+    if has_leaking_intermediate_variables(ctx):
+        return False
+    call = ctx.annotated_expr["concat"]
+    out = _shape(call)
+    fields = call.args[0].fields
+    return (
+        out is not None
+        and 1 <= len(out) <= 5
+        and all(_shape(f) is not None for f in fields)
+        and _all_f32(call, *fields)
+    )
+
+
+def _lrn_pattern() -> FusionPattern:
+    """The frontends' local response norm across channels: ``x / (k + alpha * avg_pool3d(x * x
+    over a window of channels))**beta`` (ONNX LRN, Inception-v1), as one oneDNN LRN."""
+    x = wildcard()
+    alpha, k, beta = is_const(), is_const(), is_const()
+    pooled = is_op("relax.nn.avg_pool3d")(is_op("relax.expand_dims")(is_op("relax.multiply")(x, x)))
+    scaled = is_op("relax.add")(is_op("relax.multiply")(is_op("relax.squeeze")(pooled), alpha), k)
+    out = is_op("relax.divide")(x, is_op("relax.power")(scaled, beta))
+    ann = {"anchor": pooled, "data": x, "alpha": alpha, "k": k, "beta": beta, "pool": pooled}
+
+    def constants(matched: dict) -> dict[str, str]:
+        """The scalars, recorded on the composite: it receives constants as parameters."""
+        return {_LRN_ATTR: json.dumps({n: _scalar(matched[n]) for n in ("alpha", "beta", "k")})}
+
+    return FusionPattern("dnnl.lrn", out, ann, _check_lrn, constants)
+
+
+#: Attribute of an LRN composite: its alpha, beta and k as JSON.
+_LRN_ATTR = "tvm_hetero.lrn"
+
+
+def _check_lrn(ctx: Any) -> bool:
+    """A window of odd size over channels only, centred, averaged with its padding (ONNX's sum / size)."""
+    if has_leaking_intermediate_variables(ctx):
+        return False
+    ann = ctx.annotated_expr
+    shape, a = _shape(ann["data"]), ann["pool"].attrs
+    if shape is None or len(shape) != 4 or not _all_f32(ann["data"]) or a.layout != "NCDHW":
+        return False
+    size = [int(v) for v in a.pool_size]
+    half = (size[0] - 1) // 2
+    return (
+        size[0] % 2 == 1
+        and size[1:] == [1, 1]
+        and [int(v) for v in a.strides] == [1, 1, 1]
+        and [int(v) for v in a.dilation] == [1, 1, 1]
+        and [int(v) for v in a.padding] == [half, 0, 0, half, 0, 0]
+        and bool(a.count_include_pad)
+        and not bool(a.ceil_mode)
+        and None not in (_scalar(ann["alpha"]), _scalar(ann["k"]), _scalar(ann["beta"]))
+    )
+
+
+def _scale_shift_pattern(act: str | None, is_weight: WeightPredicate) -> FusionPattern:
+    """``x * scale + shift`` per channel of an NCHW tensor [+ activation]: a batch norm that no
+    convolution took (DenseNet's before each conv), as folded by :func:`FoldChannelAffine`."""
+    x, scale, shift = wildcard(), wildcard(), wildcard()
+    mul = is_op("relax.multiply")(x, scale)
+    top = is_op("relax.add")(mul, shift)
+    ann = {"anchor": mul, "data": x, "scale": scale, "shift": shift}
+    top = _activation(top, act, ann)
+    name = "dnnl.scale_shift" + (f"_{act}" if act else "")
+    return FusionPattern(name, top, ann, lambda ctx: _check_scale_shift(ctx, is_weight))
+
+
+def _check_scale_shift(ctx: Any, is_weight: WeightPredicate) -> bool:
+    if has_leaking_intermediate_variables(ctx) or not _check_activation(ctx):
+        return False
+    ann = ctx.annotated_expr
+    shape = _shape(ann["data"])
+    if shape is None or len(shape) != 4 or not _all_f32(ann["data"], ann["scale"], ann["shift"]):
+        return False
+    want = (1, shape[1], 1, 1)
+    for role in ("scale", "shift"):
+        v = _shape(ann[role])
+        if not is_weight(ann[role]) or v is None or (1,) * (4 - len(v)) + tuple(v) != want:
+            return False
+    return True
+
+
+def _check_global_mean(ctx: Any) -> bool:
+    """``mean(x, axis=[2, 3], keepdims=True)`` of an NCHW tensor: a global average pooling."""
+    call = ctx.matched_expr
+    shape = _shape(call.args[0])
+    axes = call.attrs.axis
+    if shape is None or len(shape) != 4 or axes is None or not bool(call.attrs.keepdims):
+        return False
+    return sorted(int(a) % 4 for a in axes) == [2, 3] and _all_f32(call.args[0], call)
 
 
 def _check_pool(ctx: Any) -> bool:
@@ -376,11 +529,42 @@ def _describe(composite: relax.Function, pattern: str) -> dict:
                 rank = len(_shape(value.args[0]))
                 spec.update(op="softmax", axis=int(value.attrs.axis) % rank, data=_input(value.args[0], index, bound))
                 continue
+            if op == "relax.concat":
+                rank = len(_shape(value))
+                fields = value.args[0].fields if isinstance(value.args[0], relax.Tuple) else bound[value.args[0]].fields
+                spec.update(op="concat", axis=int(value.attrs.axis) % rank, inputs=[_input(f, index, bound) for f in fields])
+                continue
+            if pattern == "dnnl.lrn":
+                if op == "relax.nn.avg_pool3d":
+                    spec.update(op="lrn", local_size=int(value.attrs.pool_size[0]))
+                    spec.update(json.loads(str(composite.attrs[_LRN_ATTR])))
+                elif op == "relax.divide":
+                    spec["data"] = _input(value.args[0], index, bound)
+                continue
+            if pattern.startswith("dnnl.scale_shift"):
+                if op == "relax.multiply":
+                    spec.update(op="scale_shift", data=_input(value.args[0], index, bound))
+                    spec["weight"] = _input(value.args[1], index, bound)
+                elif op == "relax.add":
+                    spec["bias"] = _input(value.args[1], index, bound)
+                elif op == "relax.nn.relu":
+                    spec["relu"] = True
+                continue
+            if op == "relax.mean":
+                h, w = _shape(value.args[0])[2:]
+                spec.update(
+                    op="avg_pool2d", data=_input(value.args[0], index, bound), pool_size=[h, w], strides=[1, 1],
+                    padding=[0, 0, 0, 0], dilation=[1, 1], count_include_pad=False,
+                )  # fmt: skip
+                continue
             if pattern == "dnnl.channel_shuffle":
                 if op == "relax.permute_dims":
                     spec.update(op="channel_shuffle", groups=int(_shape(value.args[0])[1]))
                 elif "data" not in spec:
                     spec["data"] = _input(value.args[0], index, bound)
+                continue
+            if pattern == "dnnl.batch_matmul":
+                spec.update(op="batch_matmul", inputs=[_input(a, index, bound) for a in value.args])
                 continue
             if op in ("relax.nn.conv2d", "relax.matmul", "relax.nn.max_pool2d", "relax.nn.avg_pool2d"):
                 spec["op"] = op.rsplit(".", 1)[1]
@@ -447,6 +631,23 @@ def _derives_from(expr: Any, root: Any, bound: dict) -> bool:
 
 
 # ---- prepare: module passes -----------------------------------------------------------------
+def DropNoOps(entry: str = "main") -> tvm.transform.Pass:
+    """``dropout(x)[0]`` and ``broadcast_to(x, shape of x)`` -> ``x``: inference ignores dropout
+    (and the tuple it makes would cut a chain of regions in two); torch's attention broadcasts
+    to the shape a tensor already has, which would be a copy kernel between two regions."""
+    x = wildcard()
+    dropout = is_tuple_get_item(is_op("relax.nn.dropout")(x), 0)
+    broadcast = is_op("relax.broadcast_to")(x, wildcard())
+
+    def rewrite(orig: Any, m: dict) -> Any:
+        if isinstance(orig, relax.TupleGetItem):
+            return m[x]
+        same = _shape(orig) is not None and _shape(orig) == _shape(m[x]) and orig.ty.dtype == m[x].ty.dtype
+        return m[x] if same else orig
+
+    return _rewrite_pass(dropout | broadcast, rewrite, entry, "DropNoOps")
+
+
 def SimplifyStackSum(entry: str = "main") -> tvm.transform.Pass:
     """``sum(stack([broadcast_to(a), broadcast_to(b)]), axis=0)`` with equal shapes -> ``add(a, b)``."""
     a, b = wildcard(), wildcard()
@@ -530,6 +731,62 @@ def FoldConvAffine(entry: str = "main", rounds: int = 8) -> tvm.transform.Pass:
         )
         return relax.op.add(new_conv, relax.const(new_b.astype(np.float32).reshape(1, channels, 1, 1)))
 
+    return _rounds_pass(pattern, rewrite, entry, rounds, "FoldConvAffine")
+
+
+def FoldChannelAffine(entry: str = "main", rounds: int = 8) -> tvm.transform.Pass:
+    """Inference batch norms that no convolution took, and the per-channel multiplies and adds
+    by constants after them, become one ``x * scale + shift`` (constants of shape (1, C, 1, 1)).
+
+    ``batch_norm(x)[0]`` -> ``x * s + t``; then ``(x * s + t) * c`` -> ``x * (s c) + t c`` and
+    ``(x * s + t) + c`` -> ``x * s + (t + c)`` when the inner values have no other user; repeated
+    (at most ``rounds`` times, until nothing changes). Run after :func:`FoldConvAffine`, so a batch
+    norm after a convolution is folded into its weights first.
+    """
+    x = wildcard()
+    stats = [is_const() for _ in range(4)]
+    bn_call = is_op("relax.nn.batch_norm")(x, *stats)
+    bn = is_tuple_get_item(bn_call, 0)
+    s, t, c = is_const(), is_const(), is_const()
+    mul = is_op("relax.multiply")(x, s)
+    affine = is_op("relax.add")(mul, t)
+    pattern = bn | is_op("relax.multiply")(affine, c) | is_op("relax.add")(affine, c)
+
+    def rewrite(orig: Any, m: dict, uses: dict) -> Any:
+        shape = _shape(m[x])
+        if shape is None or len(shape) != 4 or not _all_f32(m[x]):
+            return orig
+        channels = shape[1]
+        if isinstance(orig, relax.TupleGetItem):
+            a = m[bn_call].attrs
+            if bool(a.training) or int(a.axis) != 1:
+                return orig
+            gamma, beta, mean, var = (v.value.numpy().astype(np.float64) for v in m[bn_call].args[1:5])
+            scale = (gamma if bool(a.scale) else 1.0) / np.sqrt(var + float(a.epsilon))
+            shift = (beta if bool(a.center) else 0.0) - mean * scale
+        else:
+            if uses.get(m[affine]) != 1 or uses.get(m[mul]) != 1:
+                return orig
+            scale, shift = _channel_vector(m[s], channels), _channel_vector(m[t], channels)
+            other = _channel_vector(m[c], channels)
+            if scale is None or shift is None or other is None:
+                return orig
+            if orig.op.name == "relax.multiply":
+                scale, shift = scale * other, shift * other
+            else:
+                shift = shift + other
+        if scale.shape != (channels,) or shift.shape != (channels,):
+            return orig
+        as_const = lambda v: relax.const(v.astype(np.float32).reshape(1, channels, 1, 1))  # noqa: E731
+        return relax.op.add(relax.op.multiply(m[x], as_const(scale)), as_const(shift))
+
+    return _rounds_pass(pattern, rewrite, entry, rounds, "FoldChannelAffine")
+
+
+def _rounds_pass(pattern: Any, rewrite: Any, entry: str, rounds: int, name: str) -> tvm.transform.Pass:
+    """Rewrite ``pattern`` matches with ``rewrite(orig, match, use_counts)`` in rounds (use counts
+    taken afresh each round) until a round changes nothing, at most ``rounds`` times."""
+
     def fold(mod: tvm.IRModule, _ctx: Any) -> tvm.IRModule:
         for _ in range(rounds):
             uses = _use_counts(mod[entry])
@@ -546,7 +803,7 @@ def FoldConvAffine(entry: str = "main", rounds: int = 8) -> tvm.transform.Pass:
                 break
         return mod
 
-    return tvm.transform.module_pass(fold, opt_level=0, name="FoldConvAffine")
+    return tvm.transform.module_pass(fold, opt_level=0, name=name)
 
 
 def _channel_vector(const: tvm.ir.Constant, channels: int) -> np.ndarray | None:

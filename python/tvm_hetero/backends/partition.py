@@ -6,14 +6,16 @@ bind_constants=False)`` turns every match of its patterns into a call to a funct
 ``Codegen`` attribute; weights stay arguments of that call, so they become graph parameters. A
 pattern's check applies the backend's legality rules and its cost gate (``min_flops``); what no
 pattern takes stays a Relax op and is lowered to TVM kernels (the fallback). Each region is one
-composite (an anchor op and its fused post-ops); regions are not merged further.
+composite (an anchor op and its fused post-ops); a backend that ``merges_regions`` then has its
+consecutive region calls joined into blocks (:mod:`.merge_regions`), one region each.
 
 A backend with ``device=None`` follows the placement: after its ``prepare``, ``place`` gives
 every op call of the entry function a device; a match is taken only if its anchor op's device
 can run the backend, and its region runs there.
 
 Guarantee: every region has one output and its intermediate values are used only inside it (the
-backends' pattern checks reject a match that would leak one), and :func:`.region_check.
+backends' pattern checks reject a match that would leak one; a block takes in a region call only
+when every reader of its value is in the block, and never one on another device), and :func:`.region_check.
 check_partitioned` verifies that, with every use after its definition, after each partitioning.
 """
 
@@ -27,6 +29,7 @@ from tvm import relax
 from tvm.relax.transform import FusionPattern
 
 from .base import Backend, Region
+from .merge_regions import merge_regions
 from .region_check import check_partitioned
 
 CODEGEN_ATTR = "Codegen"
@@ -73,7 +76,10 @@ def partition_for_backends(
         mod = relax.transform.FuseOpsByPattern(
             patterns, bind_constants=False, annotate_codegen=True, entry_functions=[entry]
         )(mod)
-        regions.update(_collect_regions(mod, backend, set(regions)))
+        found = _collect_regions(mod, backend, set(regions))
+        if backend.merges_regions():
+            mod, found = merge_regions(mod, entry, found, backend.name)
+        regions.update(found)
     check_partitioned(mod, entry, regions)
     return mod, regions
 

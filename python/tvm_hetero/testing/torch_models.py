@@ -1,6 +1,6 @@
 """PyTorch models for end-to-end checks: torch.export -> Relax -> ``tvm_hetero.build`` vs torch eager.
 
-Two families, all with seeded random weights and nothing downloaded:
+Three families, all with seeded random weights and nothing downloaded:
 
 - :data:`BLOCKS`: the smallest models that show the shapes real architectures have and partitioning
   once got wrong: a MobileNetV2 inverted-residual stack (a conv + bias output read by the next
@@ -10,6 +10,8 @@ Two families, all with seeded random weights and nothing downloaded:
 - :data:`ARCHITECTURES`: MobileNetV3-small (torchvision's, written out) and Hugging Face
   ``transformers`` architectures built from tiny configs (:data:`TRANSFORMERS`: MobileNetV2,
   EfficientNet, ResNet, BERT, RoBERTa, GPT-2, ViT), returning their first output.
+- :data:`SPEED`: full-size ResNet-18 and MobileNetV2 (written out) and a BERT-base-sized
+  ``nn.TransformerEncoderLayer``, the models bench/default_vs_torch.py times against torch.
 
 :func:`imported` exports a model (batch-norm statistics randomized so eval mode matters) and
 :func:`run_and_compare` builds, runs and returns the largest error relative to torch's output.
@@ -142,6 +144,72 @@ BLOCKS = (
 )
 
 
+# ---- the speed goal's models (docs/performance.md), full size, written out --------------------
+def _speed_models() -> dict[str, Callable[[], tuple[Any, tuple]]]:
+    torch = _torch()
+    nn = torch.nn
+
+    def conv_bn(i: int, o: int, k: int, stride: int = 1, groups: int = 1, act: Any = nn.ReLU) -> nn.Module:
+        layers = [nn.Conv2d(i, o, k, stride, k // 2, groups=groups, bias=False), nn.BatchNorm2d(o)]
+        return nn.Sequential(*layers, act()) if act else nn.Sequential(*layers)
+
+    class Basic(nn.Module):
+        """ResNet's basic block: two 3x3 convs and the shortcut (a strided 1x1 conv when it must)."""
+
+        def __init__(self, i: int, o: int, stride: int) -> None:
+            super().__init__()
+            self.f = nn.Sequential(conv_bn(i, o, 3, stride), conv_bn(o, o, 3, act=None))
+            self.short = conv_bn(i, o, 1, stride, act=None) if stride != 1 or i != o else nn.Identity()
+
+        def forward(self, x):
+            return torch.relu(self.f(x) + self.short(x))
+
+    def resnet18() -> nn.Module:
+        layers, c = [conv_bn(3, 64, 7, 2), nn.MaxPool2d(3, 2, 1)], 64
+        for o, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+            layers += [Basic(c, o, stride), Basic(o, o, 1)]
+            c = o
+        return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, 1000))
+
+    class Inverted(nn.Module):
+        """MobileNetV2's inverted residual: expand 1x1, depthwise 3x3, project 1x1 (+ x)."""
+
+        def __init__(self, i: int, o: int, stride: int, t: int) -> None:
+            super().__init__()
+            e = i * t
+            expand = [conv_bn(i, e, 1, act=nn.ReLU6)] if t != 1 else []
+            self.f = nn.Sequential(*expand, conv_bn(e, e, 3, stride, e, nn.ReLU6), conv_bn(e, o, 1, act=None))
+            self.residual = stride == 1 and i == o
+
+        def forward(self, x):
+            return x + self.f(x) if self.residual else self.f(x)
+
+    def mobilenet_v2() -> nn.Module:
+        layers, c = [conv_bn(3, 32, 3, 2, act=nn.ReLU6)], 32
+        for t, o, n, stride in ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1),
+                                (6, 160, 3, 2), (6, 320, 1, 1)):  # fmt: skip
+            for k in range(n):
+                layers.append(Inverted(c, o, stride if k == 0 else 1, t))
+                c = o
+        layers += [conv_bn(c, 1280, 1, act=nn.ReLU6), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(1280, 1000)]
+        return nn.Sequential(*layers)
+
+    def encoder() -> nn.Module:
+        return nn.TransformerEncoderLayer(d_model=512, nhead=8, dim_feedforward=2048, dropout=0.0, batch_first=True)
+
+    image = lambda: (torch.randn(1, 3, 224, 224),)  # noqa: E731
+    return {
+        "resnet18_like": lambda: (resnet18(), image()),
+        "mobilenet_v2_like": lambda: (mobilenet_v2(), image()),
+        "transformer_encoder_layer": lambda: (encoder(), (torch.randn(1, 128, 512),)),
+    }
+
+
+#: The speed goal's models: ResNet-18 and MobileNetV2 (ImageNet-sized, 1x3x224x224) and a BERT-base
+#: sized nn.TransformerEncoderLayer on 128 tokens.
+SPEED = ("resnet18_like", "mobilenet_v2_like", "transformer_encoder_layer")
+
+
 # ---- MobileNetV3-small, written out ------------------------------------------------------------
 def _mobilenet_v3_small() -> tuple[Any, tuple]:
     """torchvision's MobileNetV3-small layer for layer (its wheel is not loadable here)."""
@@ -271,24 +339,32 @@ def _randomize_batch_norms(model: Any) -> None:
 ARCHITECTURES = ("mobilenet_v3_small", *TRANSFORMERS)
 
 
+def torch_model(name: str) -> tuple[Any, tuple]:
+    """``(model in eval mode, example inputs)`` of ``name``, seeded: equal weights on every call."""
+    torch = _torch()
+    torch.manual_seed(0)
+    if name == "mobilenet_v3_small":
+        factory = _mobilenet_v3_small
+    else:
+        factory = _blocks().get(name) or _speed_models().get(name)
+        factory = factory or (_transformers().get(name) if name in TRANSFORMERS else None)
+    if factory is None:
+        raise KeyError(f"no model {name!r}; choose one of {', '.join(BLOCKS + SPEED + ARCHITECTURES)}")
+    model, args = factory()
+    _randomize_batch_norms(model)
+    model = _first_output(model, name in _WITH_ATTENTION_MASK).eval() if name in TRANSFORMERS else model.eval()
+    return model, args
+
+
 def imported(name: str) -> tuple[Any, list[np.ndarray], np.ndarray]:
-    """``(Relax module, inputs, torch's output)`` of the block or transformers model ``name``.
+    """``(Relax module, inputs, torch's output)`` of the model ``name`` (:func:`torch_model`).
 
     Weights are constants of the module (``from_exported_program``'s default).
     """
     torch = _torch()
     from tvm.relax.frontend.torch import from_exported_program
 
-    torch.manual_seed(0)
-    if name == "mobilenet_v3_small":
-        factory = _mobilenet_v3_small
-    else:
-        factory = _blocks().get(name) or (_transformers().get(name) if name in TRANSFORMERS else None)
-    if factory is None:
-        raise KeyError(f"no model {name!r}; choose one of {', '.join(BLOCKS + ARCHITECTURES)}")
-    model, args = factory()
-    _randomize_batch_norms(model)
-    model = _first_output(model, name in _WITH_ATTENTION_MASK).eval() if name in TRANSFORMERS else model.eval()
+    model, args = torch_model(name)
     with torch.no_grad():
         expected = model(*args).numpy()
         exported = torch.export.export(model, args)

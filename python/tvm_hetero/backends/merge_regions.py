@@ -1,0 +1,185 @@
+"""Merging a backend's regions into blocks: consecutive region calls become one region call.
+
+After matching, every region is one composite (an anchor op and its post-ops), so its output
+leaves the backend at every region. :func:`merge_regions` joins region calls of one backend on
+one device into a *block*: a region whose members run in order inside the backend, which keeps
+the values passed between them in its own layouts (oneDNN's blocked layouts) and converts only
+at the block's edges.
+
+Algorithm (tree fusion from the sinks): walk the entry function's region calls from the last to
+the first; an unassigned call starts a group as its sink; a region call is absorbed into the group
+when every use of its value is a member of the group (repeated until nothing changes). A value
+read by the function's output or by any op outside the group is never absorbed.
+
+Guarantee: every group has one output (its sink's value; every other member's value is read only
+inside the group) and is convex: each member reaches the sink through members, so a path that
+leaves the group can only start at the sink, and no outside value depends on a member but through
+the sink. Placing the block call where its sink was therefore keeps every use after its
+definition; :func:`.region_check.check_partitioned` verifies that after partitioning.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tvm
+from tvm import relax
+
+from .base import Region
+
+#: Attribute of a block function: how many regions it joined (for readers of the module).
+BLOCK_SIZE_ATTR = "tvm_hetero.block_size"
+
+
+def merge_regions(
+    mod: tvm.IRModule, entry: str, regions: dict[str, Region], backend: str
+) -> tuple[tvm.IRModule, dict[str, Region]]:
+    """Join ``backend``'s region calls in ``entry`` into blocks; returns the module and every
+    region still called (the blocks and the calls left alone), by symbol."""
+    func = mod[entry]
+    calls: dict[relax.Var, tuple[Region, relax.Call]] = {}
+    order: list[relax.Var] = []
+    kept: dict[str, Region] = {}
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            value = binding.value
+            if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.GlobalVar):
+                region = regions.get(value.op.name_hint)
+                if region is not None and region.backend == backend and _is_static_tensor(binding.var):
+                    calls[binding.var] = (region, value)
+                    order.append(binding.var)
+                elif region is not None:
+                    kept[region.name] = region  # not a tensor: left alone
+    users = _users(func)
+    group_of: dict[relax.Var, relax.Var] = {}  # member -> its group's sink
+    groups: dict[relax.Var, list[relax.Var]] = {}
+    for sink in reversed(order):
+        if sink in group_of:
+            continue
+        members = {sink}
+        group_of[sink] = sink
+        changed = True
+        while changed:
+            changed = False
+            for var in list(members):
+                for arg in calls[var][1].args:
+                    if arg in members or arg not in calls or arg in group_of:
+                        continue
+                    if calls[arg][0].device != calls[sink][0].device:
+                        continue
+                    if users.get(arg) and users[arg] <= members:
+                        members.add(arg)
+                        group_of[arg] = sink
+                        changed = True
+        groups[sink] = [v for v in order if v in members]
+
+    new_value: dict[relax.Var, relax.Call] = {}
+    builder = relax.BlockBuilder(mod)
+    for sink, members in groups.items():
+        if len(members) == 1:
+            region = calls[sink][0]
+            kept[region.name] = region
+            continue
+        region, inputs, function = _block(sink, members, calls, len(new_value))
+        gv = builder.add_func(function, region.name)
+        new_value[sink] = relax.Call(gv, inputs)
+        kept[region.name] = region
+    if not new_value:
+        return mod, kept
+    mod = builder.get()
+    dropped = {v for v, sink in group_of.items() if v is not sink and sink in new_value}
+    blocks = []
+    for block in func.body.blocks:
+        bindings = []
+        for binding in block.bindings:
+            if binding.var in dropped:
+                continue
+            if binding.var in new_value:
+                binding = relax.VarBinding(binding.var, new_value[binding.var])
+            bindings.append(binding)
+        kind = relax.DataflowBlock if isinstance(block, relax.DataflowBlock) else relax.BindingBlock
+        blocks.append(kind(bindings))
+    mod[entry] = relax.Function(
+        func.params, relax.SeqExpr(blocks, func.body.body), func.ret_ty, func.is_pure, func.attrs
+    )
+    return mod, kept
+
+
+def _block(
+    sink: relax.Var,
+    members: list[relax.Var],
+    calls: dict[relax.Var, tuple[Region, relax.Call]],
+    index: int,
+) -> tuple[Region, list[Any], relax.Function]:
+    """The block of ``members`` (in order, ``sink`` last): its region, call arguments and function
+    (one parameter per outside value read, each member's function called in order); its symbol is
+    the sink region's with ``_block<index>`` before the backend's name."""
+    inputs: list[Any] = []  # outside values read, in order of first use
+
+    def input_index(expr: Any) -> int:
+        for i, seen in enumerate(inputs):
+            if seen.same_as(expr):
+                return i
+        inputs.append(expr)
+        return len(inputs) - 1
+
+    step_of = {var: k for k, var in enumerate(members)}
+    step_args = []
+    for var in members:
+        step_args.append([("step", step_of[a]) if a in step_of else ("input", input_index(a)) for a in calls[var][1].args])
+    n = len(inputs)
+    params = [relax.Var(f"in{i}", _type_of(x)) for i, x in enumerate(inputs)]
+    bindings, outs, steps, ops = [], [], [], []
+    for k, var in enumerate(members):
+        region, call = calls[var]
+        args = [params[i] if kind == "input" else outs[i] for kind, i in step_args[k]]
+        out = relax.Var(f"step{k}", var.ty)
+        bindings.append(relax.VarBinding(out, relax.Call(call.op, args)))
+        outs.append(out)
+        spec = {key: v for key, v in region.spec.items() if key not in ("name", "num_inputs")}
+        spec["args"] = [i if kind == "input" else n + i for kind, i in step_args[k]]
+        spec["shape"] = [int(d) for d in var.ty.shape.values]
+        steps.append(spec)
+        ops.extend(region.ops)
+    sink_region = calls[sink][0]
+    stem = sink_region.name.removesuffix(f"_{sink_region.backend}")
+    name = f"{stem}_block{index}_{sink_region.backend}"
+    body = relax.SeqExpr([relax.BindingBlock(bindings)], outs[-1])
+    function = relax.Function(params, body, sink.ty, True)
+    for key, value in {"Codegen": sink_region.backend, BLOCK_SIZE_ATTR: len(members)}.items():
+        function = function.with_attr(key, value)
+    region = Region(
+        name=name,
+        backend=sink_region.backend,
+        device=sink_region.device,
+        pattern="block",
+        ops=ops,
+        spec={"name": name, "op": "block", "num_inputs": n, "steps": steps},
+    )
+    return region, inputs, function
+
+
+def _is_static_tensor(var: relax.Var) -> bool:
+    """A tensor of known shape: what a block's step describes (a region returning anything else is
+    left alone, for :func:`.region_check.check_partitioned` to name)."""
+    ty = var.ty
+    return isinstance(ty, relax.TensorType) and isinstance(ty.shape, relax.ShapeExpr)
+
+
+def _type_of(expr: Any) -> Any:
+    ty = getattr(expr, "ty", None)
+    if ty is None:
+        raise ValueError(f"region block: an input ({expr}) has no type")
+    return ty
+
+
+def _users(func: relax.Function) -> dict[relax.Var, set[Any]]:
+    """For each bound variable, the binding variables reading it (``None``: the function's output)."""
+    out: dict[relax.Var, set[Any]] = {}
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            for var in relax.analysis.free_vars(binding.value):
+                out.setdefault(var, set()).add(binding.var)
+    for var in relax.analysis.free_vars(func.body.body):
+        out.setdefault(var, set()).add(None)
+    return out
