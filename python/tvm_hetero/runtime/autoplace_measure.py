@@ -1,6 +1,7 @@
 """Timing for automatic placement, on the runtime itself (:class:`RuntimeMeasurer`).
 
-Kernels are timed the way they will run: the kernels to time on a device become one graph of
+Kernels (and backend regions, through their backend's codegen) are timed the way they will run:
+the kernels to time on a device become one graph of
 independent nodes (each reading inputs of its own, filled with seeded random values) on that device
 alone, run by the graph runtime with the device's executor settings (``device_options``: a thread
 pinned to its cores with its own TVM thread pool), and the runtime's step trace gives each kernel's
@@ -75,6 +76,8 @@ class RuntimeMeasurer:
         """A runtime running ``job``'s kernels as independent nodes on its device alone, inputs set:
         (its trace function, the kernel node ids in call order)."""
         lib = compile_for_target(job.kernels, job.target)
+        for backend, regions in job.externals:  # a fresh module each time: backends keep state by address
+            lib.import_module(backend.codegen(regions))
         nodes: list[Node] = []
         kernel_ids: list[int] = []
         for i, call in enumerate(job.calls):

@@ -59,6 +59,13 @@ class CostCache:
         )
         self._db.commit()
 
+    def put_many(self, kind: str, rows: list[tuple[str, str, str, float]]) -> None:
+        """``(key, target, settings, seconds)`` rows of one kind, in one transaction."""
+        self._db.executemany(
+            "INSERT OR REPLACE INTO costs VALUES (?, ?, ?, ?, ?)", [(kind, k, t, s, float(x)) for k, t, s, x in rows]
+        )
+        self._db.commit()
+
     def close(self) -> None:
         self._db.close()
 

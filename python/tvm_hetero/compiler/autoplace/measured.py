@@ -22,6 +22,9 @@ goes into the build report and the artifact's manifest); :mod:`.report` writes i
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -29,12 +32,15 @@ from typing import Any, Protocol
 
 import tvm
 
+from ...backends import Backend, Region
 from ..lower import lower_to_graph
 from ..placement import Capabilities, OpInfo
 from ..schedule_model import CostModel, simulate
+from .backend_choice import ChosenRegions, partition_with_ops, prepare
 from .cost_cache import CostCache, settings_key
-from .kernel_graph import KernelGraph, kernel_graph, kernel_key, op_allowed
+from .kernel_graph import kernel_key, op_allowed
 from .solver import OBJECTIVES, single_device_placements, solve
+from .units import TVM, Part, Units, make_units
 
 #: A split over devices must be predicted this much faster than the best single device to be used:
 #: every cross-device edge costs a wake-up the model does not charge, and costs measured on a
@@ -44,7 +50,7 @@ MIN_GAIN = 0.05
 
 @dataclass
 class KernelCall:
-    """One kernel to time: its name in the module handed over, and its arguments' types."""
+    """One kernel or region to time: its name in the module handed over, and its arguments' types."""
 
     func_name: str
     input_types: list[tuple[tuple[int, ...], str]]
@@ -53,7 +59,8 @@ class KernelCall:
 
 @dataclass
 class MeasureJob:
-    """The kernels to time on one device: ``kernels`` holds every function ``calls`` names."""
+    """What to time on one device: ``kernels`` holds every TVM kernel ``calls`` names, and each
+    backend in ``externals`` the regions it names (the measurer runs the backend's codegen)."""
 
     position: int
     kernels: tvm.IRModule
@@ -61,6 +68,7 @@ class MeasureJob:
     device: tvm.runtime.Device
     target: tvm.target.Target
     options: dict | None
+    externals: list[tuple[Backend, list[Region]]] = field(default_factory=list)
 
 
 class Measurer(Protocol):
@@ -76,7 +84,8 @@ class Measurer(Protocol):
 
 @dataclass
 class AutoPlacement:
-    """The outcome: a per-op placement for the lowering, and the explanation."""
+    """The outcome: a per-op placement for the lowering, the backends that form only the chosen
+    regions, the prepared module both apply to, and the explanation."""
 
     choose: Callable[[OpInfo], int]
     explanation: dict[str, Any] = field(default_factory=dict)
@@ -84,18 +93,24 @@ class AutoPlacement:
     kernel_devices: list[int] = field(default_factory=list)
     #: What measured the costs (the build also asks it for the built graph's latency).
     measurer: Any = None
-    #: The kernel DAG decided on, and the ops it was lowered from (to predict other placements).
-    kernels: KernelGraph | None = None
+    #: The unit DAG decided on, and the ops it was lowered from (to predict other placements).
+    kernels: Units | None = None
     ops: list[OpInfo] = field(default_factory=list)
+    #: The module as the backends prepared it: the build lowers this one, with :attr:`backends`.
+    module: tvm.IRModule | None = None
+    #: Backends restricted to the regions chosen (empty: TVM kernels run every op).
+    backends: list[Backend] = field(default_factory=list)
+    #: Variant (``"tvm"`` or a backend's name) of every unit on its device.
+    unit_variants: list[str] = field(default_factory=list)
 
     def kernel_assignment(self, placement: Callable[[OpInfo], int]) -> list[int]:
-        """The device of every kernel under an op ``placement`` (that of its first op), to predict it."""
-        devices: list[int] = [0] * self.kernels.num_kernels
-        seen = [False] * self.kernels.num_kernels
+        """The device of every unit under an op ``placement`` (that of its first op), to predict it."""
+        devices: list[int] = [0] * self.kernels.num_units
+        seen = [False] * self.kernels.num_units
         for info in self.ops:
-            kernel = self.kernels.op_kernel[info.index]
-            if kernel is not None and not seen[kernel]:
-                devices[kernel], seen[kernel] = int(placement(info)), True
+            unit = self.kernels.unit_of.get(info.name)
+            if unit is not None and not seen[unit]:
+                devices[unit], seen[unit] = int(placement(info)), True
         return devices
 
 
@@ -114,41 +129,75 @@ def choose_placement(
     capabilities: Capabilities | None = None,
     progress: Callable[[str], None] | None = None,
     min_gain: float = MIN_GAIN,
+    backends: Sequence[Backend] = (),
 ) -> AutoPlacement:
     """Measure and solve (see the module docstring). A placement over several devices is kept
-    only if it is predicted at least ``min_gain`` (relative) faster than the best single device."""
+    only if it is predicted at least ``min_gain`` (relative) faster than the best single device.
+    ``backends``: external backends whose regions are a measured choice on the devices they run on."""
     if objective not in OBJECTIVES:  # before any measuring
         raise ValueError(f"objective {objective!r}: expected one of {', '.join(OBJECTIVES)}")
     say = progress or (lambda _msg: None)
     num_devices = len(devices)
     options = list(device_options or []) + [None] * num_devices
+    backend_list = [b for b in backends if any(b.runs_on(d) for d in range(num_devices))]
+    def analysis_wrappers() -> list[ChosenRegions]:  # regions formed on device 0, where every op is put
+        return [ChosenRegions(b, range(num_devices)) for b in backend_list]
+
+    wrappers = analysis_wrappers()
+    prepared = prepare(mod, backend_list, entry)
+
+    say("automatic placement: lowering once to find the kernels"
+        + (f" and once with {', '.join(b.name for b in backend_list)} regions" if backend_list else ""))
     ops: list[OpInfo] = []
+    lowered = lower_to_graph(prepared, _recorder(ops), num_devices, params, entry, targets=targets, track_ops=True)
+    region_lowered, region_ops = None, []
+    if wrappers:
+        found = partition_with_ops(prepared, wrappers, entry, _weight_names(prepared, entry, params))
+        region_lowered = lower_to_graph(prepared, _recorder([]), num_devices, params, entry, analysis_wrappers(),
+                                        targets=targets, track_ops=True)
+        symbols = [n.func_name for n in region_lowered.graph.nodes if n.func_name in region_lowered.regions]
+        if symbols != found.symbols:  # partitioning is deterministic: the same regions, in the same order
+            raise ValueError("automatic placement: two partitionings of one module differ (internal error)")
+        region_ops = [None if m is None else (next(w.name for w in wrappers if m in w.matches), m.anchor, m.ops)
+                      for m in found.matches]
+    units = make_units(ops, lowered, region_lowered, region_ops)
+    info_of = {info.name: info for info in ops}
+    num_units = units.num_units
+    allowed = [[True] * num_devices for _ in range(num_units)]
+    if capabilities is not None:
+        for u in range(num_units):
+            for d in range(num_devices):
+                allowed[u][d] = all(op_allowed(capabilities, info_of[n], d) for n in units.ops[u])
+            if not any(allowed[u]):  # no device supports every op of it: the table's fallback runs it
+                allowed[u][capabilities.fallback] = True
+    lowerings = [lowered, region_lowered]
+    backend_of = {b.name: b for b in backend_list}
 
-    def record(info: OpInfo) -> int:
-        ops.append(info)
-        return 0
-
-    say("automatic placement: lowering once to find the kernels")
-    lowered = lower_to_graph(mod, record, num_devices, params, entry, targets=targets, track_ops=True)
-    kernels = kernel_graph(lowered, ops, num_devices, capabilities)
-    keys = [kernel_key(lowered.kernels[name]) for name in kernels.func_names]
-    cost = [[math.inf] * num_devices for _ in range(kernels.num_kernels)]
-    counts = {"measured": 0, "cached": 0}
-    jobs: list[MeasureJob] = []
-    job_keys: list[list[str]] = []
+    # every (unit, device, variant) -> the parts to time there, each with its measurement key
     settings = [settings_key(str(device), options[d]) for d, device in enumerate(devices)]
+    wanted: list[dict[str, tuple[str, Any]]] = [{} for _ in range(num_devices)]  # key -> (kind, part)
+    choices: list[list[dict[str, list[str]]]] = [[{} for _ in range(num_devices)] for _ in range(num_units)]
+    for u in range(num_units):
+        for d in range(num_devices):
+            if not allowed[u][d]:
+                continue
+            for variant, parts in units.variants[u].items():
+                if variant != TVM and not backend_of[variant].runs_on(d):
+                    continue
+                keys = []
+                for part in parts:
+                    key = _part_key(lowerings[part.lowering], part)
+                    wanted[d].setdefault(key, (variant, part))
+                    keys.append(key)
+                choices[u][d][variant] = keys
+
+    counts = {"measured": 0, "cached": 0}
+    jobs, job_keys = [], []
     for d, device in enumerate(devices):
-        wanted = {keys[k] for k in range(kernels.num_kernels) if kernels.allowed[k][d]}
-        missing: dict[str, int] = {}  # key -> a kernel with it
-        for k in range(kernels.num_kernels):
-            if kernels.allowed[k][d] and cache.get("kernel", keys[k], str(targets[d]), settings[d]) is None:
-                missing.setdefault(keys[k], k)
-        counts["cached"] += len(wanted) - len(missing)
+        missing = {k: v for k, v in wanted[d].items() if cache.get("kernel", k, str(targets[d]), settings[d]) is None}
+        counts["cached"] += len(wanted[d]) - len(missing)
         if missing:
-            calls = [_kernel_call(lowered, kernels, k) for k in missing.values()]
-            names = {c.func_name for c in calls}
-            module = tvm.IRModule({gv: f for gv, f in lowered.kernels.functions.items() if gv.name_hint in names})
-            jobs.append(MeasureJob(d, module, calls, device, targets[d], options[d]))
+            jobs.append(_job(d, device, targets[d], options[d], missing, lowerings, backend_of))
             job_keys.append(list(missing))
     if jobs:
         say("automatic placement: measuring " + ", ".join(
@@ -161,13 +210,19 @@ def choose_placement(
             if bad:
                 raise ValueError(f"measurer on {job.device}: expected {len(key_list)} finite non-negative "
                                  f"times, got {list(job_times)[:8]}")
-            for key, seconds in zip(key_list, job_times):
-                cache.put("kernel", key, str(targets[job.position]), settings[job.position], seconds)
+            cache.put_many("kernel", [(key, str(targets[job.position]), settings[job.position], seconds)
+                                      for key, seconds in zip(key_list, job_times)])
             counts["measured"] += len(key_list)
-    for d in range(num_devices):
-        for k in range(kernels.num_kernels):
-            if kernels.allowed[k][d]:
-                cost[k][d] = cache.get("kernel", keys[k], str(targets[d]), settings[d])
+    seconds_of = [{k: cache.get("kernel", k, str(targets[d]), settings[d]) for k in wanted[d]} for d in range(num_devices)]
+
+    cost = [[math.inf] * num_devices for _ in range(num_units)]
+    variant_costs: list[list[dict[str, float]]] = [[{} for _ in range(num_devices)] for _ in range(num_units)]
+    for u in range(num_units):
+        for d in range(num_devices):
+            for variant, keys in choices[u][d].items():
+                variant_costs[u][d][variant] = sum(seconds_of[d][k] for k in keys)
+            if variant_costs[u][d]:
+                cost[u][d] = min(variant_costs[u][d].values())
 
     latency = [[0.0] * num_devices for _ in range(num_devices)]
     per_byte = [[0.0] * num_devices for _ in range(num_devices)]
@@ -176,8 +231,8 @@ def choose_placement(
         for b in range(num_devices):
             if not shared[a][b]:
                 latency[a][b], per_byte[a][b] = _copy_cost(measurer, cache, devices, options, a, b)
-    model = CostModel(cost, kernels.preds, kernels.out_bytes, latency, per_byte, [0.0] * num_devices, shared)
-    say(f"automatic placement: solving for {kernels.num_kernels} kernels on {num_devices} devices")
+    model = CostModel(cost, units.preds, units.out_bytes, latency, per_byte, [0.0] * num_devices, shared)
+    say(f"automatic placement: solving for {num_units} kernels on {num_devices} devices")
     solution = solve(model, objective)
     assignment = solution.placement
     single = min(single_device_placements(model), key=lambda p: simulate(model, p).makespan, default=None)
@@ -188,27 +243,90 @@ def choose_placement(
     )
     if split_too_small:
         assignment, kept_single = single, True
+    unit_variants = [min(variant_costs[u][d], key=lambda v: (variant_costs[u][d][v], v != TVM))
+                     for u, d in enumerate(assignment)]
+    chosen_anchors = {
+        part.anchor for u, variant in enumerate(unit_variants) if variant != TVM
+        for part in units.variants[u][variant] if part.anchor is not None
+    }
+    final_backends = [ChosenRegions(b, [d for d in range(num_devices) if b.runs_on(d)], chosen_anchors)
+                      for b in backend_list if any(v == b.name for v in unit_variants)]
 
     def choose(info: OpInfo) -> int:
-        if info.index >= len(kernels.op_kernel):
+        if info.name not in units.unit_of:
             raise ValueError(f"automatic placement: {info} was not seen when the kernels were measured")
-        kernel = kernels.op_kernel[info.index]
-        if kernel is not None:
-            return assignment[kernel]
-        allowed = [d for d in range(num_devices) if capabilities is None or op_allowed(capabilities, info, d)]
-        follows = kernels.op_follows[info.index]
-        if follows is not None and assignment[follows] in allowed:
+        unit = units.unit_of[info.name]
+        if unit is not None:
+            return assignment[unit]
+        permitted = [d for d in range(num_devices) if capabilities is None or op_allowed(capabilities, info, d)]
+        follows = units.follows.get(info.name)
+        if follows is not None and assignment[follows] in permitted:
             return assignment[follows]
-        return allowed[0] if allowed else 0
+        return permitted[0] if permitted else 0
 
-    explanation = _explain(model, kernels, assignment, [str(d) for d in devices], objective, counts)
+    explanation = _explain(model, units, assignment, unit_variants, variant_costs, [str(d) for d in devices],
+                           objective, counts)
     explanation["split_predicted_seconds"] = solution.latency if kept_single else None
     explanation["min_gain"] = min_gain
-    return AutoPlacement(choose, explanation, model, assignment, measurer, kernels, ops)
+    return AutoPlacement(choose, explanation, model, assignment, measurer, units, ops, prepared, final_backends,
+                         unit_variants)
 
 
-def _kernel_call(lowered, kernels: KernelGraph, k: int) -> KernelCall:
-    node = lowered.graph.nodes[kernels.node_ids[k]]
+def _recorder(ops: list[OpInfo]) -> Callable[[OpInfo], int]:
+    """A placement that puts every op on device 0 and keeps the OpInfos it was asked about (the
+    last round: a lowering with backends asks again after partitioning)."""
+    def record(info: OpInfo) -> int:
+        if info.index == 0:
+            ops.clear()
+        ops.append(info)
+        return 0
+    return record
+
+
+def _weight_names(mod: tvm.IRModule, entry: str, params: dict[str, Any] | None) -> frozenset[str]:
+    """Parameters of ``entry`` with values at build time (the frontend's ``"params"``, ``params``)."""
+    func = mod[entry]
+    names = [p.name for p in func.params]
+    attached = func.attrs["params"] if func.attrs is not None and "params" in func.attrs else ()
+    return frozenset(names[len(names) - len(attached):]) | frozenset(params or ())
+
+
+def _part_key(lowered, part: Part) -> str:
+    """Measurement key of a TVM kernel (its structural hash) or a region (backend, description,
+    argument types)."""
+    if part.anchor is None:
+        return kernel_key(lowered.kernels[part.func_name])
+    region = lowered.regions[part.func_name]
+    call = _kernel_call(lowered, part.node_id)
+    spec = {k: v for k, v in region.spec.items() if k != "name"}
+    text = json.dumps([region.backend, region.pattern, spec, call.input_types, call.output_types], sort_keys=True)
+    return f"{region.backend}:{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+
+
+def _job(d, device, target, options, missing: dict[str, tuple[str, Part]], lowerings, backend_of) -> MeasureJob:
+    """One device's measuring job: every missing key once, TVM kernels renamed ``k<i>`` into one
+    module, regions renamed ``r<i>`` per backend."""
+    funcs: dict[tvm.ir.GlobalVar, Any] = {}
+    calls: list[KernelCall] = []
+    externals: dict[str, list[Region]] = {}
+    for i, (_key, (_variant, part)) in enumerate(missing.items()):
+        lowered = lowerings[part.lowering]
+        call = _kernel_call(lowered, part.node_id)
+        if part.anchor is None:
+            name = f"k{i}"
+            funcs[tvm.ir.GlobalVar(name)] = lowered.kernels[part.func_name].with_attr("global_symbol", name)
+        else:
+            name = f"r{i}_{part.variant}"
+            region = lowered.regions[part.func_name]
+            spec = dict(region.spec, name=name)
+            externals.setdefault(region.backend, []).append(dataclasses.replace(region, name=name, device=0, spec=spec))
+        calls.append(KernelCall(name, call.input_types, call.output_types))
+    return MeasureJob(d, tvm.IRModule(funcs), calls, device, target, options,
+                      [(backend_of[b], regions) for b, regions in externals.items()])
+
+
+def _kernel_call(lowered, node_id: int) -> KernelCall:
+    node = lowered.graph.nodes[node_id]
     inputs = [
         (tuple(lowered.graph.nodes[e.node].shapes[e.index]), lowered.graph.nodes[e.node].dtypes[e.index])
         for e in node.inputs
@@ -228,43 +346,61 @@ def _copy_cost(measurer: Measurer, cache: CostCache, devices, options, a: int, b
     return fixed, slope
 
 
-def alternatives(model: CostModel, kernels: KernelGraph) -> dict[str, float]:
+def alternatives(model: CostModel, allowed: Callable[[int, int], bool]) -> dict[str, float]:
     """Predicted latency of the placements a person would try: everything on one device (each
-    that can run it all), and everything capable on each other device (the rest on device 0)."""
+    that can run it all), and everything capable on each other device (the rest on device 0).
+    ``allowed(unit, device)``: the capability table lets the device run the unit."""
     n, num_devices = model.num_kernels, model.num_devices
     result: dict[str, float] = {}
     for d in range(num_devices):
         if model.feasible([d] * n):
             result[f"all on device {d}"] = simulate(model, [d] * n).makespan
     for d in range(1, num_devices):
-        capable = [d if kernels.allowed[k][d] else 0 for k in range(n)]
+        capable = [d if allowed(k, d) else 0 for k in range(n)]
         if capable != [d] * n and model.feasible(capable):
             result[f"everything capable on device {d}"] = simulate(model, capable).makespan
     return result
 
 
-def _explain(model: CostModel, kernels: KernelGraph, assignment: list[int], device_names: list[str],
-             objective: str, counts: dict[str, int]) -> dict[str, Any]:
+def unit_label(units: Units, u: int) -> str:
+    """``conv2d #17``: the unit's main op (the first that is no elementwise helper) and its number."""
+    helpers = ("relax.add", "relax.reshape", "relax.nn.relu", "relax.multiply", "relax.subtract", "relax.clip")
+    ops = units.relax_ops[u]
+    main = next((op for op in ops if op not in helpers), ops[0] if ops else "?")
+    more = f" (+{len(ops) - 1} ops)" if len(ops) > 1 else ""
+    return f"{main.removeprefix('relax.').removeprefix('nn.')} #{u}{more}"
+
+
+def _explain(model: CostModel, units: Units, assignment: list[int], unit_variants: list[str],
+             variant_costs: list[list[dict[str, float]]], device_names: list[str], objective: str,
+             counts: dict[str, int]) -> dict[str, Any]:
     schedule = simulate(model, assignment)
     num_devices = model.num_devices
     per_device = []
     for d in range(num_devices):
-        mine = [k for k, dev in enumerate(assignment) if dev == d]
+        mine = [u for u, dev in enumerate(assignment) if dev == d]
+        by_variant: dict[str, int] = {}
+        for u in mine:
+            by_variant[unit_variants[u]] = by_variant.get(unit_variants[u], 0) + 1
         per_device.append({
             "device": device_names[d],
             "kernels": len(mine),
-            "ops": sum(len(kernels.relax_ops[k]) for k in mine),
-            "busy_seconds": sum(model.kernel_cost[k][d] for k in mine),
+            "ops": sum(len(units.ops[u]) for u in mine),
+            "busy_seconds": sum(model.kernel_cost[u][d] for u in mine),
+            "variants": by_variant,
         })
     decisions = []
-    for k, d in enumerate(assignment):
-        others = [(model.kernel_cost[k][o], o) for o in range(num_devices) if o != d and math.isfinite(model.kernel_cost[k][o])]
+    for u, d in enumerate(assignment):
+        chosen = unit_variants[u]
+        others = [(seconds, o, variant) for o in range(num_devices) for variant, seconds in variant_costs[u][o].items()
+                  if (o, variant) != (d, chosen)]
         if not others:
             continue
-        other_cost, other = max(others)
+        other_cost, other, other_variant = max(others)
         decisions.append({
-            "kernel": kernels.func_names[k], "index": k, "device": device_names[d],
-            "seconds": model.kernel_cost[k][d], "other_device": device_names[other], "other_seconds": other_cost,
+            "kernel": unit_label(units, u), "index": u, "device": device_names[d], "backend": chosen,
+            "seconds": model.kernel_cost[u][d], "other_device": device_names[other], "other_backend": other_variant,
+            "other_seconds": other_cost,
         })
     decisions.sort(key=lambda x: -abs(x["other_seconds"] - x["seconds"]))
     return {
@@ -273,7 +409,7 @@ def _explain(model: CostModel, kernels: KernelGraph, assignment: list[int], devi
         "measured_seconds": None,
         "remote_calls": schedule.remote_calls,
         "per_device": per_device,
-        "alternatives": alternatives(model, kernels),
+        "alternatives": alternatives(model, lambda u, d: math.isfinite(model.kernel_cost[u][d])),
         "decisions": decisions[:5],
         "kernels_measured": counts["measured"],
         "kernels_cached": counts["cached"],
