@@ -244,3 +244,53 @@ def test_a_measurer_that_answers_nonsense_is_named():
     with pytest.raises(ValueError, match="measurer on cpu:1: expected .* finite non-negative"):
         tvm_hetero.build(MLP, TWO_CPUS, placement="auto", params=PARAMS, cost_cache=False,
                          measurer=FakeMeasurer(lambda name, d: float("nan") if d == 1 else 1e-3))
+
+
+HAS_DNNL = tvm_hetero.backends.DnnlBackend().available()
+needs_dnnl = pytest.mark.skipif(not HAS_DNNL, reason="libtvm_hetero was built without oneDNN")
+
+
+def is_region(name: str) -> bool:
+    """The fake measurer's names: regions are handed over as ``r<i>_<backend>``, kernels ``k<i>``."""
+    return name.startswith("r") and name.endswith("_dnnl")
+
+
+@needs_dnnl
+def test_a_fake_table_where_onednn_loses_keeps_tvm_kernels():
+    fake = FakeMeasurer(lambda name, d: 1e-1 if is_region(name) else 1e-3 * (d + 1))
+    art = tvm_hetero.build(MLP, TWO_CPUS, placement="auto", params=PARAMS, cost_cache=False, measurer=fake)
+    assert any(is_region(name) for name, _d in fake.asked), "the regions were timed"
+    assert art.build_report.backend_regions == []
+    auto = art.build_report.autoplace
+    assert all(set(row.get("variants", {})) <= {"tvm"} for row in auto["per_device"])
+    assert set(node_devices(art).values()) == {0}
+    rt = art.create()
+    rt.run(x=X)
+    expected = np.maximum(X @ PARAMS["w1"] + PARAMS["b1"], 0) @ PARAMS["w2"]
+    np.testing.assert_allclose(rt.get_output(0).numpy(), expected, rtol=1e-4, atol=1e-4)
+
+
+@needs_dnnl
+def test_a_fake_table_where_onednn_wins_on_one_device_puts_its_regions_there():
+    fake = FakeMeasurer(lambda name, d: (1e-5 if d == 1 else 1e-2) if is_region(name) else 1e-3)
+    art = tvm_hetero.build(MLP, TWO_CPUS, placement="auto", params=PARAMS, cost_cache=False, measurer=fake)
+    regions = {(b, d) for b, d, _n, _ops in art.build_report.backend_regions}
+    assert regions == {("dnnl", 1)}
+    auto = art.build_report.autoplace
+    assert auto["per_device"][1]["variants"].get("dnnl", 0) >= 1
+    assert "with dnnl" in art.report()
+    best = auto["decisions"][0]
+    assert best["backend"] == "dnnl" and best["device"] == "cpu:1"
+    rt = art.create()
+    rt.run(x=X)
+    expected = np.maximum(X @ PARAMS["w1"] + PARAMS["b1"], 0) @ PARAMS["w2"]
+    np.testing.assert_allclose(rt.get_output(0).numpy(), expected, rtol=1e-4, atol=1e-4)
+
+
+@needs_dnnl
+def test_an_explicit_backend_device_limits_where_its_regions_are_measured():
+    fake = FakeMeasurer(lambda name, d: 1e-5 if is_region(name) else 1e-3)
+    art = tvm_hetero.build(MLP, TWO_CPUS, placement="auto", params=PARAMS, cost_cache=False, measurer=fake,
+                           backends=[("dnnl", 0)])
+    assert {d for name, d in fake.asked if is_region(name)} == {0}
+    assert {(b, d) for b, d, _n, _ops in art.build_report.backend_regions} == {("dnnl", 0)}

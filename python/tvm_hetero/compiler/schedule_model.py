@@ -9,6 +9,10 @@ The model is the runtime's own execution rule, stated on a kernel DAG:
   input from a device with separate memory is copied once per destination device, by the
   destination's executor (the runtime puts the copy at the start of the consumer's group), taking
   ``copy_latency[src][dst] + bytes * copy_seconds_per_byte[src][dst]`` of that device's time;
+- an input made on another device reaches this one ``sync_latency[src][dst]`` after its producer
+  finished (with or without a copy): the waiting executor is woken up. A device still busy by
+  then pays nothing; an idle one waits for it. Between two cores of a machine this costs tens of
+  microseconds, more on a loaded one: measured, like the kernels;
 - a device entered through a call into another processor (a remote device: an RPC server, a DSP)
   pays ``call_latency[d]`` once per *group*: a run of its kernels entered once. A kernel continues
   its device's current group when every input it takes from another device was finished when the
@@ -45,6 +49,8 @@ class CostModel:
     call_latency: list[float] = field(default_factory=list)
     #: ``shares_memory[a][b]``: tensors cross without a copy (all CPU devices of one process).
     shares_memory: list[list[bool]] = field(default_factory=list)
+    #: ``sync_latency[a][b]``: from a kernel's end on ``a`` until ``b``'s executor waiting for it runs.
+    sync_latency: list[list[float]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         n, d = len(self.kernel_cost), self.num_devices
@@ -60,6 +66,7 @@ class CostModel:
         self.copy_seconds_per_byte = self.copy_seconds_per_byte or [row[:] for row in zeros]
         self.call_latency = self.call_latency or [0.0] * d
         self.shares_memory = self.shares_memory or [[a == b for b in range(d)] for a in range(d)]
+        self.sync_latency = self.sync_latency or [row[:] for row in zeros]
         self.succs: list[list[int]] = [[] for _ in range(n)]
         for k, ps in enumerate(self.preds):
             for p in ps:
@@ -123,14 +130,15 @@ class Timeline:
             src = self.placement[p]
             waits_elsewhere |= src != d and self.finish[p] > self.group_entered[d]
             delay = model.transfer(p, src, d)
+            arrives = self.finish[p] + (model.sync_latency[src][d] if src != d else 0.0)
             if delay == 0.0:
-                inputs_ready = max(inputs_ready, self.finish[p])
+                inputs_ready = max(inputs_ready, arrives)
                 continue
             landed = self.copied.get((p, d))
             if landed is None:
                 landed = next((t for q, t in new_copies if q == p), None)
             if landed is None:
-                busy_until = max(busy_until, self.finish[p]) + delay
+                busy_until = max(busy_until, arrives) + delay
                 landed = busy_until
                 new_copies.append((p, landed))
             inputs_ready = max(inputs_ready, landed)

@@ -81,6 +81,9 @@ class Measurer(Protocol):
 
     def copy_cost(self, src: tvm.runtime.Device, dst: tvm.runtime.Device) -> tuple[float, float]: ...
 
+    # Optional: ``sync_latency(src, dst, src_options, dst_options) -> seconds`` from a kernel's end
+    # on ``src`` until ``dst``'s executor waiting for it runs (0 where a measurer has none).
+
 
 @dataclass
 class AutoPlacement:
@@ -231,7 +234,9 @@ def choose_placement(
         for b in range(num_devices):
             if not shared[a][b]:
                 latency[a][b], per_byte[a][b] = _copy_cost(measurer, cache, devices, options, a, b)
-    model = CostModel(cost, units.preds, units.out_bytes, latency, per_byte, [0.0] * num_devices, shared)
+    sync = [[0.0 if a == b else _sync_latency(measurer, cache, devices, options, a, b) for b in range(num_devices)]
+            for a in range(num_devices)]
+    model = CostModel(cost, units.preds, units.out_bytes, latency, per_byte, [0.0] * num_devices, shared, sync)
     say(f"automatic placement: solving for {num_units} kernels on {num_devices} devices")
     solution = solve(model, objective)
     assignment = solution.placement
@@ -344,6 +349,22 @@ def _copy_cost(measurer: Measurer, cache: CostCache, devices, options, a: int, b
         cache.put("copy_latency", src, dst, "", fixed)
         cache.put("copy_per_byte", src, dst, "", slope)
     return fixed, slope
+
+
+def _sync_latency(measurer: Measurer, cache: CostCache, devices, options, a: int, b: int) -> float:
+    """Seconds from a kernel's end on device ``a`` until device ``b`` waiting for it runs (cached);
+    0 for a measurer that does not time it."""
+    src, dst = settings_key(str(devices[a]), options[a]), settings_key(str(devices[b]), options[b])
+    seconds = cache.get("sync_latency", src, dst, "")
+    if seconds is None:
+        timer = getattr(measurer, "sync_latency", None)
+        if timer is None:
+            return 0.0
+        seconds = float(timer(devices[a], devices[b], options[a], options[b]))
+        if not (math.isfinite(seconds) and seconds >= 0):
+            raise ValueError(f"measurer: sync latency {devices[a]} -> {devices[b]} is {seconds}")
+        cache.put("sync_latency", src, dst, "", seconds)
+    return seconds
 
 
 def alternatives(model: CostModel, allowed: Callable[[int, int], bool]) -> dict[str, float]:
