@@ -294,3 +294,43 @@ def test_an_explicit_backend_device_limits_where_its_regions_are_measured():
                            backends=[("dnnl", 0)])
     assert {d for name, d in fake.asked if is_region(name)} == {0}
     assert {(b, d) for b, d, _n, _ops in art.build_report.backend_regions} == {("dnnl", 0)}
+
+
+def test_a_warm_rebuild_neither_lowers_for_measuring_nor_measures_nor_solves(tmp_path, monkeypatch):
+    from tvm_hetero.compiler.autoplace import measured
+
+    counts = {"lowerings": 0, "solves": 0, "latency": 0}
+    real_lower, real_solve = measured.lower_to_graph, measured.solve
+
+    def counting_lower(*args, **kwargs):
+        counts["lowerings"] += 1
+        return real_lower(*args, **kwargs)
+
+    def counting_solve(*args, **kwargs):
+        counts["solves"] += 1
+        return real_solve(*args, **kwargs)
+
+    class Timed(FakeMeasurer):
+        def latency_seconds(self, artifact, device_options=None):
+            counts["latency"] += 1
+            return 1e-3
+
+    monkeypatch.setattr(measured, "lower_to_graph", counting_lower)
+    monkeypatch.setattr(measured, "solve", counting_solve)
+    path = tmp_path / "costs.sqlite"
+    mod, params = models.two_towers()
+    first = Timed(lambda name, d: 1e-3)
+    art = tvm_hetero.build(mod, TWO_CPUS, placement="auto", params=params, cost_cache=path, measurer=first)
+    assert counts["lowerings"] >= 1 and counts["solves"] == 1 and counts["latency"] == 1 and first.asked
+    before = dict(counts)
+    second = Timed(lambda name, d: pytest.fail("measured again"))
+    again = tvm_hetero.build(mod, TWO_CPUS, placement="auto", params=params, cost_cache=path, measurer=second)
+    assert counts == before, "the warm rebuild repeated work the cache holds"
+    assert second.asked == []
+    assert again.build_report.autoplace["measured_cached"] is True
+    assert node_devices(again) == node_devices(art)
+    # another executor setting is new: measured (and lowered for it) again
+    third = Timed(lambda name, d: 1e-3)
+    tvm_hetero.build(mod, TWO_CPUS, placement="auto", params=params, cost_cache=path, measurer=third,
+                     device_options=ONE_THREAD_EACH)
+    assert third.asked and counts["lowerings"] > before["lowerings"]

@@ -1,10 +1,14 @@
 """Measured costs kept on disk, so that a rebuild measures only what is new.
 
 One SQLite file (``~/.cache/tvm-hetero/costs.sqlite`` by default; ``$XDG_CACHE_HOME`` is honoured)
-with one table: ``(kind, key, target, settings) -> seconds``. ``kind`` is ``"kernel"`` (``key``: the
-kernel's structural hash), ``"copy"`` or ``"call"``; ``target`` is the target string and
-``settings`` the device and its executor settings (cores, threads) as JSON. A measurement taken
-with other settings is another row, never a hit.
+with two tables. ``costs``: ``(kind, key, target, settings) -> seconds``; ``kind`` is ``"kernel"``
+(``key``: the kernel's structural hash, or a region's backend and description), ``"copy_latency"``,
+``"copy_per_byte"``, ``"sync_latency"`` or ``"graph_latency"`` (a built graph's measured latency);
+``target`` is the target string and ``settings`` the device and its executor settings (cores,
+threads) as JSON. A measurement taken with other settings is another row, never a hit. ``plans``:
+``(kind, key) -> JSON``, what a rebuild of the same module need not work out again: its units
+(keyed by the module's structural hash, targets and backends) and the solver's answer (keyed by
+the cost model's content and the objective), both pure functions of their key.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from typing import Any
 _SCHEMA = """CREATE TABLE IF NOT EXISTS costs (
     kind TEXT NOT NULL, key TEXT NOT NULL, target TEXT NOT NULL, settings TEXT NOT NULL,
     seconds REAL NOT NULL, PRIMARY KEY (kind, key, target, settings))"""
+_PLANS = """CREATE TABLE IF NOT EXISTS plans (kind TEXT NOT NULL, key TEXT NOT NULL, body TEXT NOT NULL,
+    PRIMARY KEY (kind, key))"""
 
 
 def default_path() -> Path:
@@ -40,11 +46,13 @@ class CostCache:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 self._db = sqlite3.connect(str(self.path))
                 self._db.execute(_SCHEMA)
+                self._db.execute(_PLANS)
             except (OSError, sqlite3.Error) as err:
                 raise ValueError(f"cost_cache {str(self.path)!r}: cannot open ({err})") from err
         else:
             self._db = sqlite3.connect(":memory:")
             self._db.execute(_SCHEMA)
+            self._db.execute(_PLANS)
 
     def get(self, kind: str, key: str, target: str, settings: str) -> float | None:
         row = self._db.execute(
@@ -64,6 +72,15 @@ class CostCache:
         self._db.executemany(
             "INSERT OR REPLACE INTO costs VALUES (?, ?, ?, ?, ?)", [(kind, k, t, s, float(x)) for k, t, s, x in rows]
         )
+        self._db.commit()
+
+    def get_plan(self, kind: str, key: str) -> Any:
+        """A JSON document kept under ``(kind, key)`` (what a rebuild need not work out again), or None."""
+        row = self._db.execute("SELECT body FROM plans WHERE kind=? AND key=?", (kind, key)).fetchone()
+        return None if row is None else json.loads(row[0])
+
+    def put_plan(self, kind: str, key: str, body: Any) -> None:
+        self._db.execute("INSERT OR REPLACE INTO plans VALUES (?, ?, ?)", (kind, key, json.dumps(body)))
         self._db.commit()
 
     def close(self) -> None:

@@ -30,16 +30,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import numpy as np
 import tvm
+import tvm_ffi
 
 from ...backends import Backend, Region
-from ..lower import lower_to_graph
+from ..lower import lower_to_graph, op_infos
 from ..placement import Capabilities, OpInfo
 from ..schedule_model import CostModel, simulate
 from .backend_choice import ChosenRegions, partition_with_ops, prepare
 from .cost_cache import CostCache, settings_key
 from .kernel_graph import kernel_key, op_allowed
-from .solver import OBJECTIVES, single_device_placements, solve
+from .solver import OBJECTIVES, Solution, single_device_placements, solve
 from .units import TVM, Part, Units, make_units
 
 #: A split over devices must be predicted this much faster than the best single device to be used:
@@ -143,27 +145,17 @@ def choose_placement(
     num_devices = len(devices)
     options = list(device_options or []) + [None] * num_devices
     backend_list = [b for b in backends if any(b.runs_on(d) for d in range(num_devices))]
-    def analysis_wrappers() -> list[ChosenRegions]:  # regions formed on device 0, where every op is put
-        return [ChosenRegions(b, range(num_devices)) for b in backend_list]
-
-    wrappers = analysis_wrappers()
     prepared = prepare(mod, backend_list, entry)
-
-    say("automatic placement: lowering once to find the kernels"
-        + (f" and once with {', '.join(b.name for b in backend_list)} regions" if backend_list else ""))
-    ops: list[OpInfo] = []
-    lowered = lower_to_graph(prepared, _recorder(ops), num_devices, params, entry, targets=targets, track_ops=True)
-    region_lowered, region_ops = None, []
-    if wrappers:
-        found = partition_with_ops(prepared, wrappers, entry, _weight_names(prepared, entry, params))
-        region_lowered = lower_to_graph(prepared, _recorder([]), num_devices, params, entry, analysis_wrappers(),
-                                        targets=targets, track_ops=True)
-        symbols = [n.func_name for n in region_lowered.graph.nodes if n.func_name in region_lowered.regions]
-        if symbols != found.symbols:  # partitioning is deterministic: the same regions, in the same order
-            raise ValueError("automatic placement: two partitionings of one module differ (internal error)")
-        region_ops = [None if m is None else (next(w.name for w in wrappers if m in w.matches), m.anchor, m.ops)
-                      for m in found.matches]
-    units = make_units(ops, lowered, region_lowered, region_ops)
+    ops = op_infos(prepared, entry)
+    plan_key = _module_key(prepared, params, targets, backend_list, entry)
+    cached_units = cache.get_plan("units", plan_key)
+    units = Units.from_json(cached_units) if cached_units is not None else None
+    lowerings: list[Any] | None = None
+    if units is None:
+        say("automatic placement: lowering once to find the kernels"
+            + (f" and once with {', '.join(b.name for b in backend_list)} regions" if backend_list else ""))
+        units, lowerings = _analyse(prepared, ops, num_devices, params, entry, targets, backend_list)
+        cache.put_plan("units", plan_key, units.to_json())
     info_of = {info.name: info for info in ops}
     num_units = units.num_units
     allowed = [[True] * num_devices for _ in range(num_units)]
@@ -173,35 +165,43 @@ def choose_placement(
                 allowed[u][d] = all(op_allowed(capabilities, info_of[n], d) for n in units.ops[u])
             if not any(allowed[u]):  # no device supports every op of it: the table's fallback runs it
                 allowed[u][capabilities.fallback] = True
-    lowerings = [lowered, region_lowered]
     backend_of = {b.name: b for b in backend_list}
-
-    # every (unit, device, variant) -> the parts to time there, each with its measurement key
     settings = [settings_key(str(device), options[d]) for d, device in enumerate(devices)]
-    wanted: list[dict[str, tuple[str, Any]]] = [{} for _ in range(num_devices)]  # key -> (kind, part)
-    choices: list[list[dict[str, list[str]]]] = [[{} for _ in range(num_devices)] for _ in range(num_units)]
-    for u in range(num_units):
-        for d in range(num_devices):
-            if not allowed[u][d]:
-                continue
-            for variant, parts in units.variants[u].items():
-                if variant != TVM and not backend_of[variant].runs_on(d):
-                    continue
-                keys = []
-                for part in parts:
-                    key = _part_key(lowerings[part.lowering], part)
-                    wanted[d].setdefault(key, (variant, part))
-                    keys.append(key)
-                choices[u][d][variant] = keys
 
-    counts = {"measured": 0, "cached": 0}
+    def wanted_keys(units: Units):
+        """Per device, every measurement key wanted -> (variant, part); per unit and device, the
+        keys of each variant allowed there."""
+        wanted: list[dict[str, tuple[str, Part]]] = [{} for _ in range(num_devices)]
+        choices: list[list[dict[str, list[str]]]] = [[{} for _ in range(num_devices)] for _ in range(num_units)]
+        for u in range(num_units):
+            for d in range(num_devices):
+                if not allowed[u][d]:
+                    continue
+                for variant, parts in units.variants[u].items():
+                    if variant != TVM and not backend_of[variant].runs_on(d):
+                        continue
+                    for part in parts:
+                        wanted[d].setdefault(part.key, (variant, part))
+                    choices[u][d][variant] = [part.key for part in parts]
+        return wanted, choices
+
+    def missing_keys(wanted) -> list[dict[str, tuple[str, Part]]]:
+        return [{k: v for k, v in wanted[d].items() if cache.get("kernel", k, str(targets[d]), settings[d]) is None}
+                for d in range(num_devices)]
+
+    wanted, choices = wanted_keys(units)
+    missing = missing_keys(wanted)
+    if any(missing) and lowerings is None:  # something new to time: its kernels are needed
+        say("automatic placement: lowering to find the kernels not measured yet")
+        units, lowerings = _analyse(prepared, ops, num_devices, params, entry, targets, backend_list)
+        wanted, choices = wanted_keys(units)
+        missing = missing_keys(wanted)
+    counts = {"measured": 0, "cached": sum(len(w) - len(m) for w, m in zip(wanted, missing))}
     jobs, job_keys = [], []
     for d, device in enumerate(devices):
-        missing = {k: v for k, v in wanted[d].items() if cache.get("kernel", k, str(targets[d]), settings[d]) is None}
-        counts["cached"] += len(wanted[d]) - len(missing)
-        if missing:
-            jobs.append(_job(d, device, targets[d], options[d], missing, lowerings, backend_of))
-            job_keys.append(list(missing))
+        if missing[d]:
+            jobs.append(_job(d, device, targets[d], options[d], missing[d], lowerings, backend_of))
+            job_keys.append(list(missing[d]))
     if jobs:
         say("automatic placement: measuring " + ", ".join(
             f"{len(job.calls)} kernels on {job.device}" for job in jobs) + f" ({counts['cached']} cached)")
@@ -238,7 +238,7 @@ def choose_placement(
             for a in range(num_devices)]
     model = CostModel(cost, units.preds, units.out_bytes, latency, per_byte, [0.0] * num_devices, shared, sync)
     say(f"automatic placement: solving for {num_units} kernels on {num_devices} devices")
-    solution = solve(model, objective)
+    solution = _solve(model, objective, cache)
     assignment = solution.placement
     single = min(single_device_placements(model), key=lambda p: simulate(model, p).makespan, default=None)
     kept_single = False
@@ -273,19 +273,68 @@ def choose_placement(
                            objective, counts)
     explanation["split_predicted_seconds"] = solution.latency if kept_single else None
     explanation["min_gain"] = min_gain
+    explanation["module_key"] = plan_key
     return AutoPlacement(choose, explanation, model, assignment, measurer, units, ops, prepared, final_backends,
                          unit_variants)
 
 
-def _recorder(ops: list[OpInfo]) -> Callable[[OpInfo], int]:
-    """A placement that puts every op on device 0 and keeps the OpInfos it was asked about (the
-    last round: a lowering with backends asks again after partitioning)."""
-    def record(info: OpInfo) -> int:
-        if info.index == 0:
-            ops.clear()
-        ops.append(info)
+#: Changes whenever what :func:`_analyse` makes of a module changes (old cached units are then unused).
+ANALYSIS_VERSION = 1
+
+
+def _analyse(prepared, ops, num_devices, params, entry, targets, backend_list) -> tuple[Units, list[Any]]:
+    """The units of ``prepared`` with every part's measurement key, and the lowerings they refer to:
+    TVM kernels only, then (with backends) with every region formed on device 0."""
+    def on_device_0(_info: OpInfo) -> int:
         return 0
-    return record
+
+    lowered = lower_to_graph(prepared, on_device_0, num_devices, params, entry, targets=targets, track_ops=True)
+    region_lowered, region_ops = None, []
+    if backend_list:
+        wrappers = [ChosenRegions(b, range(num_devices)) for b in backend_list]
+        found = partition_with_ops(prepared, wrappers, entry, _weight_names(prepared, entry, params))
+        region_lowered = lower_to_graph(prepared, on_device_0, num_devices, params, entry,
+                                        [ChosenRegions(b, range(num_devices)) for b in backend_list],
+                                        targets=targets, track_ops=True)
+        symbols = [n.func_name for n in region_lowered.graph.nodes if n.func_name in region_lowered.regions]
+        if symbols != found.symbols:  # partitioning is deterministic: the same regions, in the same order
+            raise ValueError("automatic placement: two partitionings of one module differ (internal error)")
+        region_ops = [None if m is None else (next(w.name for w in wrappers if m in w.matches), m.anchor, m.ops)
+                      for m in found.matches]
+    units = make_units(ops, lowered, region_lowered, region_ops)
+    lowerings = [lowered, region_lowered]
+    for unit in units.variants:
+        for parts in unit.values():
+            for part in parts:
+                part.key = _part_key(lowerings[part.lowering], part)
+    return units, lowerings
+
+
+def _module_key(prepared: tvm.IRModule, params, targets, backend_list, entry: str) -> str:
+    """What the units depend on: the prepared module, the parameters' names and types, the
+    targets, the backends and where they run."""
+    doc = [
+        ANALYSIS_VERSION, entry, f"{tvm_ffi.structural_hash(prepared) & 0xFFFFFFFFFFFFFFFF:016x}",
+        sorted((k, list(np.shape(v)), str(getattr(v, "dtype", ""))) for k, v in (params or {}).items()),
+        [str(t) for t in targets],
+        [(b.name, type(b).__name__, sorted(d for d in range(len(targets)) if b.runs_on(d))) for b in backend_list],
+    ]
+    return hashlib.sha256(json.dumps(doc).encode()).hexdigest()
+
+
+def _solve(model: CostModel, objective: str, cache: CostCache):
+    """:func:`.solver.solve`, its answer kept in ``cache`` under the cost model's content (the
+    solver is deterministic, so the same model always gets the same answer)."""
+    doc = json.dumps([objective, model.kernel_cost, model.preds, model.out_bytes, model.copy_latency,
+                      model.copy_seconds_per_byte, model.call_latency, model.shares_memory, model.sync_latency],
+                     default=str)
+    key = hashlib.sha256(doc.encode()).hexdigest()
+    placement = cache.get_plan("solution", key)
+    if placement is not None and len(placement) == model.num_kernels and model.feasible(placement):
+        return Solution(list(placement), simulate(model, placement))
+    solution = solve(model, objective)
+    cache.put_plan("solution", key, solution.placement)
+    return solution
 
 
 def _weight_names(mod: tvm.IRModule, entry: str, params: dict[str, Any] | None) -> frozenset[str]:

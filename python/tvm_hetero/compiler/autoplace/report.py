@@ -28,7 +28,8 @@ def explain(auto: dict[str, Any]) -> list[str]:
         )
     measured = auto.get("measured_seconds")
     ratio = f" ({measured / auto['predicted_seconds']:.2f}x predicted)" if measured and auto["predicted_seconds"] else ""
-    lines.append(f"    latency predicted {_ms(auto['predicted_seconds'])}, measured {_ms(measured)}{ratio}")
+    again = " (kept from an earlier build of this graph)" if auto.get("measured_cached") else ""
+    lines.append(f"    latency predicted {_ms(auto['predicted_seconds'])}, measured {_ms(measured)}{ratio}{again}")
     if auto.get("split_predicted_seconds") is not None:
         lines.append(
             f"    the best split found ({_ms(auto['split_predicted_seconds'])}) gains less than "

@@ -43,8 +43,10 @@ class Part:
     node_id: int
     #: The kernel's or region's name in that lowering.
     func_name: str
-    #: Region only: the anchor op's name, and whether the region could be tied to its ops.
+    #: Region only: the anchor op's name.
     anchor: str | None = None
+    #: Its measurement key (filled in by automatic placement).
+    key: str = ""
 
 
 @dataclass
@@ -69,6 +71,21 @@ class Units:
     @property
     def num_units(self) -> int:
         return len(self.ops)
+
+    def to_json(self) -> dict:
+        """A JSON document :meth:`from_json` reads back (what a rebuild takes from the cache)."""
+        return {
+            "ops": self.ops, "preds": self.preds, "out_bytes": self.out_bytes, "relax_ops": self.relax_ops,
+            "unit_of": self.unit_of, "follows": self.follows,
+            "variants": [{v: [[p.variant, p.lowering, p.node_id, p.func_name, p.anchor, p.key] for p in parts]
+                          for v, parts in unit.items()} for unit in self.variants],
+        }
+
+    @classmethod
+    def from_json(cls, doc: dict) -> Units:
+        variants = [{v: [Part(*p) for p in parts] for v, parts in unit.items()} for unit in doc["variants"]]
+        return cls(doc["ops"], doc["preds"], doc["out_bytes"], variants, doc["unit_of"], doc["follows"],
+                   doc["relax_ops"])
 
 
 def make_units(
