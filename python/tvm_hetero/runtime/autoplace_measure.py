@@ -1,13 +1,22 @@
 """Timing for automatic placement, on the runtime itself (:class:`RuntimeMeasurer`).
 
 Kernels (and backend regions, through their backend's codegen) are timed the way they will run:
-the kernels to time on a device become one graph of
-independent nodes (each reading inputs of its own, filled with seeded random values) on that device
-alone, run by the graph runtime with the device's executor settings (``device_options``: a thread
-pinned to its cores with its own TVM thread pool), and the runtime's step trace gives each kernel's
-time: the median over several runs after a warm-up run. The devices' runs are interleaved round by
-round, so that a load that comes and goes on a shared machine weighs on every device alike. Copy costs between devices without shared
-memory are fitted (fixed + bytes/s) from copies of two sizes.
+the kernels to time on a device become a graph of independent nodes (each reading inputs of its
+own, filled with seeded random values) on that device alone, run by the graph runtime with the
+device's executor settings (``device_options``: a thread pinned to its cores with its own TVM
+thread pool); the runtime's step trace gives each kernel's time.
+
+1. A first pass runs every kernel once after a warm-up run. A kernel taking ``LONG_SECONDS`` or
+   more keeps that time: those are the variants that lose by far (an untuned TVM convolution next
+   to its oneDNN region), and timing them again would be most of the measuring time.
+2. The others are timed warm: each is called ``WARM_REPEATS`` times right before the call timed
+   (in a graph a kernel reads what its producer just wrote, and weights stay in cache between
+   inferences), the median over several runs; the devices' runs are interleaved round by round,
+   so that a load that comes and goes on a shared machine weighs on every device alike.
+
+Copy costs between devices without shared memory are fitted (fixed + bytes/s) from copies of two
+sizes; the hand-off between two CPU devices (:meth:`RuntimeMeasurer.sync_latency`) from a chain of
+tiny kernels alternating between them.
 
 The compiler hands this object to its placement step; the compiler itself never imports it.
 """
@@ -15,6 +24,7 @@ The compiler hands this object to its placement step; the compiler itself never 
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -29,6 +39,10 @@ from . import graph_runtime
 
 #: Aim for this much traced time per device, within [MIN_RUNS, MAX_RUNS] runs.
 TARGET_SECONDS, MIN_RUNS, MAX_RUNS = 0.3, 3, 25
+#: A kernel this long in the first pass keeps that time (one sample): such kernels are the losing
+#: variants (an untuned TVM convolution next to its oneDNN region), and timing them again would
+#: make most of the measuring time.
+LONG_SECONDS = 2e-3
 #: Calls of a kernel right before the one timed: in a graph a kernel reads what its producer just
 #: wrote, and its weights stay in cache from one inference to the next; timed cold, after other
 #: kernels swept the cache, small kernels measured up to twice their time in the graph.
@@ -61,55 +75,88 @@ class RuntimeMeasurer:
         self._alive: list = []  # the measuring runtimes, kept while their trace functions are used
 
     def kernel_seconds(self, jobs: Sequence[MeasureJob]) -> list[list[float]]:
-        """Every job's kernels, the devices' runs interleaved round by round (same load on each)."""
+        """Every job's kernels (see the module docstring): a first pass over all of them, then the
+        devices' runs of the short ones interleaved round by round (same load on each)."""
         try:
-            return self._interleaved([self._prepare(job) for job in jobs], jobs)
+            libs = [self._library(job) for job in jobs]
+            rough = [self._first_pass(job, lib) for job, lib in zip(jobs, libs)]
+            short = [[i for i, t in enumerate(times) if t < LONG_SECONDS] for times in rough]
+            prepared = [self._prepare(job, lib, picked, WARM_REPEATS) for job, lib, picked in zip(jobs, libs, short)]
+            timed = self._interleaved(prepared, jobs, short)
+            result = []
+            for times, picked, precise in zip(rough, short, timed):
+                times = list(times)
+                for i, seconds in zip(picked, precise):
+                    times[i] = seconds
+                result.append(times)
+            return result
         finally:
             self._alive.clear()  # the measuring runtimes go once timed
 
-    def _interleaved(self, prepared, jobs: Sequence[MeasureJob]) -> list[list[float]]:
+    def _library(self, job: MeasureJob) -> tvm.runtime.Module:
+        lib = compile_for_target(job.kernels, job.target)
+        for backend, regions in job.externals:  # a fresh module each time: backends keep state by address
+            lib.import_module(backend.codegen(regions))
+        return lib
+
+    def _first_pass(self, job: MeasureJob, lib: tvm.runtime.Module) -> list[float]:
+        """Every kernel once after a warm-up run: its time, final for the long ones."""
+        trace, kernel_ids = self._prepare(job, lib, range(len(job.calls)), 0)
+        trace(1)  # warm-up (a backend builds its primitives on the first call)
+        times = self._spans(trace, kernel_ids)
+        return [times[nid][0] if times[nid] else math.inf for nid in kernel_ids]
+
+    @staticmethod
+    def _spans(trace, kernel_ids) -> dict[int, list[float]]:
+        times: dict[int, list[float]] = {nid: [] for nid in kernel_ids}
+        for span in json.loads(trace(1))["runs"][-1]:
+            if span["node"] in times and span["kind"] == "kernel":
+                times[span["node"]].append((span["end_us"] - span["start_us"]) * 1e-6)
+        return times
+
+    def _interleaved(self, prepared, jobs: Sequence[MeasureJob], picked: list[list[int]]) -> list[list[float]]:
         first = [json.loads(trace(1))["runs"][-1] for trace, _ in prepared]  # warm-up, and a size
         total = sum(s["end_us"] - s["start_us"] for spans in first for s in spans) * 1e-6
         runs = max(MIN_RUNS, min(MAX_RUNS, int(TARGET_SECONDS * len(jobs) / max(total, 1e-9))))
         durations = [{nid: [] for nid in kernel_ids} for _, kernel_ids in prepared]
         for _ in range(runs):
-            for (trace, _ids), times in zip(prepared, durations):
-                for span in json.loads(trace(1))["runs"][-1]:
-                    if span["node"] in times and span["kind"] == "kernel":
-                        times[span["node"]].append((span["end_us"] - span["start_us"]) * 1e-6)
+            for (trace, kernel_ids), times in zip(prepared, durations):
+                for nid, samples in self._spans(trace, kernel_ids).items():
+                    times[nid].extend(samples)
         result = []
-        for job, (_, kernel_ids), times in zip(jobs, prepared, durations):
-            missing = [job.calls[i].func_name for i, nid in enumerate(kernel_ids) if not times[nid]]
+        for job, (_, kernel_ids), times, indices in zip(jobs, prepared, durations, picked):
+            missing = [job.calls[i].func_name for i, nid in zip(indices, kernel_ids) if not times[nid]]
             if missing:
                 raise RuntimeError(f"measuring on {job.device}: the trace has no time for kernels {', '.join(missing)}")
             result.append([statistics.median(times[nid]) for nid in kernel_ids])
         return result
 
-    def _prepare(self, job: MeasureJob):
-        """A runtime running ``job``'s kernels as independent nodes on its device alone, inputs set:
-        (its trace function, the kernel node ids in call order)."""
-        lib = compile_for_target(job.kernels, job.target)
-        for backend, regions in job.externals:  # a fresh module each time: backends keep state by address
-            lib.import_module(backend.codegen(regions))
+    def _prepare(self, job: MeasureJob, lib: tvm.runtime.Module, picked: Sequence[int], repeats: int):
+        """A runtime running the calls ``picked`` of ``job`` as independent nodes on its device
+        alone, each ``repeats`` times before the call timed, inputs set: (its trace function, the
+        timed node ids in the order of ``picked``)."""
         nodes: list[Node] = []
         kernel_ids: list[int] = []
-        for i, call in enumerate(job.calls):
+        for i in picked:
+            call = job.calls[i]
             inputs = []
             for j, (shape, dtype) in enumerate(call.input_types):
                 nodes.append(Node(name=f"k{i}_in{j}", op="null", shapes=[tuple(shape)], dtypes=[dtype]))
                 inputs.append(Entry(len(nodes) - 1, 0))
-            for r in range(WARM_REPEATS + 1):  # the last call finds its inputs and weights in cache
+            for r in range(repeats + 1):  # the last call finds its inputs and weights in cache
                 nodes.append(Node(name=f"k{i}_{r}", inputs=inputs, func_name=call.func_name, device=0,
                                   shapes=[tuple(s) for s, _ in call.output_types],
                                   dtypes=[t for _, t in call.output_types]))
             kernel_ids.append(len(nodes) - 1)
+        if not kernel_ids:
+            return (lambda _runs: json.dumps({"runs": [[]]})), []
         heads = [Entry(nid, o) for nid, node in enumerate(nodes) if not node.is_input for o in range(node.num_outputs)]
         module = graph_runtime.create(Graph(nodes, heads).to_json(), lib, [job.device], execution="concurrent",
                                       device_options=[job.options] if job.options else None)
         for node in nodes:
             if node.is_input:
                 module.set_input(node.name, random_value(node.shapes[0], node.dtypes[0], self.rng))
-        self._alive.append(module)
+        self._alive.append(module)  # kept to the end: a backend's state keyed by address stays valid
         return module.module["trace"], kernel_ids
 
     def copy_cost(self, src: tvm.runtime.Device, dst: tvm.runtime.Device) -> tuple[float, float]:

@@ -19,6 +19,9 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+import tvm
+import tvm_ffi
+
 _SCHEMA = """CREATE TABLE IF NOT EXISTS costs (
     kind TEXT NOT NULL, key TEXT NOT NULL, target TEXT NOT NULL, settings TEXT NOT NULL,
     seconds REAL NOT NULL, PRIMARY KEY (kind, key, target, settings))"""
@@ -96,3 +99,11 @@ def open_cache(spec: Any) -> CostCache:
     if isinstance(spec, (str, os.PathLike)):
         return CostCache(spec)
     raise TypeError(f"cost_cache must be None, False or a path, got {type(spec).__name__}")
+
+
+def kernel_key(prim_func: tvm.tirx.PrimFunc) -> str:
+    """The measurement key of a kernel: its structural hash, names left out (two fused kernels with
+    the same computation share one measurement)."""
+    if prim_func.attrs is not None and "global_symbol" in prim_func.attrs:
+        prim_func = prim_func.without_attr("global_symbol")
+    return f"{tvm_ffi.structural_hash(prim_func) & 0xFFFFFFFFFFFFFFFF:016x}"

@@ -1,20 +1,35 @@
-"""Automatic placement by measured cost: lower once, measure every candidate kernel on every
-device allowed to run it, solve for the whole inference, and hand the lowering a placement.
+"""Automatic placement by measured cost: find the units, measure every way to run each on every
+device allowed to run it, solve for the whole inference, and hand the lowering a placement and the
+backend regions chosen.
 
 Steps (:func:`choose_placement`):
 
-1. lower the module once with every op on device 0 to find the fused kernels (fusion never crosses
-   devices, so these are the finest kernels any placement makes) -- :mod:`.kernel_graph`;
-2. for every device and every kernel it may run (capability table), look the cost up in the
-   :mod:`.cost_cache` (key: the kernel's structural hash, the target, the device and its executor
-   settings) and measure only what is missing, through a :class:`Measurer` (the runtime side does
-   the timing; this package never imports the runtime);
-3. copy costs per ordered device pair that does not share memory (fixed + per byte), the same way;
-4. :func:`.solver.solve` on the :class:`~tvm_hetero.compiler.schedule_model.CostModel`; a split
+1. the backends' ``prepare`` (e.g. oneDNN folds batch norm into convolutions), once; every later
+   step sees the prepared module, so op names agree between them;
+2. the units (:mod:`.units`): the module is lowered with every op on device 0, once to TVM kernels
+   only and once with the backends' regions (:mod:`.backend_choice` says which ops each region
+   holds); a unit is the smallest set of ops both lowerings cover exactly, computed as TVM kernels
+   or as regions (plus the TVM kernels of what the regions leave). Fusion never crosses devices, so
+   these are the finest kernels any placement makes;
+3. for every device, unit and variant it may run (capability table; a backend only where it runs)
+   the cost is looked up in the :mod:`.cost_cache` (key: the kernel's structural hash or the
+   region's description, the target, the device and its executor settings) and only what is
+   missing is measured, through a :class:`Measurer` (the runtime side does the timing; this package
+   never imports the runtime); a unit's cost on a device is its fastest variant there;
+4. copy costs per ordered device pair that does not share memory (fixed + per byte) and the
+   hand-off between devices (:attr:`~tvm_hetero.compiler.schedule_model.CostModel.sync_latency`),
+   the same way;
+5. :func:`.solver.solve` on the :class:`~tvm_hetero.compiler.schedule_model.CostModel`; a split
    over several devices predicted less than ``min_gain`` (5%) faster than the best single device
    gives way to that device (its gain would be within the model's unmodelled costs and the noise);
-5. every op gets its kernel's device; an op folded at build time (no kernel) goes with the kernel
-   that reads it, or to the first device allowed to run it.
+6. every op gets its unit's device; an op folded at build time (no unit) goes with a unit that
+   reads it, or to the first device allowed to run it; the backends form only the regions of the
+   units whose fastest variant on their device is that backend.
+
+What a rebuild would work out again is kept in the cache too: the units (under the prepared
+module's structural hash, the parameters' types, the targets and the backends) and the solver's
+answer (under the cost model's content). A rebuild whose costs are all cached lowers nothing for
+measuring and does not solve again.
 
 The decision, its alternatives and the largest single choices are returned as a plain dict (it
 goes into the build report and the artifact's manifest); :mod:`.report` writes it out.
@@ -39,10 +54,9 @@ from ..lower import lower_to_graph, op_infos
 from ..placement import Capabilities, OpInfo
 from ..schedule_model import CostModel, simulate
 from .backend_choice import ChosenRegions, partition_with_ops, prepare
-from .cost_cache import CostCache, settings_key
-from .kernel_graph import kernel_key, op_allowed
+from .cost_cache import CostCache, kernel_key, settings_key
 from .solver import OBJECTIVES, Solution, single_device_placements, solve
-from .units import TVM, Part, Units, make_units
+from .units import TVM, Part, Units, make_units, unique_binding_names
 
 #: A split over devices must be predicted this much faster than the best single device to be used:
 #: every cross-device edge costs a wake-up the model does not charge, and costs measured on a
@@ -145,7 +159,7 @@ def choose_placement(
     num_devices = len(devices)
     options = list(device_options or []) + [None] * num_devices
     backend_list = [b for b in backends if any(b.runs_on(d) for d in range(num_devices))]
-    prepared = prepare(mod, backend_list, entry)
+    prepared = unique_binding_names(prepare(mod, backend_list, entry), entry)
     ops = op_infos(prepared, entry)
     plan_key = _module_key(prepared, params, targets, backend_list, entry)
     cached_units = cache.get_plan("units", plan_key)
@@ -335,6 +349,14 @@ def _solve(model: CostModel, objective: str, cache: CostCache):
     solution = solve(model, objective)
     cache.put_plan("solution", key, solution.placement)
     return solution
+
+
+def op_allowed(capabilities: Capabilities, info: OpInfo, device: int) -> bool:
+    """A device the table lists runs only the ops it supports; an unlisted device runs any op."""
+    for listed, supports in capabilities.checks:
+        if listed == device:
+            return bool(supports(info))
+    return True
 
 
 def _weight_names(mod: tvm.IRModule, entry: str, params: dict[str, Any] | None) -> frozenset[str]:

@@ -24,6 +24,7 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import tvm
 from tvm import relax
 
 from ..lower import LoweredGraph
@@ -118,7 +119,7 @@ def make_units(
 
     node_ops: list[dict[int, list[str]]] = []  # per lowering: node id -> op names
     parts: list[Part] = []
-    blocked: set[str] = set()  # ops of regions not tied to their ops: no region variant for them
+    untied = False  # a region not tied to its ops: only units the region lowering covers exactly get its variant
     for lowering_id, lowered in enumerate([tvm_lowering, region_lowering]):
         table: dict[int, list[str]] = {}
         node_ops.append(table)
@@ -133,7 +134,7 @@ def make_units(
                 tied = region_ops[region_k] if region_k < len(region_ops) else None
                 region_k += 1
                 if tied is None:
-                    blocked.add(node.name)
+                    untied = True
                     table[nid] = []
                     continue
                 backend, anchor, members = tied
@@ -152,13 +153,12 @@ def make_units(
         members = [position[n] for n in node_ops[part.lowering][part.node_id] if n in position]
         root_of_part.append(find(members[0]) if members else None)
     roots = sorted({r for r in root_of_part if r is not None})
-    # a region node whose ops could not be tied (blocked) belongs to no unit: the ops it took stay
-    # in the TVM variant's units, and those units get no backend variant
-    lowering1_unknown = bool(blocked)
+    if any(root is None and part.lowering == 0 for part, root in zip(parts, root_of_part)):
+        raise ValueError("automatic placement: a kernel computes no tracked op (internal error)")
 
     # condense cycles: edges between roots from both lowerings
     succ: dict[int, set[int]] = {r: set() for r in roots}
-    node_root = [dict() for _ in node_ops]
+    node_root: list[dict[int, int]] = [{} for _ in node_ops]
     for part, root in zip(parts, root_of_part):
         if root is not None:
             node_root[part.lowering][part.node_id] = root
@@ -227,7 +227,7 @@ def make_units(
             variants[u].setdefault(name, []).append(
                 part if part.variant else Part(name, 1, part.node_id, part.func_name)
             )
-    if lowering1_unknown:  # the region lowering is not fully understood: only units it covers exactly
+    if untied:  # a region not tied to its ops took some: only units the region lowering covers exactly
         covered = [set() for _ in range(num_units)]
         for part, root in zip(parts, root_of_part):
             if root is not None and part.lowering == 1:
@@ -274,6 +274,41 @@ def make_units(
                 follows[var.name] = home
     relax_ops = [[index_of[n].op for n in unit_ops[u]] for u in range(num_units)]
     return Units(unit_ops, [sorted(p) for p in preds], out_bytes, variants, unit_of, follows, relax_ops)
+
+
+@relax.expr_functor.mutator
+class _UniqueNames(relax.PyExprMutator):
+    """Renames a binding whose variable name was bound before (``name_1``, ``name_2``...)."""
+
+    def __init__(self, taken: Sequence[str]) -> None:
+        super().__init__()
+        self.seen = set(taken)
+
+    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
+        value = self.visit_expr(binding.value)
+        var = binding.var
+        if var.name in self.seen:
+            k = 1
+            while f"{var.name}_{k}" in self.seen:
+                k += 1
+            kind = relax.DataflowVar if isinstance(var, relax.DataflowVar) else relax.Var
+            renamed = kind(f"{var.name}_{k}", var.ty)
+            self.set_var_remap(var, renamed)
+            var = renamed
+        self.seen.add(var.name)
+        self.builder_.emit_normalized(relax.VarBinding(var, value))
+
+
+def unique_binding_names(mod: tvm.IRModule, entry: str) -> tvm.IRModule:
+    """``mod`` with every binding of ``entry`` bound to a variable of its own name, so that units
+    can name their ops (a backend's rewrites may bind copies under one name)."""
+    func = mod[entry]
+    names = [b.var.name for block in func.body.blocks for b in block.bindings]
+    if len(set(names)) == len(names):
+        return mod
+    mod = mod.clone()
+    mod[entry] = _UniqueNames([p.name for p in func.params]).visit_expr(func)
+    return mod
 
 
 def _strongly_connected(nodes: Sequence[int], succ: dict[int, set[int]]) -> dict[int, int]:
