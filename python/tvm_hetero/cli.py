@@ -432,8 +432,9 @@ def main(argv: list[str] | None = None) -> int:
                        help="device and its target, primary first (default: cpu:0=llvm, then cuda:0 or cpu:1)")
         p.add_argument("--place", action="append", default=[], metavar="OP=DEV",
                        help="put every OP on DEV; '--place auto': choose every op's device by measured cost")
-        p.add_argument("--objective", choices=["latency", "calls"], default="latency",
-                       help="with --place auto: lowest latency, or fewest remote calls within 10%% of it")
+        p.add_argument("--objective", choices=["latency", "calls", "throughput"], default="latency",
+                       help="with --place auto: lowest latency, fewest remote calls within 10%% of it, or "
+                            "the smallest bottleneck device (throughput of streamed inferences)")
         p.add_argument("--cost-cache", default=None, metavar="FILE|none",
                        help="with --place auto: measurement cache (default ~/.cache/tvm-hetero/costs.sqlite)")
         p.add_argument("--cluster", action="append", default=[], metavar="DEV=CORES[:THREADS]",

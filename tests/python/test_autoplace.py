@@ -334,3 +334,42 @@ def test_a_warm_rebuild_neither_lowers_for_measuring_nor_measures_nor_solves(tmp
     tvm_hetero.build(mod, TWO_CPUS, placement="auto", params=params, cost_cache=path, measurer=third,
                      device_options=ONE_THREAD_EACH)
     assert third.asked and counts["lowerings"] > before["lowerings"]
+
+
+def test_build_throughput_objective_splits_a_chain_that_latency_keeps_on_one_device():
+    mod, params = models.two_towers()
+    fake = FakeMeasurer(lambda name, d: 1e-3)
+    latency = tvm_hetero.build(mod, TWO_CPUS, placement="auto", params=params, cost_cache=False, measurer=fake,
+                               backends=())
+    rate = tvm_hetero.build(mod, TWO_CPUS, placement="auto", params=params, cost_cache=False, measurer=fake,
+                            backends=(), objective="throughput")
+    a, b = latency.build_report.autoplace, rate.build_report.autoplace
+    assert b["objective"] == "throughput" and "bottleneck" in rate.report()
+    assert b["bottleneck_seconds"] < a["bottleneck_seconds"]
+    busy = [row["busy_seconds"] for row in b["per_device"]]
+    assert max(busy) == pytest.approx(b["bottleneck_seconds"]) and min(busy) > 0
+
+
+def test_pipeline_auto_split_reads_what_automatic_placement_measured(tmp_path):
+    mod, params = models.two_towers()
+    path = tmp_path / "costs.sqlite"
+    fake = FakeMeasurer(lambda name, d: 1e-3)
+    tvm_hetero.build(mod, TWO_CPUS, placement="auto", params=params, cost_cache=path, measurer=fake,
+                     backends=(), device_options=ONE_THREAD_EACH)
+    asked = []
+
+    def measure(compiled, device, cores, threads, rounds):
+        asked.append(str(device))
+        pytest.fail("auto_split measured kernels the cost cache holds")
+
+    options = {"stages": ONE_THREAD_EACH}
+    plan = tvm_hetero.pipeline.auto_split(mod, 2, TWO_CPUS, params, options=options, cost_cache=path,
+                                          measure=measure)
+    assert asked == [] and len(plan.split_points) == 1
+    # the other way: what auto_split measures is kept for automatic placement
+    other = tmp_path / "other.sqlite"
+    tvm_hetero.pipeline.auto_split(mod, 2, TWO_CPUS, params, options=options, cost_cache=other, rounds=1)
+    again = FakeMeasurer(lambda name, d: pytest.fail("measured again"))
+    tvm_hetero.build(mod, TWO_CPUS, placement="auto", params=params, cost_cache=other, measurer=again,
+                     backends=(), device_options=ONE_THREAD_EACH)
+    assert again.asked == []

@@ -183,7 +183,8 @@ def build(
     allowed to run it, each backend region (``backends``, oneDNN by default) against the TVM
     kernels it replaces, and the devices and backends minimising the predicted latency of one
     inference are chosen:
-    objective : ``"latency"`` or ``"calls"`` (fewest remote calls within 10% of the best latency).
+    objective : ``"latency"``, ``"calls"`` (fewest remote calls within 10% of the best latency) or
+        ``"throughput"`` (the smallest bottleneck: the largest time one device spends per inference).
     device_options : each device's executor settings as for the runtime (``{"cores": [0],
         "num_threads": 1}``); kernels are timed with them, and the artifact should run with them.
     cost_cache : where measurements are kept: None (``~/.cache/tvm-hetero/costs.sqlite``), a path,

@@ -102,6 +102,14 @@ class Schedule:
     remote_calls: int
     #: Number of cross-device edges that need a copy.
     copies: int
+    #: Time each device spends on one inference (kernels, copies into it, calls into it). With
+    #: inferences streamed through per-device executors (a pipeline), the largest bounds the
+    #: throughput: one inference per ``bottleneck`` seconds at best.
+    device_busy: list[float] = field(default_factory=list)
+
+    @property
+    def bottleneck(self) -> float:
+        return max(self.device_busy, default=0.0)
 
 
 class Timeline:
@@ -117,6 +125,7 @@ class Timeline:
         self.group_entered = [0.0] * model.num_devices  # when the device's current group was entered
         self.copied: dict[tuple[int, int], float] = {}  # (producer, device) -> when its copy landed
         self.remote_calls = 0
+        self.busy = [0.0] * model.num_devices  # kernels, copies and calls per device
 
     def _timing(self, d: int) -> tuple[float, float, list[tuple[int, float]], float, bool]:
         """(start, finish, new copies, group entry time, whether a call enters the device) of the
@@ -160,8 +169,11 @@ class Timeline:
         """Run the next kernel on device ``d``."""
         start, finish, new_copies, self.group_entered[d], called = self._timing(d)
         self.remote_calls += called
+        k = len(self.placement)
+        self.busy[d] += self.model.kernel_cost[k][d] + (self.model.call_latency[d] if called else 0.0)
         for p, landed in new_copies:
             self.copied[(p, d)] = landed
+            self.busy[d] += self.model.transfer(p, self.placement[p], d)
         self.placement.append(d)
         self.start.append(start)
         self.finish.append(finish)
@@ -177,10 +189,10 @@ def simulate(model: CostModel, placement: Sequence[int]) -> Schedule:
     timeline = Timeline(model)
     for k, d in enumerate(placement):
         if not math.isfinite(model.kernel_cost[k][d]):
-            return Schedule(INFEASIBLE, [], [], 0, 0)
+            return Schedule(INFEASIBLE, [], [], 0, 0, [INFEASIBLE])
         timeline.place(d)
     return Schedule(max(timeline.finish, default=0.0), timeline.start, timeline.finish, timeline.remote_calls,
-                    len(timeline.copied))
+                    len(timeline.copied), timeline.busy)
 
 
 def predicted_latency(model: CostModel, placement: Sequence[int]) -> float:

@@ -13,6 +13,7 @@ the cost model's content and the objective), both pure functions of their key.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sqlite3
@@ -107,3 +108,22 @@ def kernel_key(prim_func: tvm.tirx.PrimFunc) -> str:
     if prim_func.attrs is not None and "global_symbol" in prim_func.attrs:
         prim_func = prim_func.without_attr("global_symbol")
     return f"{tvm_ffi.structural_hash(prim_func) & 0xFFFFFFFFFFFFFFFF:016x}"
+
+
+def node_key(lowered: Any, node_id: int, graph: Any = None) -> str | None:
+    """The measurement key of node ``node_id`` of ``graph`` (default: the lowering's own graph):
+    :func:`kernel_key` of its kernel, or for a backend region its backend, pattern, description and
+    argument types (equal regions share one measurement); None for a node that calls neither
+    (a copy). Automatic placement and the pipeline's ``auto_split`` key their measurements this
+    way, so each finds what the other measured."""
+    graph = graph if graph is not None else lowered.graph
+    node = graph.nodes[node_id]
+    region = lowered.regions.get(node.func_name)
+    if region is None:
+        names = {gv.name_hint for gv in lowered.kernels.get_global_vars()}
+        return kernel_key(lowered.kernels[node.func_name]) if node.func_name in names else None
+    inputs = [(list(graph.nodes[e.node].shapes[e.index]), graph.nodes[e.node].dtypes[e.index]) for e in node.inputs]
+    outputs = [(list(shape), dtype) for shape, dtype in zip(node.shapes, node.dtypes)]
+    spec = {k: v for k, v in region.spec.items() if k != "name"}
+    text = json.dumps([region.backend, region.pattern, spec, inputs, outputs], sort_keys=True)
+    return f"{region.backend}:{hashlib.sha256(text.encode()).hexdigest()[:16]}"

@@ -54,7 +54,7 @@ from ..lower import lower_to_graph, op_infos
 from ..placement import Capabilities, OpInfo
 from ..schedule_model import CostModel, simulate
 from .backend_choice import ChosenRegions, partition_with_ops, prepare
-from .cost_cache import CostCache, kernel_key, settings_key
+from .cost_cache import CostCache, node_key, settings_key
 from .solver import OBJECTIVES, Solution, single_device_placements, solve
 from .units import TVM, Part, Units, make_units, unique_binding_names
 
@@ -320,7 +320,7 @@ def _analyse(prepared, ops, num_devices, params, entry, targets, backend_list) -
     for unit in units.variants:
         for parts in unit.values():
             for part in parts:
-                part.key = _part_key(lowerings[part.lowering], part)
+                part.key = node_key(lowerings[part.lowering], part.node_id)
     return units, lowerings
 
 
@@ -365,18 +365,6 @@ def _weight_names(mod: tvm.IRModule, entry: str, params: dict[str, Any] | None) 
     names = [p.name for p in func.params]
     attached = func.attrs["params"] if func.attrs is not None and "params" in func.attrs else ()
     return frozenset(names[len(names) - len(attached):]) | frozenset(params or ())
-
-
-def _part_key(lowered, part: Part) -> str:
-    """Measurement key of a TVM kernel (its structural hash) or a region (backend, description,
-    argument types)."""
-    if part.anchor is None:
-        return kernel_key(lowered.kernels[part.func_name])
-    region = lowered.regions[part.func_name]
-    call = _kernel_call(lowered, part.node_id)
-    spec = {k: v for k, v in region.spec.items() if k != "name"}
-    text = json.dumps([region.backend, region.pattern, spec, call.input_types, call.output_types], sort_keys=True)
-    return f"{region.backend}:{hashlib.sha256(text.encode()).hexdigest()[:16]}"
 
 
 def _job(d, device, target, options, missing: dict[str, tuple[str, Part]], lowerings, backend_of) -> MeasureJob:
@@ -498,6 +486,7 @@ def _explain(model: CostModel, units: Units, assignment: list[int], unit_variant
     return {
         "objective": objective,
         "predicted_seconds": schedule.makespan,
+        "bottleneck_seconds": schedule.bottleneck,
         "measured_seconds": None,
         "remote_calls": schedule.remote_calls,
         "per_device": per_device,

@@ -30,6 +30,9 @@ def explain(auto: dict[str, Any]) -> list[str]:
     ratio = f" ({measured / auto['predicted_seconds']:.2f}x predicted)" if measured and auto["predicted_seconds"] else ""
     again = " (kept from an earlier build of this graph)" if auto.get("measured_cached") else ""
     lines.append(f"    latency predicted {_ms(auto['predicted_seconds'])}, measured {_ms(measured)}{ratio}{again}")
+    if auto["objective"] == "throughput" and auto.get("bottleneck_seconds"):
+        lines.append(f"    bottleneck {_ms(auto['bottleneck_seconds'])} of one device per inference: at best "
+                     f"{1.0 / auto['bottleneck_seconds']:.1f} inferences/s streamed through the devices")
     if auto.get("split_predicted_seconds") is not None:
         lines.append(
             f"    the best split found ({_ms(auto['split_predicted_seconds'])}) gains less than "
