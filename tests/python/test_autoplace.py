@@ -373,3 +373,49 @@ def test_pipeline_auto_split_reads_what_automatic_placement_measured(tmp_path):
     tvm_hetero.build(mod, TWO_CPUS, placement="auto", params=params, cost_cache=other, measurer=again,
                      backends=(), device_options=ONE_THREAD_EACH)
     assert again.asked == []
+
+
+class PositionFake(FakeMeasurer):
+    """Like FakeMeasurer, by device position (a remote device's own index is its index remotely)."""
+
+    def kernel_seconds(self, jobs):
+        self.asked.extend((c.func_name, job.position) for job in jobs for c in job.calls)
+        return [[self.rule(c.func_name, job.position) for c in job.calls] for job in jobs]
+
+    def copy_cost(self, src, dst):
+        return 1e-5, 1e-10
+
+    def call_latency(self, device, options):
+        return 2e-4 if device.dlpack_device_type() >= 128 else 0.0
+
+
+def test_a_remote_device_is_measured_through_its_session_and_runs_the_chosen_kernels(rpc_server, tmp_path):
+    from tvm_hetero.runtime.autoplace_measure import RuntimeMeasurer
+
+    session = rpc_server.connect()
+    targets = [(tvm.cpu(0), "llvm"), (session.cpu(0), "llvm")]
+    caps = tvm_hetero.Capabilities({1: {"matmul", "add", "relu"}})
+    path = tmp_path / "costs.sqlite"
+    # real timing: kernels through the session, the call latency, copies both ways
+    art = tvm_hetero.build(MLP, targets, placement="auto", params=PARAMS, capabilities=caps, cost_cache=path,
+                           measurer=RuntimeMeasurer())
+    auto = art.build_report.autoplace
+    assert auto["per_device"][1]["call_seconds"] > 0  # an RPC round trip, measured
+    cache = CostCache(path)
+    remote_rows = cache._db.execute("SELECT COUNT(*) FROM costs WHERE kind='kernel' AND settings LIKE '%remote%'")
+    assert remote_rows.fetchone()[0] >= 1
+    assert cache.get("copy_latency", settings_key(str(tvm.cpu(0)), None), settings_key(str(session.cpu(0)), None),
+                     "") is not None
+    cache.close()
+    # a fake table where the remote device is far faster: its capable kernels go there, outputs stay right
+    fake = PositionFake(lambda name, d: 1e-5 if d == 1 else 1e-2)
+    fast = tvm_hetero.build(MLP, targets, placement="auto", params=PARAMS, capabilities=caps, cost_cache=False,
+                            measurer=fake)
+    assert fast.build_report.ops_per_device[1] > 0
+    assert all(d == 0 for name, d in fake.asked if is_region(name)), "oneDNN regions only on the host"
+    rt = fast.create()
+    rt.run(x=X)
+    expected = np.maximum(X @ PARAMS["w1"] + PARAMS["b1"], 0) @ PARAMS["w2"]
+    np.testing.assert_allclose(rt.get_output(0).numpy(), expected, rtol=1e-4, atol=1e-4)
+    assert rt.stats()["remote_compute_calls"] >= 1
+    rt.close()

@@ -14,8 +14,10 @@ thread pool); the runtime's step trace gives each kernel's time.
    inferences), the median over several runs; the devices' runs are interleaved round by round,
    so that a load that comes and goes on a shared machine weighs on every device alike.
 
-Copy costs between devices without shared memory are fitted (fixed + bytes/s) from copies of two
-sizes; the hand-off between two CPU devices (:meth:`RuntimeMeasurer.sync_latency`) from a chain of
+A remote device (behind a TVM RPC session) has its kernels timed in its own process
+(``time_evaluator`` through the session) and the latency of one call into it measured apart
+(:meth:`RuntimeMeasurer.call_latency`). Copy costs between devices without shared memory (a remote
+one included) are fitted (fixed + bytes/s) from copies of two sizes; the hand-off between two CPU devices (:meth:`RuntimeMeasurer.sync_latency`) from a chain of
 tiny kernels alternating between them.
 
 The compiler hands this object to its placement step; the compiler itself never imports it.
@@ -36,6 +38,8 @@ from ..compiler.autoplace.measured import MeasureJob
 from ..compiler.compile_kernels import _build as compile_for_target
 from ..compiler.graph import Entry, Graph, Node
 from . import graph_runtime
+from .graph_runtime import is_remote
+from .rpc import upload_library
 
 #: Aim for this much traced time per device, within [MIN_RUNS, MAX_RUNS] runs.
 TARGET_SECONDS, MIN_RUNS, MAX_RUNS = 0.3, 3, 25
@@ -48,6 +52,8 @@ LONG_SECONDS = 2e-3
 #: kernels swept the cache, small kernels measured up to twice their time in the graph.
 WARM_REPEATS = 1
 COPY_SIZES = (4 << 10, 4 << 20)
+#: Timing of a remote kernel: runs, each at least this long (the kernel looped remotely).
+REMOTE_REPEATS, REMOTE_MIN_MS = 5, 10
 #: Kernels in the chain that times a hand-off between two devices, and runs of it.
 SYNC_CHAIN, SYNC_RUNS = 41, 31
 
@@ -77,6 +83,13 @@ class RuntimeMeasurer:
     def kernel_seconds(self, jobs: Sequence[MeasureJob]) -> list[list[float]]:
         """Every job's kernels (see the module docstring): a first pass over all of them, then the
         devices' runs of the short ones interleaved round by round (same load on each)."""
+        remote = [is_remote(job.device) for job in jobs]
+        local_jobs = [job for job, far in zip(jobs, remote) if not far]
+        far_times = {id(job): self._remote_seconds(job) for job, far in zip(jobs, remote) if far}
+        near_times = iter(self._local_seconds(local_jobs) if local_jobs else [])
+        return [far_times[id(job)] if far else next(near_times) for job, far in zip(jobs, remote)]
+
+    def _local_seconds(self, jobs: Sequence[MeasureJob]) -> list[list[float]]:
         try:
             libs = [self._library(job) for job in jobs]
             rough = [self._first_pass(job, lib) for job, lib in zip(jobs, libs)]
@@ -92,6 +105,46 @@ class RuntimeMeasurer:
             return result
         finally:
             self._alive.clear()  # the measuring runtimes go once timed
+
+    def _remote_seconds(self, job: MeasureJob) -> list[float]:
+        """A remote device's kernels, timed in its own process through the session (TVM's
+        ``time_evaluator``: the loop runs remotely, so the call's round trip is not in the time;
+        :meth:`call_latency` measures that)."""
+        if job.externals:
+            raise ValueError(f"measuring on {job.device}: external backends run only on local CPUs")
+        session = getattr(job.device, "_rpc_sess", None)
+        if session is None:
+            raise ValueError(f"measuring on {job.device}: a remote device without its RPC session")
+        remote_lib = upload_library(session, self._library(job), "autoplace_kernels.so")
+        times = []
+        for call in job.calls:
+            args = [tvm.runtime.tensor(random_value(shape, dtype, self.rng), job.device)
+                    for shape, dtype in call.input_types]
+            args += [tvm.runtime.empty(tuple(shape), dtype, job.device) for shape, dtype in call.output_types]
+            timer = remote_lib.time_evaluator(call.func_name, job.device, number=1, repeat=REMOTE_REPEATS,
+                                              min_repeat_ms=REMOTE_MIN_MS)
+            times.append(statistics.median(timer(*args).results))
+        return times
+
+    def call_latency(self, device: tvm.runtime.Device, options: dict | None) -> float:
+        """Seconds of one call into ``device`` from this process (0 for a local device): a tiny
+        kernel called through the session, the median of several calls."""
+        if not is_remote(device):
+            return 0.0
+        session = getattr(device, "_rpc_sess", None)
+        if session is None:
+            raise ValueError(f"measuring the call latency of {device}: a remote device without its RPC session")
+        tiny = upload_library(session, compile_for_target(_tiny_kernel(), tvm.target.Target("llvm")),
+                              "autoplace_tiny.so")["tiny"]
+        x, y = tvm.runtime.tensor(np.zeros((1,), "float32"), device), tvm.runtime.empty((1,), "float32", device)
+        tiny(x, y)
+        samples = []
+        for _ in range(SYNC_RUNS):
+            start = time.perf_counter()
+            tiny(x, y)
+            device.sync()
+            samples.append(time.perf_counter() - start)
+        return statistics.median(samples)
 
     def _library(self, job: MeasureJob) -> tvm.runtime.Module:
         lib = compile_for_target(job.kernels, job.target)

@@ -98,7 +98,8 @@ class Measurer(Protocol):
     def copy_cost(self, src: tvm.runtime.Device, dst: tvm.runtime.Device) -> tuple[float, float]: ...
 
     # Optional: ``sync_latency(src, dst, src_options, dst_options) -> seconds`` from a kernel's end
-    # on ``src`` until ``dst``'s executor waiting for it runs (0 where a measurer has none).
+    # on ``src`` until ``dst``'s executor waiting for it runs, and ``call_latency(device, options)
+    # -> seconds`` of one call into a remote device (0 where a measurer has none).
 
 
 @dataclass
@@ -250,7 +251,8 @@ def choose_placement(
                 latency[a][b], per_byte[a][b] = _copy_cost(measurer, cache, devices, options, a, b)
     sync = [[0.0 if a == b else _sync_latency(measurer, cache, devices, options, a, b) for b in range(num_devices)]
             for a in range(num_devices)]
-    model = CostModel(cost, units.preds, units.out_bytes, latency, per_byte, [0.0] * num_devices, shared, sync)
+    calls = [_call_latency(measurer, cache, devices, options, d) for d in range(num_devices)]
+    model = CostModel(cost, units.preds, units.out_bytes, latency, per_byte, calls, shared, sync)
     say(f"automatic placement: solving for {num_units} kernels on {num_devices} devices")
     solution = _solve(model, objective, cache)
     assignment = solution.placement
@@ -410,6 +412,22 @@ def _copy_cost(measurer: Measurer, cache: CostCache, devices, options, a: int, b
     return fixed, slope
 
 
+def _call_latency(measurer: Measurer, cache: CostCache, devices, options, d: int) -> float:
+    """Seconds of one call into device ``d`` (a remote one: an RPC round trip; cached); 0 for a
+    measurer that does not time it."""
+    settings = settings_key(str(devices[d]), options[d])
+    seconds = cache.get("call_latency", settings, "", "")
+    if seconds is None:
+        timer = getattr(measurer, "call_latency", None)
+        if timer is None:
+            return 0.0
+        seconds = float(timer(devices[d], options[d]))
+        if not (math.isfinite(seconds) and seconds >= 0):
+            raise ValueError(f"measurer: call latency of {devices[d]} is {seconds}")
+        cache.put("call_latency", settings, "", "", seconds)
+    return seconds
+
+
 def _sync_latency(measurer: Measurer, cache: CostCache, devices, options, a: int, b: int) -> float:
     """Seconds from a kernel's end on device ``a`` until device ``b`` waiting for it runs (cached);
     0 for a measurer that does not time it."""
@@ -467,6 +485,7 @@ def _explain(model: CostModel, units: Units, assignment: list[int], unit_variant
             "kernels": len(mine),
             "ops": sum(len(units.ops[u]) for u in mine),
             "busy_seconds": sum(model.kernel_cost[u][d] for u in mine),
+            "call_seconds": model.call_latency[d],
             "variants": by_variant,
         })
     decisions = []

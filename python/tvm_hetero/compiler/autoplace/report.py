@@ -24,7 +24,8 @@ def explain(auto: dict[str, Any]) -> list[str]:
         split = ", ".join(f"{n} {_how(v)}" for v, n in sorted(variants.items())) if variants else ""
         lines.append(
             f"    {row['device']:<8} {row['kernels']:4d} units ({row['ops']} relax ops{'; ' + split if split else ''}), "
-            f"busy {_ms(row['busy_seconds'])}"
+            f"busy {_ms(row['busy_seconds'])}" + (f", {_ms(row['call_seconds'])} per call into it"
+                                                 if row.get("call_seconds") else "")
         )
     measured = auto.get("measured_seconds")
     ratio = f" ({measured / auto['predicted_seconds']:.2f}x predicted)" if measured and auto["predicted_seconds"] else ""
