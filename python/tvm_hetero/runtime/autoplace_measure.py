@@ -1,18 +1,21 @@
 """Timing for automatic placement, on the runtime itself (:class:`RuntimeMeasurer`).
 
 Kernels (and backend regions, through their backend's codegen) are timed the way they will run:
-the kernels to time on a device become a graph of independent nodes (each reading inputs of its
-own, filled with seeded random values) on that device alone, run by the graph runtime with the
-device's executor settings (``device_options``: a thread pinned to its cores with its own TVM
-thread pool); the runtime's step trace gives each kernel's time.
+the kernels to time on the local devices (of one target) become one graph of independent nodes
+(each reading inputs of its own, filled with seeded random values), each node on its device, run
+by the graph runtime with every device's executor settings (``device_options``: a thread pinned
+to its cores with its own TVM thread pool) and concurrent execution, so the devices compute at the
+same time and contend for the machine (shared caches, memory bandwidth, and other processes'
+load, which cannot move to an idle core) as they will when the placed graph runs; the runtime's
+step trace gives each kernel's time. Timed one device after the other, a machine with one busy
+foreign process showed each core idle in turn and predicted splits 2x faster than they ran.
 
 1. A first pass runs every kernel once after a warm-up run. A kernel taking ``LONG_SECONDS`` or
    more keeps that time: those are the variants that lose by far (an untuned TVM convolution next
    to its oneDNN region), and timing them again would be most of the measuring time.
 2. The others are timed warm: each is called ``WARM_REPEATS`` times right before the call timed
    (in a graph a kernel reads what its producer just wrote, and weights stay in cache between
-   inferences), the median over several runs; the devices' runs are interleaved round by round,
-   so that a load that comes and goes on a shared machine weighs on every device alike.
+   inferences), the median over several runs.
 
 A remote device (behind a TVM RPC session) has its kernels timed in its own process
 (``time_evaluator`` through the session) and the latency of one call into it measured apart
@@ -30,6 +33,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import tvm
@@ -81,8 +85,8 @@ class RuntimeMeasurer:
         self._alive: list = []  # the measuring runtimes, kept while their trace functions are used
 
     def kernel_seconds(self, jobs: Sequence[MeasureJob]) -> list[list[float]]:
-        """Every job's kernels (see the module docstring): a first pass over all of them, then the
-        devices' runs of the short ones interleaved round by round (same load on each)."""
+        """Every job's kernels (see the module docstring): local devices together, remote ones
+        through their sessions."""
         remote = [is_remote(job.device) for job in jobs]
         local_jobs = [job for job, far in zip(jobs, remote) if not far]
         far_times = {id(job): self._remote_seconds(job) for job, far in zip(jobs, remote) if far}
@@ -90,21 +94,112 @@ class RuntimeMeasurer:
         return [far_times[id(job)] if far else next(near_times) for job, far in zip(jobs, remote)]
 
     def _local_seconds(self, jobs: Sequence[MeasureJob]) -> list[list[float]]:
+        """Local jobs of one target together, each device on its own executor at the same time."""
+        by_target: dict[str, list[int]] = {}
+        for j, job in enumerate(jobs):
+            by_target.setdefault(str(job.target), []).append(j)
+        result: list[list[float]] = [[] for _ in jobs]
         try:
-            libs = [self._library(job) for job in jobs]
-            rough = [self._first_pass(job, lib) for job, lib in zip(jobs, libs)]
-            short = [[i for i, t in enumerate(times) if t < LONG_SECONDS] for times in rough]
-            prepared = [self._prepare(job, lib, picked, WARM_REPEATS) for job, lib, picked in zip(jobs, libs, short)]
-            timed = self._interleaved(prepared, jobs, short)
-            result = []
-            for times, picked, precise in zip(rough, short, timed):
-                times = list(times)
-                for i, seconds in zip(picked, precise):
-                    times[i] = seconds
-                result.append(times)
-            return result
+            for members in by_target.values():
+                group = [jobs[j] for j in members]
+                for j, times in zip(members, self._together(group)):
+                    result[j] = times
         finally:
             self._alive.clear()  # the measuring runtimes go once timed
+        return result
+
+    def _together(self, jobs: Sequence[MeasureJob]) -> list[list[float]]:
+        lib = self._library(jobs)
+        rough = self._first_pass(jobs, lib)
+        short = [[i for i, t in enumerate(times) if t < LONG_SECONDS] for times in rough]
+        trace, kernel_ids = self._prepare(jobs, lib, short, WARM_REPEATS)
+        precise = self._timed_runs(trace, kernel_ids, jobs, short)
+        result = []
+        for times, picked, seconds in zip(rough, short, precise):
+            times = list(times)
+            for i, value in zip(picked, seconds):
+                times[i] = value
+            result.append(times)
+        return result
+
+    def _library(self, jobs: Sequence[MeasureJob]) -> tvm.runtime.Module:
+        """Every job's kernels (one target) in one library, each backend's regions imported."""
+        funcs = {gv: f for job in jobs for gv, f in job.kernels.functions.items()}
+        lib = compile_for_target(tvm.IRModule(funcs), jobs[0].target)
+        regions: dict[int, tuple[Any, list]] = {}
+        for job in jobs:
+            for backend, job_regions in job.externals:
+                regions.setdefault(id(backend), (backend, []))[1].extend(job_regions)
+        for backend, all_regions in regions.values():  # a fresh module each time: state kept by address
+            lib.import_module(backend.codegen(all_regions))
+        return lib
+
+    def _first_pass(self, jobs: Sequence[MeasureJob], lib: tvm.runtime.Module) -> list[list[float]]:
+        """Every kernel once after a warm-up run: its time, final for the long ones."""
+        trace, kernel_ids = self._prepare(jobs, lib, [range(len(job.calls)) for job in jobs], 0)
+        trace(1)  # warm-up (a backend builds its primitives on the first call)
+        times = self._spans(trace, [nid for ids in kernel_ids for nid in ids])
+        return [[times[nid][0] if times[nid] else math.inf for nid in ids] for ids in kernel_ids]
+
+    @staticmethod
+    def _spans(trace, node_ids) -> dict[int, list[float]]:
+        times: dict[int, list[float]] = {nid: [] for nid in node_ids}
+        for span in json.loads(trace(1))["runs"][-1]:
+            if span["node"] in times and span["kind"] == "kernel":
+                times[span["node"]].append((span["end_us"] - span["start_us"]) * 1e-6)
+        return times
+
+    def _timed_runs(self, trace, kernel_ids, jobs: Sequence[MeasureJob], picked) -> list[list[float]]:
+        every = [nid for ids in kernel_ids for nid in ids]
+        first = json.loads(trace(1))["runs"][-1]  # warm-up, and a size
+        longest = max([sum(s["end_us"] - s["start_us"] for s in first if s.get("device") == d)
+                       for d in range(len(jobs))] or [0.0]) * 1e-6
+        runs = max(MIN_RUNS, min(MAX_RUNS, int(TARGET_SECONDS / max(longest, 1e-9))))
+        durations: dict[int, list[float]] = {nid: [] for nid in every}
+        for _ in range(runs if every else 0):
+            for nid, samples in self._spans(trace, every).items():
+                durations[nid].extend(samples)
+        result = []
+        for job, ids, indices in zip(jobs, kernel_ids, picked):
+            missing = [job.calls[i].func_name for i, nid in zip(indices, ids) if not durations[nid]]
+            if missing:
+                raise RuntimeError(f"measuring on {job.device}: the trace has no time for kernels {', '.join(missing)}")
+            result.append([statistics.median(durations[nid]) for nid in ids])
+        return result
+
+    def _prepare(self, jobs: Sequence[MeasureJob], lib: tvm.runtime.Module, picked: Sequence[Sequence[int]],
+                 repeats: int):
+        """One runtime running, for every job, its calls ``picked`` as independent nodes on its own
+        device (all devices at once, each on its executor), each call ``repeats`` times before the
+        call timed, inputs set: (its trace function, per job the timed node ids in order)."""
+        nodes: list[Node] = []
+        kernel_ids: list[list[int]] = []
+        for position, (job, indices) in enumerate(zip(jobs, picked)):
+            ids = []
+            for i in indices:
+                call = job.calls[i]
+                inputs = []
+                for j, (shape, dtype) in enumerate(call.input_types):
+                    nodes.append(Node(name=f"d{position}_k{i}_in{j}", op="null", shapes=[tuple(shape)],
+                                      dtypes=[dtype]))
+                    inputs.append(Entry(len(nodes) - 1, 0))
+                for r in range(repeats + 1):  # the last call finds its inputs and weights in cache
+                    nodes.append(Node(name=f"d{position}_k{i}_{r}", inputs=inputs, func_name=call.func_name,
+                                      device=position, shapes=[tuple(s) for s, _ in call.output_types],
+                                      dtypes=[t for _, t in call.output_types]))
+                ids.append(len(nodes) - 1)
+            kernel_ids.append(ids)
+        if not any(kernel_ids):
+            return (lambda _runs: json.dumps({"runs": [[]]})), kernel_ids
+        heads = [Entry(nid, o) for nid, node in enumerate(nodes) if not node.is_input for o in range(node.num_outputs)]
+        options = [job.options for job in jobs]
+        module = graph_runtime.create(Graph(nodes, heads).to_json(), lib, [job.device for job in jobs],
+                                      execution="concurrent", device_options=options if any(options) else None)
+        for node in nodes:
+            if node.is_input:
+                module.set_input(node.name, random_value(node.shapes[0], node.dtypes[0], self.rng))
+        self._alive.append(module)  # kept to the end: a backend's state keyed by address stays valid
+        return module.module["trace"], kernel_ids
 
     def _remote_seconds(self, job: MeasureJob) -> list[float]:
         """A remote device's kernels, timed in its own process through the session (TVM's
@@ -115,7 +210,7 @@ class RuntimeMeasurer:
         session = getattr(job.device, "_rpc_sess", None)
         if session is None:
             raise ValueError(f"measuring on {job.device}: a remote device without its RPC session")
-        remote_lib = upload_library(session, self._library(job), "autoplace_kernels.so")
+        remote_lib = upload_library(session, self._library([job]), "autoplace_kernels.so")
         times = []
         for call in job.calls:
             args = [tvm.runtime.tensor(random_value(shape, dtype, self.rng), job.device)
@@ -145,72 +240,6 @@ class RuntimeMeasurer:
             device.sync()
             samples.append(time.perf_counter() - start)
         return statistics.median(samples)
-
-    def _library(self, job: MeasureJob) -> tvm.runtime.Module:
-        lib = compile_for_target(job.kernels, job.target)
-        for backend, regions in job.externals:  # a fresh module each time: backends keep state by address
-            lib.import_module(backend.codegen(regions))
-        return lib
-
-    def _first_pass(self, job: MeasureJob, lib: tvm.runtime.Module) -> list[float]:
-        """Every kernel once after a warm-up run: its time, final for the long ones."""
-        trace, kernel_ids = self._prepare(job, lib, range(len(job.calls)), 0)
-        trace(1)  # warm-up (a backend builds its primitives on the first call)
-        times = self._spans(trace, kernel_ids)
-        return [times[nid][0] if times[nid] else math.inf for nid in kernel_ids]
-
-    @staticmethod
-    def _spans(trace, kernel_ids) -> dict[int, list[float]]:
-        times: dict[int, list[float]] = {nid: [] for nid in kernel_ids}
-        for span in json.loads(trace(1))["runs"][-1]:
-            if span["node"] in times and span["kind"] == "kernel":
-                times[span["node"]].append((span["end_us"] - span["start_us"]) * 1e-6)
-        return times
-
-    def _interleaved(self, prepared, jobs: Sequence[MeasureJob], picked: list[list[int]]) -> list[list[float]]:
-        first = [json.loads(trace(1))["runs"][-1] for trace, _ in prepared]  # warm-up, and a size
-        total = sum(s["end_us"] - s["start_us"] for spans in first for s in spans) * 1e-6
-        runs = max(MIN_RUNS, min(MAX_RUNS, int(TARGET_SECONDS * len(jobs) / max(total, 1e-9))))
-        durations = [{nid: [] for nid in kernel_ids} for _, kernel_ids in prepared]
-        for _ in range(runs):
-            for (trace, kernel_ids), times in zip(prepared, durations):
-                for nid, samples in self._spans(trace, kernel_ids).items():
-                    times[nid].extend(samples)
-        result = []
-        for job, (_, kernel_ids), times, indices in zip(jobs, prepared, durations, picked):
-            missing = [job.calls[i].func_name for i, nid in zip(indices, kernel_ids) if not times[nid]]
-            if missing:
-                raise RuntimeError(f"measuring on {job.device}: the trace has no time for kernels {', '.join(missing)}")
-            result.append([statistics.median(times[nid]) for nid in kernel_ids])
-        return result
-
-    def _prepare(self, job: MeasureJob, lib: tvm.runtime.Module, picked: Sequence[int], repeats: int):
-        """A runtime running the calls ``picked`` of ``job`` as independent nodes on its device
-        alone, each ``repeats`` times before the call timed, inputs set: (its trace function, the
-        timed node ids in the order of ``picked``)."""
-        nodes: list[Node] = []
-        kernel_ids: list[int] = []
-        for i in picked:
-            call = job.calls[i]
-            inputs = []
-            for j, (shape, dtype) in enumerate(call.input_types):
-                nodes.append(Node(name=f"k{i}_in{j}", op="null", shapes=[tuple(shape)], dtypes=[dtype]))
-                inputs.append(Entry(len(nodes) - 1, 0))
-            for r in range(repeats + 1):  # the last call finds its inputs and weights in cache
-                nodes.append(Node(name=f"k{i}_{r}", inputs=inputs, func_name=call.func_name, device=0,
-                                  shapes=[tuple(s) for s, _ in call.output_types],
-                                  dtypes=[t for _, t in call.output_types]))
-            kernel_ids.append(len(nodes) - 1)
-        if not kernel_ids:
-            return (lambda _runs: json.dumps({"runs": [[]]})), []
-        heads = [Entry(nid, o) for nid, node in enumerate(nodes) if not node.is_input for o in range(node.num_outputs)]
-        module = graph_runtime.create(Graph(nodes, heads).to_json(), lib, [job.device], execution="concurrent",
-                                      device_options=[job.options] if job.options else None)
-        for node in nodes:
-            if node.is_input:
-                module.set_input(node.name, random_value(node.shapes[0], node.dtypes[0], self.rng))
-        self._alive.append(module)  # kept to the end: a backend's state keyed by address stays valid
-        return module.module["trace"], kernel_ids
 
     def copy_cost(self, src: tvm.runtime.Device, dst: tvm.runtime.Device) -> tuple[float, float]:
         """(fixed seconds, seconds per byte) of one copy from ``src`` to ``dst``."""

@@ -124,13 +124,20 @@ class AutoPlacement:
     unit_variants: list[str] = field(default_factory=list)
 
     def kernel_assignment(self, placement: Callable[[OpInfo], int]) -> list[int]:
-        """The device of every unit under an op ``placement`` (that of its first op), to predict it."""
-        devices: list[int] = [0] * self.kernels.num_units
-        seen = [False] * self.kernels.num_units
+        """The device of every unit under an op ``placement``, to predict it: the device most of its
+        ops get among those the model allows it (a hand placement may split a unit the model keeps
+        whole, e.g. a bias reshape the capability table keeps on the host beside its convolution)."""
+        votes: list[dict[int, int]] = [{} for _ in range(self.kernels.num_units)]
         for info in self.ops:
             unit = self.kernels.unit_of.get(info.name)
-            if unit is not None and not seen[unit]:
-                devices[unit], seen[unit] = int(placement(info)), True
+            if unit is not None:
+                device = int(placement(info))
+                votes[unit][device] = votes[unit].get(device, 0) + 1
+        devices = []
+        for unit, counts in enumerate(votes):
+            ranked = sorted(counts, key=lambda d: (-counts[d], d))
+            allowed = [d for d in ranked if math.isfinite(self.model.kernel_cost[unit][d])]
+            devices.append((allowed or ranked or [0])[0])
         return devices
 
 
@@ -370,8 +377,9 @@ def _weight_names(mod: tvm.IRModule, entry: str, params: dict[str, Any] | None) 
 
 
 def _job(d, device, target, options, missing: dict[str, tuple[str, Part]], lowerings, backend_of) -> MeasureJob:
-    """One device's measuring job: every missing key once, TVM kernels renamed ``k<i>`` into one
-    module, regions renamed ``r<i>`` per backend."""
+    """One device's measuring job: every missing key once, TVM kernels renamed ``d<d>_k<i>`` into one
+    module, regions renamed ``d<d>_r<i>_<backend>`` (names unique across devices, so a measurer
+    may run several devices' jobs in one library)."""
     funcs: dict[tvm.ir.GlobalVar, Any] = {}
     calls: list[KernelCall] = []
     externals: dict[str, list[Region]] = {}
@@ -379,10 +387,10 @@ def _job(d, device, target, options, missing: dict[str, tuple[str, Part]], lower
         lowered = lowerings[part.lowering]
         call = _kernel_call(lowered, part.node_id)
         if part.anchor is None:
-            name = f"k{i}"
+            name = f"d{d}_k{i}"
             funcs[tvm.ir.GlobalVar(name)] = lowered.kernels[part.func_name].with_attr("global_symbol", name)
         else:
-            name = f"r{i}_{part.variant}"
+            name = f"d{d}_r{i}_{part.variant}"
             region = lowered.regions[part.func_name]
             spec = dict(region.spec, name=name)
             externals.setdefault(region.backend, []).append(dataclasses.replace(region, name=name, device=0, spec=spec))
