@@ -13,6 +13,10 @@ The model is the runtime's own execution rule, stated on a kernel DAG:
   finished (with or without a copy): the waiting executor is woken up. A device still busy by
   then pays nothing; an idle one waits for it. Between two cores of a machine this costs tens of
   microseconds, more on a loaded one: measured, like the kernels;
+- kernel times: a placement on one device uses each kernel's time measured with no other device
+  computing (``alone_cost``); a placement over several devices, the time measured with the
+  devices computing together (``kernel_cost``): they share caches and memory bandwidth, and on a
+  machine other processes load, one of them must share its core with that load;
 - a device entered through a call into another processor (a remote device: an RPC server, a DSP)
   pays ``call_latency[d]`` once per *group*: a run of its kernels entered once. A kernel continues
   its device's current group when every input it takes from another device was finished when the
@@ -51,6 +55,9 @@ class CostModel:
     shares_memory: list[list[bool]] = field(default_factory=list)
     #: ``sync_latency[a][b]``: from a kernel's end on ``a`` until ``b``'s executor waiting for it runs.
     sync_latency: list[list[float]] = field(default_factory=list)
+    #: ``alone_cost[k][d]``: time of kernel ``k`` on device ``d`` while no other device computes
+    #: (``kernel_cost`` is measured with the devices computing together); empty: the same.
+    alone_cost: list[list[float]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         n, d = len(self.kernel_cost), self.num_devices
@@ -67,6 +74,7 @@ class CostModel:
         self.call_latency = self.call_latency or [0.0] * d
         self.shares_memory = self.shares_memory or [[a == b for b in range(d)] for a in range(d)]
         self.sync_latency = self.sync_latency or [row[:] for row in zeros]
+        self.alone_cost = self.alone_cost or self.kernel_cost
         self.succs: list[list[int]] = [[] for _ in range(n)]
         for k, ps in enumerate(self.preds):
             for p in ps:
@@ -113,10 +121,12 @@ class Schedule:
 
 
 class Timeline:
-    """The runtime's rule applied kernel by kernel, in graph order (kernel ``k`` after ``0..k-1``)."""
+    """The runtime's rule applied kernel by kernel, in graph order (kernel ``k`` after ``0..k-1``),
+    with the kernel times ``costs`` (default: the model's, measured with the devices together)."""
 
-    def __init__(self, model: CostModel):
+    def __init__(self, model: CostModel, costs: list[list[float]] | None = None):
         self.model = model
+        self.costs = costs if costs is not None else model.kernel_cost
         self.placement: list[int] = []
         self.start: list[float] = []
         self.finish: list[float] = []
@@ -157,11 +167,11 @@ class Timeline:
         called = new_group and model.call_latency[d] > 0.0
         if called:
             ready += model.call_latency[d]
-        return ready, ready + model.kernel_cost[k][d], new_copies, entered, called
+        return ready, ready + self.costs[k][d], new_copies, entered, called
 
     def finish_if(self, d: int) -> float:
         """When the next kernel would finish on device ``d``."""
-        if not math.isfinite(self.model.kernel_cost[len(self.placement)][d]):
+        if not math.isfinite(self.costs[len(self.placement)][d]):
             return INFEASIBLE
         return self._timing(d)[1]
 
@@ -170,7 +180,7 @@ class Timeline:
         start, finish, new_copies, self.group_entered[d], called = self._timing(d)
         self.remote_calls += called
         k = len(self.placement)
-        self.busy[d] += self.model.kernel_cost[k][d] + (self.model.call_latency[d] if called else 0.0)
+        self.busy[d] += self.costs[k][d] + (self.model.call_latency[d] if called else 0.0)
         for p, landed in new_copies:
             self.copied[(p, d)] = landed
             self.busy[d] += self.model.transfer(p, self.placement[p], d)
@@ -186,7 +196,8 @@ def simulate(model: CostModel, placement: Sequence[int]) -> Schedule:
     n = model.num_kernels
     if len(placement) != n:
         raise ValueError(f"placement has {len(placement)} devices for {n} kernels")
-    timeline = Timeline(model)
+    one_device = len(set(placement)) == 1
+    timeline = Timeline(model, model.alone_cost if one_device else None)
     for k, d in enumerate(placement):
         if not math.isfinite(model.kernel_cost[k][d]):
             return Schedule(INFEASIBLE, [], [], 0, 0, [INFEASIBLE])

@@ -10,6 +10,10 @@ load, which cannot move to an idle core) as they will when the placed graph runs
 step trace gives each kernel's time. Timed one device after the other, a machine with one busy
 foreign process showed each core idle in turn and predicted splits 2x faster than they ran.
 
+:meth:`RuntimeMeasurer.kernel_seconds_alone` times each device's kernels with no other device
+computing: the cost model uses those for a placement on one device (on a machine that other
+processes load, the difference is large: one busy foreign process makes a core of ours share).
+
 1. A first pass runs every kernel once after a warm-up run. A kernel taking ``LONG_SECONDS`` or
    more keeps that time: those are the variants that lose by far (an untuned TVM convolution next
    to its oneDNN region), and timing them again would be most of the measuring time.
@@ -83,6 +87,7 @@ class RuntimeMeasurer:
         self.say = progress or (lambda _msg: None)
         self.rng = np.random.default_rng(0)
         self._alive: list = []  # the measuring runtimes, kept while their trace functions are used
+        self._alone: dict[int, list[float]] = {}  # jobs the last kernel_seconds measured alone
 
     def kernel_seconds(self, jobs: Sequence[MeasureJob]) -> list[list[float]]:
         """Every job's kernels (see the module docstring): local devices together, remote ones
@@ -91,7 +96,20 @@ class RuntimeMeasurer:
         local_jobs = [job for job, far in zip(jobs, remote) if not far]
         far_times = {id(job): self._remote_seconds(job) for job, far in zip(jobs, remote) if far}
         near_times = iter(self._local_seconds(local_jobs) if local_jobs else [])
-        return [far_times[id(job)] if far else next(near_times) for job, far in zip(jobs, remote)]
+        result = [far_times[id(job)] if far else next(near_times) for job, far in zip(jobs, remote)]
+        self._alone = {id(job): times for job, times, far in zip(jobs, result, remote)
+                       if far or len(local_jobs) == 1}
+        return result
+
+    def kernel_seconds_alone(self, jobs: Sequence[MeasureJob]) -> list[list[float]]:
+        """Every job's kernels with no other device computing: each local device on its own (a
+        device measured alone already by :meth:`kernel_seconds` keeps those times; remote devices
+        too, their kernels run in their own process)."""
+        result = []
+        for job in jobs:
+            kept = self._alone.get(id(job))
+            result.append(kept if kept is not None else self._local_seconds([job])[0])
+        return result
 
     def _local_seconds(self, jobs: Sequence[MeasureJob]) -> list[list[float]]:
         """Local jobs of one target together, each device on its own executor at the same time."""

@@ -207,8 +207,12 @@ def choose_placement(
                     choices[u][d][variant] = [part.key for part in parts]
         return wanted, choices
 
+    alone_timer = getattr(measurer, "kernel_seconds_alone", None)
+    kinds = ("kernel", "kernel_alone") if alone_timer is not None else ("kernel",)
+
     def missing_keys(wanted) -> list[dict[str, tuple[str, Part]]]:
-        return [{k: v for k, v in wanted[d].items() if cache.get("kernel", k, str(targets[d]), settings[d]) is None}
+        return [{k: v for k, v in wanted[d].items()
+                 if any(cache.get(kind, k, str(targets[d]), settings[d]) is None for kind in kinds)}
                 for d in range(num_devices)]
 
     wanted, choices = wanted_keys(units)
@@ -227,27 +231,37 @@ def choose_placement(
     if jobs:
         say("automatic placement: measuring " + ", ".join(
             f"{len(job.calls)} kernels on {job.device}" for job in jobs) + f" ({counts['cached']} cached)")
-        measured = measurer.kernel_seconds(jobs)
-        if len(measured) != len(jobs):
-            raise ValueError(f"measurer answered for {len(measured)} devices, asked for {len(jobs)}")
-        for job, job_times, key_list in zip(jobs, measured, job_keys):
-            bad = len(job_times) != len(key_list) or not all(math.isfinite(t) and t >= 0 for t in job_times)
-            if bad:
-                raise ValueError(f"measurer on {job.device}: expected {len(key_list)} finite non-negative "
-                                 f"times, got {list(job_times)[:8]}")
-            cache.put_many("kernel", [(key, str(targets[job.position]), settings[job.position], seconds)
+        # with the devices computing together (as a placement over several runs), then each alone
+        timers = [measurer.kernel_seconds] + ([alone_timer] if alone_timer is not None else [])
+        for kind, timer in zip(kinds, timers):
+            measured = timer(jobs)
+            if len(measured) != len(jobs):
+                raise ValueError(f"measurer answered for {len(measured)} devices, asked for {len(jobs)}")
+            for job, job_times, key_list in zip(jobs, measured, job_keys):
+                bad = len(job_times) != len(key_list) or not all(math.isfinite(t) and t >= 0 for t in job_times)
+                if bad:
+                    raise ValueError(f"measurer on {job.device}: expected {len(key_list)} finite non-negative "
+                                     f"times, got {list(job_times)[:8]}")
+                cache.put_many(kind, [(key, str(targets[job.position]), settings[job.position], seconds)
                                       for key, seconds in zip(key_list, job_times)])
-            counts["measured"] += len(key_list)
-    seconds_of = [{k: cache.get("kernel", k, str(targets[d]), settings[d]) for k in wanted[d]} for d in range(num_devices)]
+        counts["measured"] += sum(len(key_list) for key_list in job_keys)
 
-    cost = [[math.inf] * num_devices for _ in range(num_units)]
-    variant_costs: list[list[dict[str, float]]] = [[{} for _ in range(num_devices)] for _ in range(num_units)]
-    for u in range(num_units):
-        for d in range(num_devices):
-            for variant, keys in choices[u][d].items():
-                variant_costs[u][d][variant] = sum(seconds_of[d][k] for k in keys)
-            if variant_costs[u][d]:
-                cost[u][d] = min(variant_costs[u][d].values())
+    def unit_costs(kind: str) -> tuple[list[list[float]], list[list[dict[str, float]]]]:
+        """Per unit and device the fastest variant's time and every variant's, from ``kind``."""
+        seconds_of = [{k: cache.get(kind, k, str(targets[d]), settings[d]) for k in wanted[d]}
+                      for d in range(num_devices)]
+        best = [[math.inf] * num_devices for _ in range(num_units)]
+        each: list[list[dict[str, float]]] = [[{} for _ in range(num_devices)] for _ in range(num_units)]
+        for u in range(num_units):
+            for d in range(num_devices):
+                for variant, keys in choices[u][d].items():
+                    each[u][d][variant] = sum(seconds_of[d][k] for k in keys)
+                if each[u][d]:
+                    best[u][d] = min(each[u][d].values())
+        return best, each
+
+    cost, variant_costs = unit_costs("kernel")
+    alone, alone_variants = unit_costs(kinds[-1])
 
     latency = [[0.0] * num_devices for _ in range(num_devices)]
     per_byte = [[0.0] * num_devices for _ in range(num_devices)]
@@ -259,7 +273,7 @@ def choose_placement(
     sync = [[0.0 if a == b else _sync_latency(measurer, cache, devices, options, a, b) for b in range(num_devices)]
             for a in range(num_devices)]
     calls = [_call_latency(measurer, cache, devices, options, d) for d in range(num_devices)]
-    model = CostModel(cost, units.preds, units.out_bytes, latency, per_byte, calls, shared, sync)
+    model = CostModel(cost, units.preds, units.out_bytes, latency, per_byte, calls, shared, sync, alone)
     say(f"automatic placement: solving for {num_units} kernels on {num_devices} devices")
     solution = _solve(model, objective, cache)
     assignment = solution.placement
@@ -271,6 +285,8 @@ def choose_placement(
     )
     if split_too_small:
         assignment, kept_single = single, True
+    if len(set(assignment)) == 1:  # one device computes alone: its times alone decide the backends
+        variant_costs = alone_variants
     unit_variants = [min(variant_costs[u][d], key=lambda v: (variant_costs[u][d][v], v != TVM))
                      for u, d in enumerate(assignment)]
     chosen_anchors = {
@@ -492,7 +508,7 @@ def _explain(model: CostModel, units: Units, assignment: list[int], unit_variant
             "device": device_names[d],
             "kernels": len(mine),
             "ops": sum(len(units.ops[u]) for u in mine),
-            "busy_seconds": sum(model.kernel_cost[u][d] for u in mine),
+            "busy_seconds": schedule.device_busy[d] if schedule.device_busy else 0.0,
             "call_seconds": model.call_latency[d],
             "variants": by_variant,
         })
@@ -506,7 +522,7 @@ def _explain(model: CostModel, units: Units, assignment: list[int], unit_variant
         other_cost, other, other_variant = max(others)
         decisions.append({
             "kernel": unit_label(units, u), "index": u, "device": device_names[d], "backend": chosen,
-            "seconds": model.kernel_cost[u][d], "other_device": device_names[other], "other_backend": other_variant,
+            "seconds": variant_costs[u][d][chosen], "other_device": device_names[other], "other_backend": other_variant,
             "other_seconds": other_cost,
         })
     decisions.sort(key=lambda x: -abs(x["other_seconds"] - x["seconds"]))
