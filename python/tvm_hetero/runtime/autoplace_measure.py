@@ -63,7 +63,18 @@ COPY_SIZES = (4 << 10, 4 << 20)
 #: Timing of a remote kernel: runs, each at least this long (the kernel looped remotely).
 REMOTE_REPEATS, REMOTE_MIN_MS = 5, 10
 #: Kernels in the chain that times a hand-off between two devices, and runs of it.
-SYNC_CHAIN, SYNC_RUNS = 41, 31
+SYNC_CHAIN, SYNC_RUNS = 21, 15
+#: Steps of the busy kernel the hand-off chain runs (a few hundred microseconds).
+BUSY_STEPS = 100000
+
+
+def _busy_kernel() -> tvm.IRModule:
+    """``busy(x) -> y``, (1,) -> (1,), computing for a few hundred microseconds: long enough that an
+    executor waiting for it goes to sleep, as it does in a graph."""
+    x = tvm.te.placeholder((1,), "float32", name="x")
+    k = tvm.te.reduce_axis((0, BUSY_STEPS), name="k")
+    y = tvm.te.compute((1,), lambda i: tvm.te.sum(tvm.tirx.sin(x[i] + k.astype("float32")), axis=k), name="y")
+    return tvm.IRModule({"busy": tvm.te.create_prim_func([x, y]).with_attr("global_symbol", "busy")})
 
 
 def _tiny_kernel() -> tvm.IRModule:
@@ -279,18 +290,20 @@ class RuntimeMeasurer:
     def sync_latency(self, src: tvm.runtime.Device, dst: tvm.runtime.Device, src_options: dict | None,
                      dst_options: dict | None) -> float:
         """Seconds from a kernel's end on ``src`` until ``dst``'s executor, waiting for it, runs the
-        next: a chain of tiny kernels alternating between the two devices, against the same chain
-        on ``src`` alone, per crossing (both directions alike; the median of several runs)."""
+        next: a chain of busy kernels (each long enough that the waiting executor sleeps, as in a
+        graph) alternating between the two devices, against the same chain on ``src`` alone, per
+        crossing (both directions alike; the median of several runs). A chain of tiny kernels
+        measured 1-5 us: the waiting executor had not gone to sleep yet."""
         if src.dlpack_device_type() != 1 or dst.dlpack_device_type() != 1:
             return 0.0  # devices with copies between them: the copy's fixed cost holds the hand-off
-        lib = compile_for_target(_tiny_kernel(), tvm.target.Target("llvm"))
+        lib = compile_for_target(_busy_kernel(), tvm.target.Target("llvm"))
         both = [src_options, dst_options]
         seconds = []
         for alternate in (False, True):
             nodes = [Node(name="x", op="null", shapes=[(1,)], dtypes=["float32"])]
             for i in range(SYNC_CHAIN):
-                nodes.append(Node(name=f"t{i}", inputs=[Entry(i, 0)], func_name="tiny", device=i % 2 if alternate else 0,
-                                  shapes=[(1,)], dtypes=["float32"]))
+                nodes.append(Node(name=f"t{i}", inputs=[Entry(i, 0)], func_name="busy",
+                                  device=i % 2 if alternate else 0, shapes=[(1,)], dtypes=["float32"]))
             graph = Graph(nodes, [Entry(len(nodes) - 1, 0)]).to_json()
             module = graph_runtime.create(graph, lib, [src, dst], execution="concurrent",
                                           device_options=both if any(both) else None)
