@@ -341,9 +341,29 @@ def build(mod: Any, targets: Any, placement: Any = None, *args: Any, **kwargs: A
     report = artifact.build_report
     measure_latency = getattr(kwargs.get("measurer"), "latency_seconds", None)
     if auto and report is not None and report.autoplace is not None and measure_latency is not None:
-        (kwargs.get("progress") or (lambda _msg: None))("automatic placement: measuring the built graph")
-        report.autoplace["measured_seconds"] = measure_latency(artifact, kwargs.get("device_options"))
+        _measure_built_graph(artifact, measure_latency, kwargs)
     return artifact
+
+
+def _measure_built_graph(artifact: Artifact, measure_latency: Any, kwargs: dict) -> None:
+    """The built graph's measured latency for the report, kept in the cost cache under the module,
+    the graph and the executor settings (a rebuild that makes the same graph measures nothing)."""
+    from .compiler.autoplace.cost_cache import open_cache
+
+    auto = artifact.build_report.autoplace
+    options = kwargs.get("device_options")
+    key = sha256(json.dumps([auto.get("module_key"), artifact.graph_json, options], sort_keys=True).encode())
+    cache = open_cache(kwargs.get("cost_cache"))
+    try:
+        seconds = cache.get("graph_latency", key, "", "")
+        auto["measured_cached"] = seconds is not None
+        if seconds is None:
+            (kwargs.get("progress") or (lambda _msg: None))("automatic placement: measuring the built graph")
+            seconds = measure_latency(artifact, options)
+            cache.put("graph_latency", key, "", "", seconds)
+    finally:
+        cache.close()
+    auto["measured_seconds"] = seconds
 
 
 # ---- a pipeline --------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The ``tvm-hetero`` command: demo, compile, run, inspect.
 
-    tvm-hetero demo                                   # ResNet-50 split over cpu:0 + cpu:1 (cuda if present)
+    tvm-hetero demo                                   # ResNet-50 placed by measured cost (cpu:0 + cpu:1, or cuda)
     tvm-hetero compile model.onnx --device cpu:0=llvm --device cpu:1=llvm --place conv2d=1 -o out/
     tvm-hetero run out/ --input data=x.npy --cluster 0=0 --cluster 1=1 --trace run.json
     tvm-hetero inspect out/ --dot graph.dot --timeline timeline.png
@@ -121,14 +121,25 @@ def cmd_demo(args: argparse.Namespace) -> int:
     model = models.light_model(args.model)
     mod = models.relax_module(model)
     num_ops = count_ops(mod)
+    if not args.place and args.split is None:
+        args.place = ["auto"]  # the demo's default: every op's device and backend by measured cost
     placement = parse_placement(args.place, args.split, len(devices), num_ops)
+    # Two CPU devices become two clusters: each device's executor on its own core, one thread.
+    cores = sorted(os.sched_getaffinity(0))
+    cpus = all(d.startswith("cpu") for d, _ in devices)
+    clusters = ([{"cores": [c], "num_threads": 1} for c in cores[: len(devices)]]
+                if cpus and len(cores) >= len(devices) and not args.remote else None)
+    options = auto_options(args, len(devices))
     if placement == "auto":
-        say(f"{num_ops} Relax ops; automatic placement by measured cost")
-    else:
+        options["device_options"] = options.get("device_options") or clusters
+        say(f"{num_ops} Relax ops; automatic placement: every op's device and backend by measured cost")
+    elif args.split is not None:
         say(f"{num_ops} Relax ops; the first {args.split:.0%} go to {devices[-1][0]}, the rest to {devices[0][0]}")
     artifact = tvm_hetero.build(mod, devices, placement=placement, progress=say,
-                                backends=parse_backends(args.backend), **auto_options(args, len(devices)))
+                                backends=parse_backends(args.backend), **options)
     print(artifact.report())
+    if placement == "auto":
+        clusters = options["device_options"]
 
     inputs = models.model_inputs(model)
     server = None
@@ -147,11 +158,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
         runtime = artifact.create(run_devices)
         clusters = None
     else:
-        # Two CPU devices become two clusters: each device's executor on its own core.
-        cores = sorted(os.sched_getaffinity(0))
-        cpus = all(d.startswith("cpu") for d, _ in devices)
-        clusters = ([{"cores": [c], "num_threads": 1} for c in cores[: len(devices)]]
-                    if cpus and len(cores) >= len(devices) else None)
         runtime = artifact.create(device_options=clusters)
     say("running")
     runtime.run(**inputs)
@@ -173,7 +179,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"  remote compute calls per run {stats['remote_compute_calls']} "
               f"(remote groups {stats['offload_segments']}), remote copies {stats['remote_copies']}")
     if args.compare and not args.remote:
-        _print_comparison(mod, devices, model, inputs, np.median(times), args.repeat, say)
+        _print_comparison(mod, devices, model, inputs, np.median(times), args.repeat, say, clusters)
     if args.timeline:
         try:
             from tvm_hetero import timeline
@@ -198,26 +204,34 @@ def _latencies(runtime, repeat: int) -> list[float]:
     return times
 
 
-def _print_comparison(mod, devices, model, inputs, ours: float, repeat: int, say) -> None:
-    """Latency of the split run against the model on the primary device alone and onnxruntime."""
+def _print_comparison(mod, devices, model, inputs, ours: float, repeat: int, say, clusters=None) -> None:
+    """Latency of our run against the model on one device alone (each cluster in turn, with the
+    same settings, when the devices are CPU clusters) and onnxruntime."""
     import tvm_hetero
     from tvm_hetero import models
 
     say(f"building the model for {devices[0][0]} alone, for comparison")
-    single = tvm_hetero.build(mod, devices[:1]).create()
-    single.run(**inputs)
-    alone = float(np.median(_latencies(single, repeat)))
+    single_art = tvm_hetero.build(mod, devices[:1])
+    alone: dict[str, float] = {}
+    for position, options in enumerate(clusters or [None]):
+        single = single_art.create(device_options=[options] if options else None)
+        single.run(**inputs)
+        label = f"{devices[position][0]} alone, " + (f"core {options['cores']}, 1 thread" if options else "every core")
+        alone[label] = float(np.median(_latencies(single, repeat)))
+        single.close()
     ort = {}
     for threads in (1, 2):
         session = models.onnxruntime_session(model, threads)
         session.run(None, inputs)
         ort[threads] = float(np.median([_timed(lambda s=session: s.run(None, inputs)) for _ in range(repeat)]))
     print("compared with")
-    print(f"  {devices[0][0]} alone, every core {alone * 1e3:9.1f} ms  -> {devices[0][0]} alone / ours "
-          f"{alone / ours:.2f}x (a chain split in halves cannot overlap; see docs/concurrency.md)")
+    for label, t in alone.items():
+        print(f"  {label:<30} {t * 1e3:9.1f} ms  -> it / ours {t / ours:.2f}x")
+    best = min(alone.values())
+    print(f"  best single device: {best * 1e3:.1f} ms -> best single device / ours {best / ours:.2f}x")
     for threads, t in ort.items():
-        print(f"  onnxruntime, {threads} thread{'s' if threads > 1 else ' '}  {t * 1e3:9.1f} ms  -> ours / onnxruntime "
-              f"{ours / t:.2f}x")
+        print(f"  onnxruntime, {threads} thread{'s' if threads > 1 else ' '}             {t * 1e3:9.1f} ms  -> ours / "
+              f"onnxruntime {ours / t:.2f}x")
 
 
 def _timed(fn) -> float:
@@ -418,8 +432,9 @@ def main(argv: list[str] | None = None) -> int:
                        help="device and its target, primary first (default: cpu:0=llvm, then cuda:0 or cpu:1)")
         p.add_argument("--place", action="append", default=[], metavar="OP=DEV",
                        help="put every OP on DEV; '--place auto': choose every op's device by measured cost")
-        p.add_argument("--objective", choices=["latency", "calls"], default="latency",
-                       help="with --place auto: lowest latency, or fewest remote calls within 10%% of it")
+        p.add_argument("--objective", choices=["latency", "calls", "throughput"], default="latency",
+                       help="with --place auto: lowest latency, fewest remote calls within 10%% of it, or "
+                            "the smallest bottleneck device (throughput of streamed inferences)")
         p.add_argument("--cost-cache", default=None, metavar="FILE|none",
                        help="with --place auto: measurement cache (default ~/.cache/tvm-hetero/costs.sqlite)")
         p.add_argument("--cluster", action="append", default=[], metavar="DEV=CORES[:THREADS]",
@@ -430,7 +445,8 @@ def main(argv: list[str] | None = None) -> int:
 
     demo = sub.add_parser("demo", help="compile a real model for two devices, run it, check it")
     demo.add_argument("--model", default="resnet50", help="light ONNX model (resnet50, shufflenet, ...)")
-    demo.add_argument("--split", type=float, default=0.5, help="fraction of ops (in order) on the last device")
+    demo.add_argument("--split", type=float, default=None,
+                      help="fraction of ops (in order) on the last device (default: --place auto)")
     demo.add_argument("--repeat", type=int, default=3)
     demo.add_argument("--timeline", metavar="FILE.png", default="demo-timeline.png",
                       help="where to draw the run's timeline ('' for none; needs matplotlib)")

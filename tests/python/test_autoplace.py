@@ -161,11 +161,9 @@ def test_real_measurement_on_two_pinned_cores_matches_reference(tmp_path):
     assert exported.build_report.autoplace["predicted_seconds"] == auto["predicted_seconds"]
 
 
-def test_bad_placement_name_and_backends_with_auto_are_clear_errors():
+def test_bad_placement_name_is_a_clear_error():
     with pytest.raises(ValueError, match="only placement given by name is 'auto'"):
         tvm_hetero.build(MLP, TWO_CPUS, placement="fastest", params=PARAMS)
-    with pytest.raises(ValueError, match="backends"):
-        tvm_hetero.build(MLP, TWO_CPUS, placement="auto", params=PARAMS, backends=["dnnl"], cost_cache=False)
 
 
 def test_cpu_clusters_group_cores_by_maximum_frequency(tmp_path):
@@ -205,9 +203,10 @@ def test_a_split_that_gains_less_than_min_gain_stays_on_one_device():
     first = []
 
     def rule(name, d):
+        kernel = name.split("_", 1)[1]  # d<device>_k<i>: the same kernel on either device
         if not first:
-            first.append(name)
-        return 0.98e-3 if (d == 1 and name == first[0]) else 1e-3 * (1.0 + 0.001 * d)
+            first.append(kernel)
+        return 0.98e-3 if (d == 1 and kernel == first[0]) else 1e-3 * (1.0 + 0.001 * d)
 
     art = tvm_hetero.build(MLP, TWO_CPUS, placement="auto", params=PARAMS, cost_cache=False,
                            measurer=FakeMeasurer(rule))
@@ -246,3 +245,178 @@ def test_a_measurer_that_answers_nonsense_is_named():
     with pytest.raises(ValueError, match="measurer on cpu:1: expected .* finite non-negative"):
         tvm_hetero.build(MLP, TWO_CPUS, placement="auto", params=PARAMS, cost_cache=False,
                          measurer=FakeMeasurer(lambda name, d: float("nan") if d == 1 else 1e-3))
+
+
+HAS_DNNL = tvm_hetero.backends.DnnlBackend().available()
+needs_dnnl = pytest.mark.skipif(not HAS_DNNL, reason="libtvm_hetero was built without oneDNN")
+
+
+def is_region(name: str) -> bool:
+    """The fake measurer's names: regions are handed over as ``d<d>_r<i>_<backend>``, kernels ``d<d>_k<i>``."""
+    return name.split("_")[1].startswith("r") and name.endswith("_dnnl")
+
+
+@needs_dnnl
+def test_a_fake_table_where_onednn_loses_keeps_tvm_kernels():
+    fake = FakeMeasurer(lambda name, d: 1e-1 if is_region(name) else 1e-3 * (d + 1))
+    art = tvm_hetero.build(MLP, TWO_CPUS, placement="auto", params=PARAMS, cost_cache=False, measurer=fake)
+    assert any(is_region(name) for name, _d in fake.asked), "the regions were timed"
+    assert art.build_report.backend_regions == []
+    auto = art.build_report.autoplace
+    assert all(set(row.get("variants", {})) <= {"tvm"} for row in auto["per_device"])
+    assert set(node_devices(art).values()) == {0}
+    rt = art.create()
+    rt.run(x=X)
+    expected = np.maximum(X @ PARAMS["w1"] + PARAMS["b1"], 0) @ PARAMS["w2"]
+    np.testing.assert_allclose(rt.get_output(0).numpy(), expected, rtol=1e-4, atol=1e-4)
+
+
+@needs_dnnl
+def test_a_fake_table_where_onednn_wins_on_one_device_puts_its_regions_there():
+    fake = FakeMeasurer(lambda name, d: (1e-5 if d == 1 else 1e-2) if is_region(name) else 1e-3)
+    art = tvm_hetero.build(MLP, TWO_CPUS, placement="auto", params=PARAMS, cost_cache=False, measurer=fake)
+    regions = {(b, d) for b, d, _n, _ops in art.build_report.backend_regions}
+    assert regions == {("dnnl", 1)}
+    auto = art.build_report.autoplace
+    assert auto["per_device"][1]["variants"].get("dnnl", 0) >= 1
+    assert "with dnnl" in art.report()
+    best = auto["decisions"][0]
+    assert best["backend"] == "dnnl" and best["device"] == "cpu:1"
+    rt = art.create()
+    rt.run(x=X)
+    expected = np.maximum(X @ PARAMS["w1"] + PARAMS["b1"], 0) @ PARAMS["w2"]
+    np.testing.assert_allclose(rt.get_output(0).numpy(), expected, rtol=1e-4, atol=1e-4)
+
+
+@needs_dnnl
+def test_an_explicit_backend_device_limits_where_its_regions_are_measured():
+    fake = FakeMeasurer(lambda name, d: 1e-5 if is_region(name) else 1e-3)
+    art = tvm_hetero.build(MLP, TWO_CPUS, placement="auto", params=PARAMS, cost_cache=False, measurer=fake,
+                           backends=[("dnnl", 0)])
+    assert {d for name, d in fake.asked if is_region(name)} == {0}
+    assert {(b, d) for b, d, _n, _ops in art.build_report.backend_regions} == {("dnnl", 0)}
+
+
+def test_a_warm_rebuild_neither_lowers_for_measuring_nor_measures_nor_solves(tmp_path, monkeypatch):
+    from tvm_hetero.compiler.autoplace import measured
+
+    counts = {"lowerings": 0, "solves": 0, "latency": 0}
+    real_lower, real_solve = measured.lower_to_graph, measured.solve
+
+    def counting_lower(*args, **kwargs):
+        counts["lowerings"] += 1
+        return real_lower(*args, **kwargs)
+
+    def counting_solve(*args, **kwargs):
+        counts["solves"] += 1
+        return real_solve(*args, **kwargs)
+
+    class Timed(FakeMeasurer):
+        def latency_seconds(self, artifact, device_options=None):
+            counts["latency"] += 1
+            return 1e-3
+
+    monkeypatch.setattr(measured, "lower_to_graph", counting_lower)
+    monkeypatch.setattr(measured, "solve", counting_solve)
+    path = tmp_path / "costs.sqlite"
+    mod, params = models.two_towers()
+    first = Timed(lambda name, d: 1e-3)
+    art = tvm_hetero.build(mod, TWO_CPUS, placement="auto", params=params, cost_cache=path, measurer=first)
+    assert counts["lowerings"] >= 1 and counts["solves"] == 1 and counts["latency"] == 1 and first.asked
+    before = dict(counts)
+    second = Timed(lambda name, d: pytest.fail("measured again"))
+    again = tvm_hetero.build(mod, TWO_CPUS, placement="auto", params=params, cost_cache=path, measurer=second)
+    assert counts == before, "the warm rebuild repeated work the cache holds"
+    assert second.asked == []
+    assert again.build_report.autoplace["measured_cached"] is True
+    assert node_devices(again) == node_devices(art)
+    # another executor setting is new: measured (and lowered for it) again
+    third = Timed(lambda name, d: 1e-3)
+    tvm_hetero.build(mod, TWO_CPUS, placement="auto", params=params, cost_cache=path, measurer=third,
+                     device_options=ONE_THREAD_EACH)
+    assert third.asked and counts["lowerings"] > before["lowerings"]
+
+
+def test_build_throughput_objective_splits_a_chain_that_latency_keeps_on_one_device():
+    mod, params = models.two_towers()
+    fake = FakeMeasurer(lambda name, d: 1e-3)
+    latency = tvm_hetero.build(mod, TWO_CPUS, placement="auto", params=params, cost_cache=False, measurer=fake,
+                               backends=())
+    rate = tvm_hetero.build(mod, TWO_CPUS, placement="auto", params=params, cost_cache=False, measurer=fake,
+                            backends=(), objective="throughput")
+    a, b = latency.build_report.autoplace, rate.build_report.autoplace
+    assert b["objective"] == "throughput" and "bottleneck" in rate.report()
+    assert b["bottleneck_seconds"] < a["bottleneck_seconds"]
+    busy = [row["busy_seconds"] for row in b["per_device"]]
+    assert max(busy) == pytest.approx(b["bottleneck_seconds"]) and min(busy) > 0
+
+
+def test_pipeline_auto_split_reads_what_automatic_placement_measured(tmp_path):
+    mod, params = models.two_towers()
+    path = tmp_path / "costs.sqlite"
+    fake = FakeMeasurer(lambda name, d: 1e-3)
+    tvm_hetero.build(mod, TWO_CPUS, placement="auto", params=params, cost_cache=path, measurer=fake,
+                     backends=(), device_options=ONE_THREAD_EACH)
+    asked = []
+
+    def measure(compiled, device, cores, threads, rounds):
+        asked.append(str(device))
+        pytest.fail("auto_split measured kernels the cost cache holds")
+
+    options = {"stages": ONE_THREAD_EACH}
+    plan = tvm_hetero.pipeline.auto_split(mod, 2, TWO_CPUS, params, options=options, cost_cache=path,
+                                          measure=measure)
+    assert asked == [] and len(plan.split_points) == 1
+    # the other way: what auto_split measures is kept for automatic placement
+    other = tmp_path / "other.sqlite"
+    tvm_hetero.pipeline.auto_split(mod, 2, TWO_CPUS, params, options=options, cost_cache=other, rounds=1)
+    again = FakeMeasurer(lambda name, d: pytest.fail("measured again"))
+    tvm_hetero.build(mod, TWO_CPUS, placement="auto", params=params, cost_cache=other, measurer=again,
+                     backends=(), device_options=ONE_THREAD_EACH)
+    assert again.asked == []
+
+
+class PositionFake(FakeMeasurer):
+    """Like FakeMeasurer, by device position (a remote device's own index is its index remotely)."""
+
+    def kernel_seconds(self, jobs):
+        self.asked.extend((c.func_name, job.position) for job in jobs for c in job.calls)
+        return [[self.rule(c.func_name, job.position) for c in job.calls] for job in jobs]
+
+    def copy_cost(self, src, dst):
+        return 1e-5, 1e-10
+
+    def call_latency(self, device, options):
+        return 2e-4 if device.dlpack_device_type() >= 128 else 0.0
+
+
+def test_a_remote_device_is_measured_through_its_session_and_runs_the_chosen_kernels(rpc_server, tmp_path):
+    from tvm_hetero.runtime.autoplace_measure import RuntimeMeasurer
+
+    session = rpc_server.connect()
+    targets = [(tvm.cpu(0), "llvm"), (session.cpu(0), "llvm")]
+    caps = tvm_hetero.Capabilities({1: {"matmul", "add", "relu"}})
+    path = tmp_path / "costs.sqlite"
+    # real timing: kernels through the session, the call latency, copies both ways
+    art = tvm_hetero.build(MLP, targets, placement="auto", params=PARAMS, capabilities=caps, cost_cache=path,
+                           measurer=RuntimeMeasurer())
+    auto = art.build_report.autoplace
+    assert auto["per_device"][1]["call_seconds"] > 0  # an RPC round trip, measured
+    cache = CostCache(path)
+    remote_rows = cache._db.execute("SELECT COUNT(*) FROM costs WHERE kind='kernel' AND settings LIKE '%remote%'")
+    assert remote_rows.fetchone()[0] >= 1
+    assert cache.get("copy_latency", settings_key(str(tvm.cpu(0)), None), settings_key(str(session.cpu(0)), None),
+                     "") is not None
+    cache.close()
+    # a fake table where the remote device is far faster: its capable kernels go there, outputs stay right
+    fake = PositionFake(lambda name, d: 1e-5 if d == 1 else 1e-2)
+    fast = tvm_hetero.build(MLP, targets, placement="auto", params=PARAMS, capabilities=caps, cost_cache=False,
+                            measurer=fake)
+    assert fast.build_report.ops_per_device[1] > 0
+    assert all(d == 0 for name, d in fake.asked if is_region(name)), "oneDNN regions only on the host"
+    rt = fast.create()
+    rt.run(x=X)
+    expected = np.maximum(X @ PARAMS["w1"] + PARAMS["b1"], 0) @ PARAMS["w2"]
+    np.testing.assert_allclose(rt.get_output(0).numpy(), expected, rtol=1e-4, atol=1e-4)
+    assert rt.stats()["remote_compute_calls"] >= 1
+    rt.close()

@@ -105,6 +105,33 @@ def test_calls_objective_trades_latency_for_fewer_remote_calls():
     assert exact_hits >= 0.9 * 60
 
 
+def test_simulate_counts_each_device_s_busy_time_for_the_bottleneck():
+    # a chain of four 1 s kernels: 2 + 2 on two devices halves the bottleneck, not the latency
+    model = CostModel(kernel_cost=[[1.0, 1.0]] * 4, preds=[[], [0], [1], [2]], out_bytes=[4] * 4)
+    assert simulate(model, [0, 0, 0, 0]).bottleneck == pytest.approx(4.0)
+    split = simulate(model, [0, 0, 1, 1])
+    assert split.bottleneck == pytest.approx(2.0) and split.makespan == pytest.approx(4.0)
+    assert solve(model, "throughput").schedule.bottleneck == pytest.approx(2.0)
+    assert solve(model, "latency").latency == pytest.approx(4.0)
+
+
+def test_throughput_objective_is_near_the_exact_bottleneck_on_random_dags():
+    """>= 90% of 150 random DAGs within 5% of the exhaustive smallest bottleneck; never a larger
+    bottleneck than the latency optimum or the best single device."""
+    rng = random.Random(4242)
+    within, total = 0, 150
+    for case in range(total):
+        model = random_model(rng, rng.randint(2, 10), 2 if case % 3 else 3)
+        found = solve(model, "throughput").schedule
+        exact = exhaustive_placement(model, "throughput").schedule
+        assert found.bottleneck >= exact.bottleneck * (1 - 1e-9)
+        assert found.bottleneck <= solve(model, "latency").schedule.bottleneck * (1 + 1e-9)
+        for p in single_device_placements(model):
+            assert found.bottleneck <= simulate(model, p).bottleneck * (1 + 1e-9), f"case {case}"
+        within += found.bottleneck <= exact.bottleneck * 1.05
+    assert within >= 0.9 * total, f"only {within}/{total} within 5% of the smallest bottleneck"
+
+
 def test_unknown_objective_is_named():
     model = CostModel(kernel_cost=[[1.0]], preds=[[]], out_bytes=[4])
     with pytest.raises(ValueError, match="objective 'speed'"):

@@ -194,9 +194,11 @@ def test_demo_runs_clusters_compares_and_draws(tmp_path, capsys):
     from tvm_hetero import cli
 
     picture = tmp_path / "demo.png"
-    assert cli.main(["demo", "--model", "squeezenet", "--repeat", "1", "--timeline", str(picture)]) == 0
+    assert cli.main(["demo", "--model", "squeezenet", "--repeat", "1", "--timeline", str(picture),
+                     "--cost-cache", str(tmp_path / "costs.sqlite")]) == 0
     printed = capsys.readouterr().out
-    for expected in ("concurrent execution", "devices pinned to cores", "overlap", "compared with",
-                     "onnxruntime, 2 threads", "-> OK"):
+    for expected in ("automatic placement (objective latency)", "with dnnl" if "backend dnnl" in printed else "",
+                     "concurrent execution", "devices pinned to cores", "overlap", "compared with",
+                     "best single device", "onnxruntime, 2 threads", "-> OK"):
         assert expected in printed, expected
     assert picture.read_bytes()[:4] == b"\x89PNG"

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import tvm
 
-from ..backends import default_backends
+from ..backends import default_backends, resolve_backends
 from .copies import copy_stats, insert_copies, shared_edges
 from .graph import Graph
 from .kernel_libraries import DeviceLibrary, compile_kernel_libraries
@@ -180,8 +180,11 @@ def build(
         anchor op, when libtvm_hetero was built with it; ``()``: TVM kernels only.
 
     With ``placement="auto"`` (docs/autoplace.md) every candidate kernel is timed on every device
-    allowed to run it and the placement minimising the predicted latency of one inference is chosen:
-    objective : ``"latency"`` or ``"calls"`` (fewest remote calls within 10% of the best latency).
+    allowed to run it, each backend region (``backends``, oneDNN by default) against the TVM
+    kernels it replaces, and the devices and backends minimising the predicted latency of one
+    inference are chosen:
+    objective : ``"latency"``, ``"calls"`` (fewest remote calls within 10% of the best latency) or
+        ``"throughput"`` (the smallest bottleneck: the largest time one device spends per inference).
     device_options : each device's executor settings as for the runtime (``{"cores": [0],
         "num_threads": 1}``); kernels are timed with them, and the artifact should run with them.
     cost_cache : where measurements are kept: None (``~/.cache/tvm-hetero/costs.sqlite``), a path,
@@ -212,10 +215,6 @@ def build(
         raise ValueError(f"output_device {output_device} is out of range for {len(devices)} devices")
 
     notes: list[str] = []
-    if isinstance(placement, str) and placement == "auto" and backends is None:
-        # Measured placement times TVM kernels; oneDNN regions are not yet a measured choice.
-        backends = ()
-        notes.append("placement='auto' measures TVM kernels only: the oneDNN default is off for this build")
     if backends is None:
         host_cpus = shares_memory_between(devices, target_list)
         backends, notes = default_backends([d for d in range(len(devices)) if host_cpus(d, d)])
@@ -224,11 +223,9 @@ def build(
     if isinstance(placement, str):
         if placement != "auto":
             raise ValueError(f"placement {placement!r}: the only placement given by name is 'auto'")
-        if backends:
-            raise ValueError("placement='auto' does not choose between backends yet: build without backends")
         auto = _auto_placement(mod, devices, target_list, params, entry, objective, device_options,
-                               cost_cache, capabilities, measurer, say)
-        placement = auto.choose
+                               cost_cache, capabilities, measurer, say, resolve_backends(backends))
+        placement, mod, backends = auto.choose, auto.module, auto.backends  # the regions chosen
     say("placing and lowering Relax ops")
     lowered = lower_to_graph(mod, placement, len(devices), params, entry, backends, targets=target_list)
     graph = lowered.graph
@@ -261,7 +258,7 @@ def build(
 
 
 def _auto_placement(mod, devices, targets, params, entry, objective, device_options, cost_cache, capabilities,
-                    measurer, say):
+                    measurer, say, backends):
     """placement="auto": measure (through the runtime, imported only here) and solve."""
     from .autoplace.cost_cache import open_cache
     from .autoplace.measured import choose_placement
@@ -273,7 +270,7 @@ def _auto_placement(mod, devices, targets, params, entry, objective, device_opti
         auto = choose_placement(
             mod, devices, targets, shares_memory_between(devices, targets), measurer, cache,
             params=params, entry=entry, objective=objective, device_options=device_options,
-            capabilities=capabilities, progress=say,
+            capabilities=capabilities, progress=say, backends=backends,
         )
     finally:
         cache.close()

@@ -200,6 +200,13 @@ def lower_to_graph(
     )
 
 
+def op_infos(mod: tvm.IRModule, entry: str = "main") -> list[OpInfo]:
+    """The :class:`OpInfo` of every op call of ``entry``, in order, as :func:`lower_to_graph` asks
+    a placement about them (without lowering anything; IR annotations are not read)."""
+    decisions, _ops = _place_ops(_entry_function(mod, entry), lambda _info: 0, {})
+    return [info for info, _device in decisions]
+
+
 # ---- step 0: checks and parameters ----------------------------------------------------------
 def _entry_function(mod: tvm.IRModule, entry: str) -> relax.Function:
     names = [gv.name_hint for gv in mod.get_global_vars()]

@@ -9,6 +9,14 @@ The model is the runtime's own execution rule, stated on a kernel DAG:
   input from a device with separate memory is copied once per destination device, by the
   destination's executor (the runtime puts the copy at the start of the consumer's group), taking
   ``copy_latency[src][dst] + bytes * copy_seconds_per_byte[src][dst]`` of that device's time;
+- an input made on another device reaches this one ``sync_latency[src][dst]`` after its producer
+  finished (with or without a copy): the waiting executor is woken up. A device still busy by
+  then pays nothing; an idle one waits for it. Between two cores of a machine this costs tens of
+  microseconds, more on a loaded one: measured, like the kernels;
+- kernel times: a placement on one device uses each kernel's time measured with no other device
+  computing (``alone_cost``); a placement over several devices, the time measured with the
+  devices computing together (``kernel_cost``): they share caches and memory bandwidth, and on a
+  machine other processes load, one of them must share its core with that load;
 - a device entered through a call into another processor (a remote device: an RPC server, a DSP)
   pays ``call_latency[d]`` once per *group*: a run of its kernels entered once. A kernel continues
   its device's current group when every input it takes from another device was finished when the
@@ -45,6 +53,11 @@ class CostModel:
     call_latency: list[float] = field(default_factory=list)
     #: ``shares_memory[a][b]``: tensors cross without a copy (all CPU devices of one process).
     shares_memory: list[list[bool]] = field(default_factory=list)
+    #: ``sync_latency[a][b]``: from a kernel's end on ``a`` until ``b``'s executor waiting for it runs.
+    sync_latency: list[list[float]] = field(default_factory=list)
+    #: ``alone_cost[k][d]``: time of kernel ``k`` on device ``d`` while no other device computes
+    #: (``kernel_cost`` is measured with the devices computing together); empty: the same.
+    alone_cost: list[list[float]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         n, d = len(self.kernel_cost), self.num_devices
@@ -60,6 +73,8 @@ class CostModel:
         self.copy_seconds_per_byte = self.copy_seconds_per_byte or [row[:] for row in zeros]
         self.call_latency = self.call_latency or [0.0] * d
         self.shares_memory = self.shares_memory or [[a == b for b in range(d)] for a in range(d)]
+        self.sync_latency = self.sync_latency or [row[:] for row in zeros]
+        self.alone_cost = self.alone_cost or self.kernel_cost
         self.succs: list[list[int]] = [[] for _ in range(n)]
         for k, ps in enumerate(self.preds):
             for p in ps:
@@ -95,13 +110,23 @@ class Schedule:
     remote_calls: int
     #: Number of cross-device edges that need a copy.
     copies: int
+    #: Time each device spends on one inference (kernels, copies into it, calls into it). With
+    #: inferences streamed through per-device executors (a pipeline), the largest bounds the
+    #: throughput: one inference per ``bottleneck`` seconds at best.
+    device_busy: list[float] = field(default_factory=list)
+
+    @property
+    def bottleneck(self) -> float:
+        return max(self.device_busy, default=0.0)
 
 
 class Timeline:
-    """The runtime's rule applied kernel by kernel, in graph order (kernel ``k`` after ``0..k-1``)."""
+    """The runtime's rule applied kernel by kernel, in graph order (kernel ``k`` after ``0..k-1``),
+    with the kernel times ``costs`` (default: the model's, measured with the devices together)."""
 
-    def __init__(self, model: CostModel):
+    def __init__(self, model: CostModel, costs: list[list[float]] | None = None):
         self.model = model
+        self.costs = costs if costs is not None else model.kernel_cost
         self.placement: list[int] = []
         self.start: list[float] = []
         self.finish: list[float] = []
@@ -110,6 +135,7 @@ class Timeline:
         self.group_entered = [0.0] * model.num_devices  # when the device's current group was entered
         self.copied: dict[tuple[int, int], float] = {}  # (producer, device) -> when its copy landed
         self.remote_calls = 0
+        self.busy = [0.0] * model.num_devices  # kernels, copies and calls per device
 
     def _timing(self, d: int) -> tuple[float, float, list[tuple[int, float]], float, bool]:
         """(start, finish, new copies, group entry time, whether a call enters the device) of the
@@ -123,14 +149,15 @@ class Timeline:
             src = self.placement[p]
             waits_elsewhere |= src != d and self.finish[p] > self.group_entered[d]
             delay = model.transfer(p, src, d)
+            arrives = self.finish[p] + (model.sync_latency[src][d] if src != d else 0.0)
             if delay == 0.0:
-                inputs_ready = max(inputs_ready, self.finish[p])
+                inputs_ready = max(inputs_ready, arrives)
                 continue
             landed = self.copied.get((p, d))
             if landed is None:
                 landed = next((t for q, t in new_copies if q == p), None)
             if landed is None:
-                busy_until = max(busy_until, self.finish[p]) + delay
+                busy_until = max(busy_until, arrives) + delay
                 landed = busy_until
                 new_copies.append((p, landed))
             inputs_ready = max(inputs_ready, landed)
@@ -140,11 +167,11 @@ class Timeline:
         called = new_group and model.call_latency[d] > 0.0
         if called:
             ready += model.call_latency[d]
-        return ready, ready + model.kernel_cost[k][d], new_copies, entered, called
+        return ready, ready + self.costs[k][d], new_copies, entered, called
 
     def finish_if(self, d: int) -> float:
         """When the next kernel would finish on device ``d``."""
-        if not math.isfinite(self.model.kernel_cost[len(self.placement)][d]):
+        if not math.isfinite(self.costs[len(self.placement)][d]):
             return INFEASIBLE
         return self._timing(d)[1]
 
@@ -152,8 +179,11 @@ class Timeline:
         """Run the next kernel on device ``d``."""
         start, finish, new_copies, self.group_entered[d], called = self._timing(d)
         self.remote_calls += called
+        k = len(self.placement)
+        self.busy[d] += self.costs[k][d] + (self.model.call_latency[d] if called else 0.0)
         for p, landed in new_copies:
             self.copied[(p, d)] = landed
+            self.busy[d] += self.model.transfer(p, self.placement[p], d)
         self.placement.append(d)
         self.start.append(start)
         self.finish.append(finish)
@@ -166,13 +196,14 @@ def simulate(model: CostModel, placement: Sequence[int]) -> Schedule:
     n = model.num_kernels
     if len(placement) != n:
         raise ValueError(f"placement has {len(placement)} devices for {n} kernels")
-    timeline = Timeline(model)
+    one_device = len(set(placement)) == 1
+    timeline = Timeline(model, model.alone_cost if one_device else None)
     for k, d in enumerate(placement):
         if not math.isfinite(model.kernel_cost[k][d]):
-            return Schedule(INFEASIBLE, [], [], 0, 0)
+            return Schedule(INFEASIBLE, [], [], 0, 0, [INFEASIBLE])
         timeline.place(d)
     return Schedule(max(timeline.finish, default=0.0), timeline.start, timeline.finish, timeline.remote_calls,
-                    len(timeline.copied))
+                    len(timeline.copied), timeline.busy)
 
 
 def predicted_latency(model: CostModel, placement: Sequence[int]) -> float:

@@ -1,12 +1,31 @@
 """Timing for automatic placement, on the runtime itself (:class:`RuntimeMeasurer`).
 
-Kernels are timed the way they will run: the kernels to time on a device become one graph of
-independent nodes (each reading inputs of its own, filled with seeded random values) on that device
-alone, run by the graph runtime with the device's executor settings (``device_options``: a thread
-pinned to its cores with its own TVM thread pool), and the runtime's step trace gives each kernel's
-time: the median over several runs after a warm-up run. The devices' runs are interleaved round by
-round, so that a load that comes and goes on a shared machine weighs on every device alike. Copy costs between devices without shared
-memory are fitted (fixed + bytes/s) from copies of two sizes.
+Kernels (and backend regions, through their backend's codegen) are timed the way they will run:
+the kernels to time on the local devices (of one target) become one graph of independent nodes
+(each reading inputs of its own, filled with seeded random values), each node on its device, run
+by the graph runtime with every device's executor settings (``device_options``: a thread pinned
+to its cores with its own TVM thread pool) and concurrent execution, so the devices compute at the
+same time and contend for the machine (shared caches, memory bandwidth, and other processes'
+load, which cannot move to an idle core) as they will when the placed graph runs; the runtime's
+step trace gives each kernel's time. Timed one device after the other, a machine with one busy
+foreign process showed each core idle in turn and predicted splits 2x faster than they ran.
+
+:meth:`RuntimeMeasurer.kernel_seconds_alone` times each device's kernels with no other device
+computing: the cost model uses those for a placement on one device (on a machine that other
+processes load, the difference is large: one busy foreign process makes a core of ours share).
+
+1. A first pass runs every kernel once after a warm-up run. A kernel taking ``LONG_SECONDS`` or
+   more keeps that time: those are the variants that lose by far (an untuned TVM convolution next
+   to its oneDNN region), and timing them again would be most of the measuring time.
+2. The others are timed warm: each is called ``WARM_REPEATS`` times right before the call timed
+   (in a graph a kernel reads what its producer just wrote, and weights stay in cache between
+   inferences), the median over several runs.
+
+A remote device (behind a TVM RPC session) has its kernels timed in its own process
+(``time_evaluator`` through the session) and the latency of one call into it measured apart
+(:meth:`RuntimeMeasurer.call_latency`). Copy costs between devices without shared memory (a remote
+one included) are fitted (fixed + bytes/s) from copies of two sizes; the hand-off between two CPU devices (:meth:`RuntimeMeasurer.sync_latency`) from a chain of
+tiny kernels alternating between them.
 
 The compiler hands this object to its placement step; the compiler itself never imports it.
 """
@@ -14,9 +33,11 @@ The compiler hands this object to its placement step; the compiler itself never 
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import tvm
@@ -25,10 +46,42 @@ from ..compiler.autoplace.measured import MeasureJob
 from ..compiler.compile_kernels import _build as compile_for_target
 from ..compiler.graph import Entry, Graph, Node
 from . import graph_runtime
+from .graph_runtime import is_remote
+from .rpc import upload_library
 
 #: Aim for this much traced time per device, within [MIN_RUNS, MAX_RUNS] runs.
 TARGET_SECONDS, MIN_RUNS, MAX_RUNS = 0.3, 3, 25
+#: A kernel this long in the first pass keeps that time (one sample): such kernels are the losing
+#: variants (an untuned TVM convolution next to its oneDNN region), and timing them again would
+#: make most of the measuring time.
+LONG_SECONDS = 2e-3
+#: Calls of a kernel right before the one timed: in a graph a kernel reads what its producer just
+#: wrote, and its weights stay in cache from one inference to the next; timed cold, after other
+#: kernels swept the cache, small kernels measured up to twice their time in the graph.
+WARM_REPEATS = 1
 COPY_SIZES = (4 << 10, 4 << 20)
+#: Timing of a remote kernel: runs, each at least this long (the kernel looped remotely).
+REMOTE_REPEATS, REMOTE_MIN_MS = 5, 10
+#: Kernels in the chain that times a hand-off between two devices, and runs of it.
+SYNC_CHAIN, SYNC_RUNS = 21, 15
+#: Steps of the busy kernel the hand-off chain runs (a few hundred microseconds).
+BUSY_STEPS = 100000
+
+
+def _busy_kernel() -> tvm.IRModule:
+    """``busy(x) -> y``, (1,) -> (1,), computing for a few hundred microseconds: long enough that an
+    executor waiting for it goes to sleep, as it does in a graph."""
+    x = tvm.te.placeholder((1,), "float32", name="x")
+    k = tvm.te.reduce_axis((0, BUSY_STEPS), name="k")
+    y = tvm.te.compute((1,), lambda i: tvm.te.sum(tvm.tirx.sin(x[i] + k.astype("float32")), axis=k), name="y")
+    return tvm.IRModule({"busy": tvm.te.create_prim_func([x, y]).with_attr("global_symbol", "busy")})
+
+
+def _tiny_kernel() -> tvm.IRModule:
+    """``tiny(x) = x + 1`` on one float: a kernel whose run is all hand-off."""
+    x = tvm.te.placeholder((1,), "float32", name="x")
+    y = tvm.te.compute((1,), lambda i: x[i] + 1.0, name="y")
+    return tvm.IRModule({"tiny": tvm.te.create_prim_func([x, y]).with_attr("global_symbol", "tiny")})
 
 
 def random_value(shape: Sequence[int], dtype: str, rng: np.random.Generator) -> np.ndarray:
@@ -45,55 +98,177 @@ class RuntimeMeasurer:
         self.say = progress or (lambda _msg: None)
         self.rng = np.random.default_rng(0)
         self._alive: list = []  # the measuring runtimes, kept while their trace functions are used
+        self._alone: dict[int, list[float]] = {}  # jobs the last kernel_seconds measured alone
 
     def kernel_seconds(self, jobs: Sequence[MeasureJob]) -> list[list[float]]:
-        """Every job's kernels, the devices' runs interleaved round by round (same load on each)."""
-        try:
-            return self._interleaved([self._prepare(job) for job in jobs], jobs)
-        finally:
-            self._alive.clear()  # the measuring runtimes go once timed
-
-    def _interleaved(self, prepared, jobs: Sequence[MeasureJob]) -> list[list[float]]:
-        first = [json.loads(trace(1))["runs"][-1] for trace, _ in prepared]  # warm-up, and a size
-        total = sum(s["end_us"] - s["start_us"] for spans in first for s in spans) * 1e-6
-        runs = max(MIN_RUNS, min(MAX_RUNS, int(TARGET_SECONDS * len(jobs) / max(total, 1e-9))))
-        durations = [{nid: [] for nid in kernel_ids} for _, kernel_ids in prepared]
-        for _ in range(runs):
-            for (trace, _ids), times in zip(prepared, durations):
-                for span in json.loads(trace(1))["runs"][-1]:
-                    if span["node"] in times and span["kind"] == "kernel":
-                        times[span["node"]].append((span["end_us"] - span["start_us"]) * 1e-6)
-        result = []
-        for job, (_, kernel_ids), times in zip(jobs, prepared, durations):
-            missing = [job.calls[i].func_name for i, nid in enumerate(kernel_ids) if not times[nid]]
-            if missing:
-                raise RuntimeError(f"measuring on {job.device}: the trace has no time for kernels {', '.join(missing)}")
-            result.append([statistics.median(times[nid]) for nid in kernel_ids])
+        """Every job's kernels (see the module docstring): local devices together, remote ones
+        through their sessions."""
+        remote = [is_remote(job.device) for job in jobs]
+        local_jobs = [job for job, far in zip(jobs, remote) if not far]
+        far_times = {id(job): self._remote_seconds(job) for job, far in zip(jobs, remote) if far}
+        near_times = iter(self._local_seconds(local_jobs) if local_jobs else [])
+        result = [far_times[id(job)] if far else next(near_times) for job, far in zip(jobs, remote)]
+        self._alone = {id(job): times for job, times, far in zip(jobs, result, remote)
+                       if far or len(local_jobs) == 1}
         return result
 
-    def _prepare(self, job: MeasureJob):
-        """A runtime running ``job``'s kernels as independent nodes on its device alone, inputs set:
-        (its trace function, the kernel node ids in call order)."""
-        lib = compile_for_target(job.kernels, job.target)
+    def kernel_seconds_alone(self, jobs: Sequence[MeasureJob]) -> list[list[float]]:
+        """Every job's kernels with no other device computing: each local device on its own (a
+        device measured alone already by :meth:`kernel_seconds` keeps those times; remote devices
+        too, their kernels run in their own process)."""
+        result = []
+        for job in jobs:
+            kept = self._alone.get(id(job))
+            result.append(kept if kept is not None else self._local_seconds([job])[0])
+        return result
+
+    def _local_seconds(self, jobs: Sequence[MeasureJob]) -> list[list[float]]:
+        """Local jobs of one target together, each device on its own executor at the same time."""
+        by_target: dict[str, list[int]] = {}
+        for j, job in enumerate(jobs):
+            by_target.setdefault(str(job.target), []).append(j)
+        result: list[list[float]] = [[] for _ in jobs]
+        try:
+            for members in by_target.values():
+                group = [jobs[j] for j in members]
+                for j, times in zip(members, self._together(group)):
+                    result[j] = times
+        finally:
+            self._alive.clear()  # the measuring runtimes go once timed
+        return result
+
+    def _together(self, jobs: Sequence[MeasureJob]) -> list[list[float]]:
+        lib = self._library(jobs)
+        rough = self._first_pass(jobs, lib)
+        short = [[i for i, t in enumerate(times) if t < LONG_SECONDS] for times in rough]
+        trace, kernel_ids = self._prepare(jobs, lib, short, WARM_REPEATS)
+        precise = self._timed_runs(trace, kernel_ids, jobs, short)
+        result = []
+        for times, picked, seconds in zip(rough, short, precise):
+            times = list(times)
+            for i, value in zip(picked, seconds):
+                times[i] = value
+            result.append(times)
+        return result
+
+    def _library(self, jobs: Sequence[MeasureJob]) -> tvm.runtime.Module:
+        """Every job's kernels (one target) in one library, each backend's regions imported."""
+        funcs = {gv: f for job in jobs for gv, f in job.kernels.functions.items()}
+        lib = compile_for_target(tvm.IRModule(funcs), jobs[0].target)
+        regions: dict[int, tuple[Any, list]] = {}
+        for job in jobs:
+            for backend, job_regions in job.externals:
+                regions.setdefault(id(backend), (backend, []))[1].extend(job_regions)
+        for backend, all_regions in regions.values():  # a fresh module each time: state kept by address
+            lib.import_module(backend.codegen(all_regions))
+        return lib
+
+    def _first_pass(self, jobs: Sequence[MeasureJob], lib: tvm.runtime.Module) -> list[list[float]]:
+        """Every kernel once after a warm-up run: its time, final for the long ones."""
+        trace, kernel_ids = self._prepare(jobs, lib, [range(len(job.calls)) for job in jobs], 0)
+        trace(1)  # warm-up (a backend builds its primitives on the first call)
+        times = self._spans(trace, [nid for ids in kernel_ids for nid in ids])
+        return [[times[nid][0] if times[nid] else math.inf for nid in ids] for ids in kernel_ids]
+
+    @staticmethod
+    def _spans(trace, node_ids) -> dict[int, list[float]]:
+        times: dict[int, list[float]] = {nid: [] for nid in node_ids}
+        for span in json.loads(trace(1))["runs"][-1]:
+            if span["node"] in times and span["kind"] == "kernel":
+                times[span["node"]].append((span["end_us"] - span["start_us"]) * 1e-6)
+        return times
+
+    def _timed_runs(self, trace, kernel_ids, jobs: Sequence[MeasureJob], picked) -> list[list[float]]:
+        every = [nid for ids in kernel_ids for nid in ids]
+        first = json.loads(trace(1))["runs"][-1]  # warm-up, and a size
+        longest = max([sum(s["end_us"] - s["start_us"] for s in first if s.get("device") == d)
+                       for d in range(len(jobs))] or [0.0]) * 1e-6
+        runs = max(MIN_RUNS, min(MAX_RUNS, int(TARGET_SECONDS / max(longest, 1e-9))))
+        durations: dict[int, list[float]] = {nid: [] for nid in every}
+        for _ in range(runs if every else 0):
+            for nid, samples in self._spans(trace, every).items():
+                durations[nid].extend(samples)
+        result = []
+        for job, ids, indices in zip(jobs, kernel_ids, picked):
+            missing = [job.calls[i].func_name for i, nid in zip(indices, ids) if not durations[nid]]
+            if missing:
+                raise RuntimeError(f"measuring on {job.device}: the trace has no time for kernels {', '.join(missing)}")
+            result.append([statistics.median(durations[nid]) for nid in ids])
+        return result
+
+    def _prepare(self, jobs: Sequence[MeasureJob], lib: tvm.runtime.Module, picked: Sequence[Sequence[int]],
+                 repeats: int):
+        """One runtime running, for every job, its calls ``picked`` as independent nodes on its own
+        device (all devices at once, each on its executor), each call ``repeats`` times before the
+        call timed, inputs set: (its trace function, per job the timed node ids in order)."""
         nodes: list[Node] = []
-        kernel_ids: list[int] = []
-        for i, call in enumerate(job.calls):
-            inputs = []
-            for j, (shape, dtype) in enumerate(call.input_types):
-                nodes.append(Node(name=f"k{i}_in{j}", op="null", shapes=[tuple(shape)], dtypes=[dtype]))
-                inputs.append(Entry(len(nodes) - 1, 0))
-            nodes.append(Node(name=f"k{i}", inputs=inputs, func_name=call.func_name, device=0,
-                              shapes=[tuple(s) for s, _ in call.output_types],
-                              dtypes=[t for _, t in call.output_types]))
-            kernel_ids.append(len(nodes) - 1)
-        heads = [Entry(nid, o) for nid in kernel_ids for o in range(nodes[nid].num_outputs)]
-        module = graph_runtime.create(Graph(nodes, heads).to_json(), lib, [job.device], execution="concurrent",
-                                      device_options=[job.options] if job.options else None)
+        kernel_ids: list[list[int]] = []
+        for position, (job, indices) in enumerate(zip(jobs, picked)):
+            ids = []
+            for i in indices:
+                call = job.calls[i]
+                inputs = []
+                for j, (shape, dtype) in enumerate(call.input_types):
+                    nodes.append(Node(name=f"d{position}_k{i}_in{j}", op="null", shapes=[tuple(shape)],
+                                      dtypes=[dtype]))
+                    inputs.append(Entry(len(nodes) - 1, 0))
+                for r in range(repeats + 1):  # the last call finds its inputs and weights in cache
+                    nodes.append(Node(name=f"d{position}_k{i}_{r}", inputs=inputs, func_name=call.func_name,
+                                      device=position, shapes=[tuple(s) for s, _ in call.output_types],
+                                      dtypes=[t for _, t in call.output_types]))
+                ids.append(len(nodes) - 1)
+            kernel_ids.append(ids)
+        if not any(kernel_ids):
+            return (lambda _runs: json.dumps({"runs": [[]]})), kernel_ids
+        heads = [Entry(nid, o) for nid, node in enumerate(nodes) if not node.is_input for o in range(node.num_outputs)]
+        options = [job.options for job in jobs]
+        module = graph_runtime.create(Graph(nodes, heads).to_json(), lib, [job.device for job in jobs],
+                                      execution="concurrent", device_options=options if any(options) else None)
         for node in nodes:
             if node.is_input:
                 module.set_input(node.name, random_value(node.shapes[0], node.dtypes[0], self.rng))
-        self._alive.append(module)
+        self._alive.append(module)  # kept to the end: a backend's state keyed by address stays valid
         return module.module["trace"], kernel_ids
+
+    def _remote_seconds(self, job: MeasureJob) -> list[float]:
+        """A remote device's kernels, timed in its own process through the session (TVM's
+        ``time_evaluator``: the loop runs remotely, so the call's round trip is not in the time;
+        :meth:`call_latency` measures that)."""
+        if job.externals:
+            raise ValueError(f"measuring on {job.device}: external backends run only on local CPUs")
+        session = getattr(job.device, "_rpc_sess", None)
+        if session is None:
+            raise ValueError(f"measuring on {job.device}: a remote device without its RPC session")
+        remote_lib = upload_library(session, self._library([job]), "autoplace_kernels.so")
+        times = []
+        for call in job.calls:
+            args = [tvm.runtime.tensor(random_value(shape, dtype, self.rng), job.device)
+                    for shape, dtype in call.input_types]
+            args += [tvm.runtime.empty(tuple(shape), dtype, job.device) for shape, dtype in call.output_types]
+            timer = remote_lib.time_evaluator(call.func_name, job.device, number=1, repeat=REMOTE_REPEATS,
+                                              min_repeat_ms=REMOTE_MIN_MS)
+            times.append(statistics.median(timer(*args).results))
+        return times
+
+    def call_latency(self, device: tvm.runtime.Device, options: dict | None) -> float:
+        """Seconds of one call into ``device`` from this process (0 for a local device): a tiny
+        kernel called through the session, the median of several calls."""
+        if not is_remote(device):
+            return 0.0
+        session = getattr(device, "_rpc_sess", None)
+        if session is None:
+            raise ValueError(f"measuring the call latency of {device}: a remote device without its RPC session")
+        tiny = upload_library(session, compile_for_target(_tiny_kernel(), tvm.target.Target("llvm")),
+                              "autoplace_tiny.so")["tiny"]
+        x, y = tvm.runtime.tensor(np.zeros((1,), "float32"), device), tvm.runtime.empty((1,), "float32", device)
+        tiny(x, y)
+        samples = []
+        for _ in range(SYNC_RUNS):
+            start = time.perf_counter()
+            tiny(x, y)
+            device.sync()
+            samples.append(time.perf_counter() - start)
+        return statistics.median(samples)
 
     def copy_cost(self, src: tvm.runtime.Device, dst: tvm.runtime.Device) -> tuple[float, float]:
         """(fixed seconds, seconds per byte) of one copy from ``src`` to ``dst``."""
@@ -111,6 +286,37 @@ class RuntimeMeasurer:
             times.append(statistics.median(samples))
         slope = max(0.0, (times[1] - times[0]) / (COPY_SIZES[1] - COPY_SIZES[0]))
         return max(0.0, times[0] - slope * COPY_SIZES[0]), slope
+
+    def sync_latency(self, src: tvm.runtime.Device, dst: tvm.runtime.Device, src_options: dict | None,
+                     dst_options: dict | None) -> float:
+        """Seconds from a kernel's end on ``src`` until ``dst``'s executor, waiting for it, runs the
+        next: a chain of busy kernels (each long enough that the waiting executor sleeps, as in a
+        graph) alternating between the two devices, against the same chain on ``src`` alone, per
+        crossing (both directions alike; the median of several runs). A chain of tiny kernels
+        measured 1-5 us: the waiting executor had not gone to sleep yet."""
+        if src.dlpack_device_type() != 1 or dst.dlpack_device_type() != 1:
+            return 0.0  # devices with copies between them: the copy's fixed cost holds the hand-off
+        lib = compile_for_target(_busy_kernel(), tvm.target.Target("llvm"))
+        both = [src_options, dst_options]
+        seconds = []
+        for alternate in (False, True):
+            nodes = [Node(name="x", op="null", shapes=[(1,)], dtypes=["float32"])]
+            for i in range(SYNC_CHAIN):
+                nodes.append(Node(name=f"t{i}", inputs=[Entry(i, 0)], func_name="busy",
+                                  device=i % 2 if alternate else 0, shapes=[(1,)], dtypes=["float32"]))
+            graph = Graph(nodes, [Entry(len(nodes) - 1, 0)]).to_json()
+            module = graph_runtime.create(graph, lib, [src, dst], execution="concurrent",
+                                          device_options=both if any(both) else None)
+            module.set_input("x", np.zeros((1,), "float32"))
+            module.run()
+            samples = []
+            for _ in range(SYNC_RUNS):
+                start = time.perf_counter()
+                module.run()
+                samples.append(time.perf_counter() - start)
+            module.close()
+            seconds.append(statistics.median(samples))
+        return max(0.0, (seconds[1] - seconds[0]) / (SYNC_CHAIN - 1))
 
     def latency_seconds(self, artifact, device_options: Sequence[dict | None] | None = None) -> float:
         """The built graph's measured latency, for the report's predicted-vs-measured line."""

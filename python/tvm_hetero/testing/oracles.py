@@ -51,6 +51,8 @@ def exhaustive_placement(model: CostModel, objective: str = "latency", calls_sla
     best = min(schedules, key=lambda ps: ps[1].makespan)
     if objective == "latency":
         return Solution(*best)
+    if objective == "throughput":
+        return Solution(*min(schedules, key=lambda ps: (ps[1].bottleneck, ps[1].makespan)))
     bound = best[1].makespan * (1.0 + calls_slack)
     inside = [ps for ps in schedules if ps[1].makespan <= bound]
     return Solution(*min(inside, key=lambda ps: (ps[1].remote_calls, ps[1].makespan)))

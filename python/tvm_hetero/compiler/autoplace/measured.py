@@ -1,20 +1,35 @@
-"""Automatic placement by measured cost: lower once, measure every candidate kernel on every
-device allowed to run it, solve for the whole inference, and hand the lowering a placement.
+"""Automatic placement by measured cost: find the units, measure every way to run each on every
+device allowed to run it, solve for the whole inference, and hand the lowering a placement and the
+backend regions chosen.
 
 Steps (:func:`choose_placement`):
 
-1. lower the module once with every op on device 0 to find the fused kernels (fusion never crosses
-   devices, so these are the finest kernels any placement makes) -- :mod:`.kernel_graph`;
-2. for every device and every kernel it may run (capability table), look the cost up in the
-   :mod:`.cost_cache` (key: the kernel's structural hash, the target, the device and its executor
-   settings) and measure only what is missing, through a :class:`Measurer` (the runtime side does
-   the timing; this package never imports the runtime);
-3. copy costs per ordered device pair that does not share memory (fixed + per byte), the same way;
-4. :func:`.solver.solve` on the :class:`~tvm_hetero.compiler.schedule_model.CostModel`; a split
+1. the backends' ``prepare`` (e.g. oneDNN folds batch norm into convolutions), once; every later
+   step sees the prepared module, so op names agree between them;
+2. the units (:mod:`.units`): the module is lowered with every op on device 0, once to TVM kernels
+   only and once with the backends' regions (:mod:`.backend_choice` says which ops each region
+   holds); a unit is the smallest set of ops both lowerings cover exactly, computed as TVM kernels
+   or as regions (plus the TVM kernels of what the regions leave). Fusion never crosses devices, so
+   these are the finest kernels any placement makes;
+3. for every device, unit and variant it may run (capability table; a backend only where it runs)
+   the cost is looked up in the :mod:`.cost_cache` (key: the kernel's structural hash or the
+   region's description, the target, the device and its executor settings) and only what is
+   missing is measured, through a :class:`Measurer` (the runtime side does the timing; this package
+   never imports the runtime); a unit's cost on a device is its fastest variant there;
+4. copy costs per ordered device pair that does not share memory (fixed + per byte) and the
+   hand-off between devices (:attr:`~tvm_hetero.compiler.schedule_model.CostModel.sync_latency`),
+   the same way;
+5. :func:`.solver.solve` on the :class:`~tvm_hetero.compiler.schedule_model.CostModel`; a split
    over several devices predicted less than ``min_gain`` (5%) faster than the best single device
    gives way to that device (its gain would be within the model's unmodelled costs and the noise);
-5. every op gets its kernel's device; an op folded at build time (no kernel) goes with the kernel
-   that reads it, or to the first device allowed to run it.
+6. every op gets its unit's device; an op folded at build time (no unit) goes with a unit that
+   reads it, or to the first device allowed to run it; the backends form only the regions of the
+   units whose fastest variant on their device is that backend.
+
+What a rebuild would work out again is kept in the cache too: the units (under the prepared
+module's structural hash, the parameters' types, the targets and the backends) and the solver's
+answer (under the cost model's content). A rebuild whose costs are all cached lowers nothing for
+measuring and does not solve again.
 
 The decision, its alternatives and the largest single choices are returned as a plain dict (it
 goes into the build report and the artifact's manifest); :mod:`.report` writes it out.
@@ -22,19 +37,26 @@ goes into the build report and the artifact's manifest); :mod:`.report` writes i
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import numpy as np
 import tvm
+import tvm_ffi
 
-from ..lower import lower_to_graph
+from ...backends import Backend, Region
+from ..lower import lower_to_graph, op_infos
 from ..placement import Capabilities, OpInfo
 from ..schedule_model import CostModel, simulate
-from .cost_cache import CostCache, settings_key
-from .kernel_graph import KernelGraph, kernel_graph, kernel_key, op_allowed
-from .solver import OBJECTIVES, single_device_placements, solve
+from .backend_choice import ChosenRegions, partition_with_ops, prepare
+from .cost_cache import CostCache, node_key, settings_key
+from .solver import OBJECTIVES, Solution, single_device_placements, solve
+from .units import TVM, Part, Units, make_units, unique_binding_names
 
 #: A split over devices must be predicted this much faster than the best single device to be used:
 #: every cross-device edge costs a wake-up the model does not charge, and costs measured on a
@@ -44,7 +66,7 @@ MIN_GAIN = 0.05
 
 @dataclass
 class KernelCall:
-    """One kernel to time: its name in the module handed over, and its arguments' types."""
+    """One kernel or region to time: its name in the module handed over, and its arguments' types."""
 
     func_name: str
     input_types: list[tuple[tuple[int, ...], str]]
@@ -53,7 +75,8 @@ class KernelCall:
 
 @dataclass
 class MeasureJob:
-    """The kernels to time on one device: ``kernels`` holds every function ``calls`` names."""
+    """What to time on one device: ``kernels`` holds every TVM kernel ``calls`` names, and each
+    backend in ``externals`` the regions it names (the measurer runs the backend's codegen)."""
 
     position: int
     kernels: tvm.IRModule
@@ -61,6 +84,7 @@ class MeasureJob:
     device: tvm.runtime.Device
     target: tvm.target.Target
     options: dict | None
+    externals: list[tuple[Backend, list[Region]]] = field(default_factory=list)
 
 
 class Measurer(Protocol):
@@ -73,10 +97,15 @@ class Measurer(Protocol):
 
     def copy_cost(self, src: tvm.runtime.Device, dst: tvm.runtime.Device) -> tuple[float, float]: ...
 
+    # Optional: ``sync_latency(src, dst, src_options, dst_options) -> seconds`` from a kernel's end
+    # on ``src`` until ``dst``'s executor waiting for it runs, and ``call_latency(device, options)
+    # -> seconds`` of one call into a remote device (0 where a measurer has none).
+
 
 @dataclass
 class AutoPlacement:
-    """The outcome: a per-op placement for the lowering, and the explanation."""
+    """The outcome: a per-op placement for the lowering, the backends that form only the chosen
+    regions, the prepared module both apply to, and the explanation."""
 
     choose: Callable[[OpInfo], int]
     explanation: dict[str, Any] = field(default_factory=dict)
@@ -84,18 +113,31 @@ class AutoPlacement:
     kernel_devices: list[int] = field(default_factory=list)
     #: What measured the costs (the build also asks it for the built graph's latency).
     measurer: Any = None
-    #: The kernel DAG decided on, and the ops it was lowered from (to predict other placements).
-    kernels: KernelGraph | None = None
+    #: The unit DAG decided on, and the ops it was lowered from (to predict other placements).
+    kernels: Units | None = None
     ops: list[OpInfo] = field(default_factory=list)
+    #: The module as the backends prepared it: the build lowers this one, with :attr:`backends`.
+    module: tvm.IRModule | None = None
+    #: Backends restricted to the regions chosen (empty: TVM kernels run every op).
+    backends: list[Backend] = field(default_factory=list)
+    #: Variant (``"tvm"`` or a backend's name) of every unit on its device.
+    unit_variants: list[str] = field(default_factory=list)
 
     def kernel_assignment(self, placement: Callable[[OpInfo], int]) -> list[int]:
-        """The device of every kernel under an op ``placement`` (that of its first op), to predict it."""
-        devices: list[int] = [0] * self.kernels.num_kernels
-        seen = [False] * self.kernels.num_kernels
+        """The device of every unit under an op ``placement``, to predict it: the device most of its
+        ops get among those the model allows it (a hand placement may split a unit the model keeps
+        whole, e.g. a bias reshape the capability table keeps on the host beside its convolution)."""
+        votes: list[dict[int, int]] = [{} for _ in range(self.kernels.num_units)]
         for info in self.ops:
-            kernel = self.kernels.op_kernel[info.index]
-            if kernel is not None and not seen[kernel]:
-                devices[kernel], seen[kernel] = int(placement(info)), True
+            unit = self.kernels.unit_of.get(info.name)
+            if unit is not None:
+                device = int(placement(info))
+                votes[unit][device] = votes[unit].get(device, 0) + 1
+        devices = []
+        for unit, counts in enumerate(votes):
+            ranked = sorted(counts, key=lambda d: (-counts[d], d))
+            allowed = [d for d in ranked if math.isfinite(self.model.kernel_cost[unit][d])]
+            devices.append((allowed or ranked or [0])[0])
         return devices
 
 
@@ -114,60 +156,112 @@ def choose_placement(
     capabilities: Capabilities | None = None,
     progress: Callable[[str], None] | None = None,
     min_gain: float = MIN_GAIN,
+    backends: Sequence[Backend] = (),
 ) -> AutoPlacement:
     """Measure and solve (see the module docstring). A placement over several devices is kept
-    only if it is predicted at least ``min_gain`` (relative) faster than the best single device."""
+    only if it is predicted at least ``min_gain`` (relative) faster than the best single device.
+    ``backends``: external backends whose regions are a measured choice on the devices they run on."""
     if objective not in OBJECTIVES:  # before any measuring
         raise ValueError(f"objective {objective!r}: expected one of {', '.join(OBJECTIVES)}")
     say = progress or (lambda _msg: None)
     num_devices = len(devices)
     options = list(device_options or []) + [None] * num_devices
-    ops: list[OpInfo] = []
-
-    def record(info: OpInfo) -> int:
-        ops.append(info)
-        return 0
-
-    say("automatic placement: lowering once to find the kernels")
-    lowered = lower_to_graph(mod, record, num_devices, params, entry, targets=targets, track_ops=True)
-    kernels = kernel_graph(lowered, ops, num_devices, capabilities)
-    keys = [kernel_key(lowered.kernels[name]) for name in kernels.func_names]
-    cost = [[math.inf] * num_devices for _ in range(kernels.num_kernels)]
-    counts = {"measured": 0, "cached": 0}
-    jobs: list[MeasureJob] = []
-    job_keys: list[list[str]] = []
+    backend_list = [b for b in backends if any(b.runs_on(d) for d in range(num_devices))]
+    prepared = unique_binding_names(prepare(mod, backend_list, entry), entry)
+    ops = op_infos(prepared, entry)
+    plan_key = _module_key(prepared, params, targets, backend_list, entry)
+    cached_units = cache.get_plan("units", plan_key)
+    units = Units.from_json(cached_units) if cached_units is not None else None
+    lowerings: list[Any] | None = None
+    if units is None:
+        say("automatic placement: lowering once to find the kernels"
+            + (f" and once with {', '.join(b.name for b in backend_list)} regions" if backend_list else ""))
+        units, lowerings = _analyse(prepared, ops, num_devices, params, entry, targets, backend_list)
+        cache.put_plan("units", plan_key, units.to_json())
+    info_of = {info.name: info for info in ops}
+    num_units = units.num_units
+    allowed = [[True] * num_devices for _ in range(num_units)]
+    if capabilities is not None:
+        for u in range(num_units):
+            for d in range(num_devices):
+                allowed[u][d] = all(op_allowed(capabilities, info_of[n], d) for n in units.ops[u])
+            if not any(allowed[u]):  # no device supports every op of it: the table's fallback runs it
+                allowed[u][capabilities.fallback] = True
+    backend_of = {b.name: b for b in backend_list}
     settings = [settings_key(str(device), options[d]) for d, device in enumerate(devices)]
+
+    def wanted_keys(units: Units):
+        """Per device, every measurement key wanted -> (variant, part); per unit and device, the
+        keys of each variant allowed there."""
+        wanted: list[dict[str, tuple[str, Part]]] = [{} for _ in range(num_devices)]
+        choices: list[list[dict[str, list[str]]]] = [[{} for _ in range(num_devices)] for _ in range(num_units)]
+        for u in range(num_units):
+            for d in range(num_devices):
+                if not allowed[u][d]:
+                    continue
+                for variant, parts in units.variants[u].items():
+                    if variant != TVM and not backend_of[variant].runs_on(d):
+                        continue
+                    for part in parts:
+                        wanted[d].setdefault(part.key, (variant, part))
+                    choices[u][d][variant] = [part.key for part in parts]
+        return wanted, choices
+
+    alone_timer = getattr(measurer, "kernel_seconds_alone", None)
+    kinds = ("kernel", "kernel_alone") if alone_timer is not None else ("kernel",)
+
+    def missing_keys(wanted) -> list[dict[str, tuple[str, Part]]]:
+        return [{k: v for k, v in wanted[d].items()
+                 if any(cache.get(kind, k, str(targets[d]), settings[d]) is None for kind in kinds)}
+                for d in range(num_devices)]
+
+    wanted, choices = wanted_keys(units)
+    missing = missing_keys(wanted)
+    if any(missing) and lowerings is None:  # something new to time: its kernels are needed
+        say("automatic placement: lowering to find the kernels not measured yet")
+        units, lowerings = _analyse(prepared, ops, num_devices, params, entry, targets, backend_list)
+        wanted, choices = wanted_keys(units)
+        missing = missing_keys(wanted)
+    counts = {"measured": 0, "cached": sum(len(w) - len(m) for w, m in zip(wanted, missing))}
+    jobs, job_keys = [], []
     for d, device in enumerate(devices):
-        wanted = {keys[k] for k in range(kernels.num_kernels) if kernels.allowed[k][d]}
-        missing: dict[str, int] = {}  # key -> a kernel with it
-        for k in range(kernels.num_kernels):
-            if kernels.allowed[k][d] and cache.get("kernel", keys[k], str(targets[d]), settings[d]) is None:
-                missing.setdefault(keys[k], k)
-        counts["cached"] += len(wanted) - len(missing)
-        if missing:
-            calls = [_kernel_call(lowered, kernels, k) for k in missing.values()]
-            names = {c.func_name for c in calls}
-            module = tvm.IRModule({gv: f for gv, f in lowered.kernels.functions.items() if gv.name_hint in names})
-            jobs.append(MeasureJob(d, module, calls, device, targets[d], options[d]))
-            job_keys.append(list(missing))
+        if missing[d]:
+            jobs.append(_job(d, device, targets[d], options[d], missing[d], lowerings, backend_of))
+            job_keys.append(list(missing[d]))
     if jobs:
         say("automatic placement: measuring " + ", ".join(
             f"{len(job.calls)} kernels on {job.device}" for job in jobs) + f" ({counts['cached']} cached)")
-        measured = measurer.kernel_seconds(jobs)
-        if len(measured) != len(jobs):
-            raise ValueError(f"measurer answered for {len(measured)} devices, asked for {len(jobs)}")
-        for job, job_times, key_list in zip(jobs, measured, job_keys):
-            bad = len(job_times) != len(key_list) or not all(math.isfinite(t) and t >= 0 for t in job_times)
-            if bad:
-                raise ValueError(f"measurer on {job.device}: expected {len(key_list)} finite non-negative "
-                                 f"times, got {list(job_times)[:8]}")
-            for key, seconds in zip(key_list, job_times):
-                cache.put("kernel", key, str(targets[job.position]), settings[job.position], seconds)
-            counts["measured"] += len(key_list)
-    for d in range(num_devices):
-        for k in range(kernels.num_kernels):
-            if kernels.allowed[k][d]:
-                cost[k][d] = cache.get("kernel", keys[k], str(targets[d]), settings[d])
+        # with the devices computing together (as a placement over several runs), then each alone
+        timers = [measurer.kernel_seconds] + ([alone_timer] if alone_timer is not None else [])
+        for kind, timer in zip(kinds, timers):
+            measured = timer(jobs)
+            if len(measured) != len(jobs):
+                raise ValueError(f"measurer answered for {len(measured)} devices, asked for {len(jobs)}")
+            for job, job_times, key_list in zip(jobs, measured, job_keys):
+                bad = len(job_times) != len(key_list) or not all(math.isfinite(t) and t >= 0 for t in job_times)
+                if bad:
+                    raise ValueError(f"measurer on {job.device}: expected {len(key_list)} finite non-negative "
+                                     f"times, got {list(job_times)[:8]}")
+                cache.put_many(kind, [(key, str(targets[job.position]), settings[job.position], seconds)
+                                      for key, seconds in zip(key_list, job_times)])
+        counts["measured"] += sum(len(key_list) for key_list in job_keys)
+
+    def unit_costs(kind: str) -> tuple[list[list[float]], list[list[dict[str, float]]]]:
+        """Per unit and device the fastest variant's time and every variant's, from ``kind``."""
+        seconds_of = [{k: cache.get(kind, k, str(targets[d]), settings[d]) for k in wanted[d]}
+                      for d in range(num_devices)]
+        best = [[math.inf] * num_devices for _ in range(num_units)]
+        each: list[list[dict[str, float]]] = [[{} for _ in range(num_devices)] for _ in range(num_units)]
+        for u in range(num_units):
+            for d in range(num_devices):
+                for variant, keys in choices[u][d].items():
+                    each[u][d][variant] = sum(seconds_of[d][k] for k in keys)
+                if each[u][d]:
+                    best[u][d] = min(each[u][d].values())
+        return best, each
+
+    cost, variant_costs = unit_costs("kernel")
+    alone, alone_variants = unit_costs(kinds[-1])
 
     latency = [[0.0] * num_devices for _ in range(num_devices)]
     per_byte = [[0.0] * num_devices for _ in range(num_devices)]
@@ -176,9 +270,12 @@ def choose_placement(
         for b in range(num_devices):
             if not shared[a][b]:
                 latency[a][b], per_byte[a][b] = _copy_cost(measurer, cache, devices, options, a, b)
-    model = CostModel(cost, kernels.preds, kernels.out_bytes, latency, per_byte, [0.0] * num_devices, shared)
-    say(f"automatic placement: solving for {kernels.num_kernels} kernels on {num_devices} devices")
-    solution = solve(model, objective)
+    sync = [[0.0 if a == b else _sync_latency(measurer, cache, devices, options, a, b) for b in range(num_devices)]
+            for a in range(num_devices)]
+    calls = [_call_latency(measurer, cache, devices, options, d) for d in range(num_devices)]
+    model = CostModel(cost, units.preds, units.out_bytes, latency, per_byte, calls, shared, sync, alone)
+    say(f"automatic placement: solving for {num_units} kernels on {num_devices} devices")
+    solution = _solve(model, objective, cache)
     assignment = solution.placement
     single = min(single_device_placements(model), key=lambda p: simulate(model, p).makespan, default=None)
     kept_single = False
@@ -188,27 +285,138 @@ def choose_placement(
     )
     if split_too_small:
         assignment, kept_single = single, True
+    if len(set(assignment)) == 1:  # one device computes alone: its times alone decide the backends
+        variant_costs = alone_variants
+    unit_variants = [min(variant_costs[u][d], key=lambda v: (variant_costs[u][d][v], v != TVM))
+                     for u, d in enumerate(assignment)]
+    chosen_anchors = {
+        part.anchor for u, variant in enumerate(unit_variants) if variant != TVM
+        for part in units.variants[u][variant] if part.anchor is not None
+    }
+    final_backends = [ChosenRegions(b, [d for d in range(num_devices) if b.runs_on(d)], chosen_anchors)
+                      for b in backend_list if any(v == b.name for v in unit_variants)]
 
     def choose(info: OpInfo) -> int:
-        if info.index >= len(kernels.op_kernel):
+        if info.name not in units.unit_of:
             raise ValueError(f"automatic placement: {info} was not seen when the kernels were measured")
-        kernel = kernels.op_kernel[info.index]
-        if kernel is not None:
-            return assignment[kernel]
-        allowed = [d for d in range(num_devices) if capabilities is None or op_allowed(capabilities, info, d)]
-        follows = kernels.op_follows[info.index]
-        if follows is not None and assignment[follows] in allowed:
+        unit = units.unit_of[info.name]
+        if unit is not None:
+            return assignment[unit]
+        permitted = [d for d in range(num_devices) if capabilities is None or op_allowed(capabilities, info, d)]
+        follows = units.follows.get(info.name)
+        if follows is not None and assignment[follows] in permitted:
             return assignment[follows]
-        return allowed[0] if allowed else 0
+        return permitted[0] if permitted else 0
 
-    explanation = _explain(model, kernels, assignment, [str(d) for d in devices], objective, counts)
+    explanation = _explain(model, units, assignment, unit_variants, variant_costs, [str(d) for d in devices],
+                           objective, counts)
     explanation["split_predicted_seconds"] = solution.latency if kept_single else None
     explanation["min_gain"] = min_gain
-    return AutoPlacement(choose, explanation, model, assignment, measurer, kernels, ops)
+    explanation["module_key"] = plan_key
+    return AutoPlacement(choose, explanation, model, assignment, measurer, units, ops, prepared, final_backends,
+                         unit_variants)
 
 
-def _kernel_call(lowered, kernels: KernelGraph, k: int) -> KernelCall:
-    node = lowered.graph.nodes[kernels.node_ids[k]]
+#: Changes whenever what :func:`_analyse` makes of a module changes (old cached units are then unused).
+ANALYSIS_VERSION = 1
+
+
+def _analyse(prepared, ops, num_devices, params, entry, targets, backend_list) -> tuple[Units, list[Any]]:
+    """The units of ``prepared`` with every part's measurement key, and the lowerings they refer to:
+    TVM kernels only, then (with backends) with every region formed on device 0."""
+    def on_device_0(_info: OpInfo) -> int:
+        return 0
+
+    lowered = lower_to_graph(prepared, on_device_0, num_devices, params, entry, targets=targets, track_ops=True)
+    region_lowered, region_ops = None, []
+    if backend_list:
+        wrappers = [ChosenRegions(b, range(num_devices)) for b in backend_list]
+        found = partition_with_ops(prepared, wrappers, entry, _weight_names(prepared, entry, params))
+        region_lowered = lower_to_graph(prepared, on_device_0, num_devices, params, entry,
+                                        [ChosenRegions(b, range(num_devices)) for b in backend_list],
+                                        targets=targets, track_ops=True)
+        symbols = [n.func_name for n in region_lowered.graph.nodes if n.func_name in region_lowered.regions]
+        if symbols != found.symbols:  # partitioning is deterministic: the same regions, in the same order
+            raise ValueError("automatic placement: two partitionings of one module differ (internal error)")
+        region_ops = [None if m is None else (next(w.name for w in wrappers if m in w.matches), m.anchor, m.ops)
+                      for m in found.matches]
+    units = make_units(ops, lowered, region_lowered, region_ops)
+    lowerings = [lowered, region_lowered]
+    for unit in units.variants:
+        for parts in unit.values():
+            for part in parts:
+                part.key = node_key(lowerings[part.lowering], part.node_id)
+    return units, lowerings
+
+
+def _module_key(prepared: tvm.IRModule, params, targets, backend_list, entry: str) -> str:
+    """What the units depend on: the prepared module, the parameters' names and types, the
+    targets, the backends and where they run."""
+    doc = [
+        ANALYSIS_VERSION, entry, f"{tvm_ffi.structural_hash(prepared) & 0xFFFFFFFFFFFFFFFF:016x}",
+        sorted((k, list(np.shape(v)), str(getattr(v, "dtype", ""))) for k, v in (params or {}).items()),
+        [str(t) for t in targets],
+        [(b.name, type(b).__name__, sorted(d for d in range(len(targets)) if b.runs_on(d))) for b in backend_list],
+    ]
+    return hashlib.sha256(json.dumps(doc).encode()).hexdigest()
+
+
+def _solve(model: CostModel, objective: str, cache: CostCache):
+    """:func:`.solver.solve`, its answer kept in ``cache`` under the cost model's content (the
+    solver is deterministic, so the same model always gets the same answer)."""
+    doc = json.dumps([objective, model.kernel_cost, model.preds, model.out_bytes, model.copy_latency,
+                      model.copy_seconds_per_byte, model.call_latency, model.shares_memory, model.sync_latency],
+                     default=str)
+    key = hashlib.sha256(doc.encode()).hexdigest()
+    placement = cache.get_plan("solution", key)
+    if placement is not None and len(placement) == model.num_kernels and model.feasible(placement):
+        return Solution(list(placement), simulate(model, placement))
+    solution = solve(model, objective)
+    cache.put_plan("solution", key, solution.placement)
+    return solution
+
+
+def op_allowed(capabilities: Capabilities, info: OpInfo, device: int) -> bool:
+    """A device the table lists runs only the ops it supports; an unlisted device runs any op."""
+    for listed, supports in capabilities.checks:
+        if listed == device:
+            return bool(supports(info))
+    return True
+
+
+def _weight_names(mod: tvm.IRModule, entry: str, params: dict[str, Any] | None) -> frozenset[str]:
+    """Parameters of ``entry`` with values at build time (the frontend's ``"params"``, ``params``)."""
+    func = mod[entry]
+    names = [p.name for p in func.params]
+    attached = func.attrs["params"] if func.attrs is not None and "params" in func.attrs else ()
+    return frozenset(names[len(names) - len(attached):]) | frozenset(params or ())
+
+
+def _job(d, device, target, options, missing: dict[str, tuple[str, Part]], lowerings, backend_of) -> MeasureJob:
+    """One device's measuring job: every missing key once, TVM kernels renamed ``d<d>_k<i>`` into one
+    module, regions renamed ``d<d>_r<i>_<backend>`` (names unique across devices, so a measurer
+    may run several devices' jobs in one library)."""
+    funcs: dict[tvm.ir.GlobalVar, Any] = {}
+    calls: list[KernelCall] = []
+    externals: dict[str, list[Region]] = {}
+    for i, (_key, (_variant, part)) in enumerate(missing.items()):
+        lowered = lowerings[part.lowering]
+        call = _kernel_call(lowered, part.node_id)
+        if part.anchor is None:
+            name = f"d{d}_k{i}"
+            funcs[tvm.ir.GlobalVar(name)] = lowered.kernels[part.func_name].with_attr("global_symbol", name)
+        else:
+            name = f"d{d}_r{i}_{part.variant}"
+            region = lowered.regions[part.func_name]
+            spec = dict(region.spec, name=name)
+            externals.setdefault(region.backend, []).append(dataclasses.replace(region, name=name, device=0, spec=spec))
+        calls.append(KernelCall(name, call.input_types, call.output_types))
+    return MeasureJob(d, tvm.IRModule(funcs), calls, device, target, options,
+                      [(backend_of[b], regions) for b, regions in externals.items()])
+
+
+def _kernel_call(lowered, node_id: int) -> KernelCall:
+    node = lowered.graph.nodes[node_id]
     inputs = [
         (tuple(lowered.graph.nodes[e.node].shapes[e.index]), lowered.graph.nodes[e.node].dtypes[e.index])
         for e in node.inputs
@@ -228,52 +436,104 @@ def _copy_cost(measurer: Measurer, cache: CostCache, devices, options, a: int, b
     return fixed, slope
 
 
-def alternatives(model: CostModel, kernels: KernelGraph) -> dict[str, float]:
+def _call_latency(measurer: Measurer, cache: CostCache, devices, options, d: int) -> float:
+    """Seconds of one call into device ``d`` (a remote one: an RPC round trip; cached); 0 for a
+    measurer that does not time it."""
+    settings = settings_key(str(devices[d]), options[d])
+    seconds = cache.get("call_latency", settings, "", "")
+    if seconds is None:
+        timer = getattr(measurer, "call_latency", None)
+        if timer is None:
+            return 0.0
+        seconds = float(timer(devices[d], options[d]))
+        if not (math.isfinite(seconds) and seconds >= 0):
+            raise ValueError(f"measurer: call latency of {devices[d]} is {seconds}")
+        cache.put("call_latency", settings, "", "", seconds)
+    return seconds
+
+
+def _sync_latency(measurer: Measurer, cache: CostCache, devices, options, a: int, b: int) -> float:
+    """Seconds from a kernel's end on device ``a`` until device ``b`` waiting for it runs (cached);
+    0 for a measurer that does not time it."""
+    src, dst = settings_key(str(devices[a]), options[a]), settings_key(str(devices[b]), options[b])
+    seconds = cache.get("sync_latency", src, dst, "")
+    if seconds is None:
+        timer = getattr(measurer, "sync_latency", None)
+        if timer is None:
+            return 0.0
+        seconds = float(timer(devices[a], devices[b], options[a], options[b]))
+        if not (math.isfinite(seconds) and seconds >= 0):
+            raise ValueError(f"measurer: sync latency {devices[a]} -> {devices[b]} is {seconds}")
+        cache.put("sync_latency", src, dst, "", seconds)
+    return seconds
+
+
+def alternatives(model: CostModel, allowed: Callable[[int, int], bool]) -> dict[str, float]:
     """Predicted latency of the placements a person would try: everything on one device (each
-    that can run it all), and everything capable on each other device (the rest on device 0)."""
+    that can run it all), and everything capable on each other device (the rest on device 0).
+    ``allowed(unit, device)``: the capability table lets the device run the unit."""
     n, num_devices = model.num_kernels, model.num_devices
     result: dict[str, float] = {}
     for d in range(num_devices):
         if model.feasible([d] * n):
             result[f"all on device {d}"] = simulate(model, [d] * n).makespan
     for d in range(1, num_devices):
-        capable = [d if kernels.allowed[k][d] else 0 for k in range(n)]
+        capable = [d if allowed(k, d) else 0 for k in range(n)]
         if capable != [d] * n and model.feasible(capable):
             result[f"everything capable on device {d}"] = simulate(model, capable).makespan
     return result
 
 
-def _explain(model: CostModel, kernels: KernelGraph, assignment: list[int], device_names: list[str],
-             objective: str, counts: dict[str, int]) -> dict[str, Any]:
+def unit_label(units: Units, u: int) -> str:
+    """``conv2d #17``: the unit's main op (the first that is no elementwise helper) and its number."""
+    helpers = ("relax.add", "relax.reshape", "relax.nn.relu", "relax.multiply", "relax.subtract", "relax.clip")
+    ops = units.relax_ops[u]
+    main = next((op for op in ops if op not in helpers), ops[0] if ops else "?")
+    more = f" (+{len(ops) - 1} ops)" if len(ops) > 1 else ""
+    return f"{main.removeprefix('relax.').removeprefix('nn.')} #{u}{more}"
+
+
+def _explain(model: CostModel, units: Units, assignment: list[int], unit_variants: list[str],
+             variant_costs: list[list[dict[str, float]]], device_names: list[str], objective: str,
+             counts: dict[str, int]) -> dict[str, Any]:
     schedule = simulate(model, assignment)
     num_devices = model.num_devices
     per_device = []
     for d in range(num_devices):
-        mine = [k for k, dev in enumerate(assignment) if dev == d]
+        mine = [u for u, dev in enumerate(assignment) if dev == d]
+        by_variant: dict[str, int] = {}
+        for u in mine:
+            by_variant[unit_variants[u]] = by_variant.get(unit_variants[u], 0) + 1
         per_device.append({
             "device": device_names[d],
             "kernels": len(mine),
-            "ops": sum(len(kernels.relax_ops[k]) for k in mine),
-            "busy_seconds": sum(model.kernel_cost[k][d] for k in mine),
+            "ops": sum(len(units.ops[u]) for u in mine),
+            "busy_seconds": schedule.device_busy[d] if schedule.device_busy else 0.0,
+            "call_seconds": model.call_latency[d],
+            "variants": by_variant,
         })
     decisions = []
-    for k, d in enumerate(assignment):
-        others = [(model.kernel_cost[k][o], o) for o in range(num_devices) if o != d and math.isfinite(model.kernel_cost[k][o])]
+    for u, d in enumerate(assignment):
+        chosen = unit_variants[u]
+        others = [(seconds, o, variant) for o in range(num_devices) for variant, seconds in variant_costs[u][o].items()
+                  if (o, variant) != (d, chosen)]
         if not others:
             continue
-        other_cost, other = max(others)
+        other_cost, other, other_variant = max(others)
         decisions.append({
-            "kernel": kernels.func_names[k], "index": k, "device": device_names[d],
-            "seconds": model.kernel_cost[k][d], "other_device": device_names[other], "other_seconds": other_cost,
+            "kernel": unit_label(units, u), "index": u, "device": device_names[d], "backend": chosen,
+            "seconds": variant_costs[u][d][chosen], "other_device": device_names[other], "other_backend": other_variant,
+            "other_seconds": other_cost,
         })
     decisions.sort(key=lambda x: -abs(x["other_seconds"] - x["seconds"]))
     return {
         "objective": objective,
         "predicted_seconds": schedule.makespan,
+        "bottleneck_seconds": schedule.bottleneck,
         "measured_seconds": None,
         "remote_calls": schedule.remote_calls,
         "per_device": per_device,
-        "alternatives": alternatives(model, kernels),
+        "alternatives": alternatives(model, lambda u, d: math.isfinite(model.kernel_cost[u][d])),
         "decisions": decisions[:5],
         "kernels_measured": counts["measured"],
         "kernels_cached": counts["cached"],

@@ -9,6 +9,10 @@ def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1e3:.3f} ms"
 
 
+def _how(backend: str | None) -> str:
+    return "as TVM kernels" if backend in (None, "tvm") else f"with {backend}"
+
+
 def explain(auto: dict[str, Any]) -> list[str]:
     """Lines: per device what it got, predicted vs measured, the alternatives, the largest choices."""
     lines = [
@@ -16,12 +20,20 @@ def explain(auto: dict[str, Any]) -> list[str]:
         f"{auto['kernels_cached']} from the cost cache")
     ]
     for row in auto["per_device"]:
+        variants = row.get("variants") or {}
+        split = ", ".join(f"{n} {_how(v)}" for v, n in sorted(variants.items())) if variants else ""
         lines.append(
-            f"    {row['device']:<8} {row['kernels']:4d} kernels ({row['ops']} relax ops), busy {_ms(row['busy_seconds'])}"
+            f"    {row['device']:<8} {row['kernels']:4d} units ({row['ops']} relax ops{'; ' + split if split else ''}), "
+            f"busy {_ms(row['busy_seconds'])}" + (f", {_ms(row['call_seconds'])} per call into it"
+                                                 if row.get("call_seconds") else "")
         )
     measured = auto.get("measured_seconds")
     ratio = f" ({measured / auto['predicted_seconds']:.2f}x predicted)" if measured and auto["predicted_seconds"] else ""
-    lines.append(f"    latency predicted {_ms(auto['predicted_seconds'])}, measured {_ms(measured)}{ratio}")
+    again = " (kept from an earlier build of this graph)" if auto.get("measured_cached") else ""
+    lines.append(f"    latency predicted {_ms(auto['predicted_seconds'])}, measured {_ms(measured)}{ratio}{again}")
+    if auto["objective"] == "throughput" and auto.get("bottleneck_seconds"):
+        lines.append(f"    bottleneck {_ms(auto['bottleneck_seconds'])} of one device per inference: at best "
+                     f"{1.0 / auto['bottleneck_seconds']:.1f} inferences/s streamed through the devices")
     if auto.get("split_predicted_seconds") is not None:
         lines.append(
             f"    the best split found ({_ms(auto['split_predicted_seconds'])}) gains less than "
@@ -33,7 +45,7 @@ def explain(auto: dict[str, Any]) -> list[str]:
         lines.append("    largest single decisions:")
     for d in auto["decisions"]:
         lines.append(
-            f"      kernel {d['kernel']} #{d['index']} on {d['device']}: {_ms(d['seconds'])}, "
-            f"vs {_ms(d['other_seconds'])} on {d['other_device']}"
+            f"      {d['kernel']} on {d['device']} {_how(d.get('backend'))}: {_ms(d['seconds'])}, "
+            f"vs {_ms(d['other_seconds'])} {_how(d.get('other_backend'))} on {d['other_device']}"
         )
     return lines

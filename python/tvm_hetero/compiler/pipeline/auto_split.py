@@ -1,7 +1,8 @@
 """``auto_split``: split points that balance measured kernel times (cost model in cost_model.py).
 
 The kernels are compiled once per distinct stage target and the one-device graph is measured on
-each distinct stage device by the ``measure`` callable the caller passes (the runtime's
+each distinct stage device (unless the cost cache shared with automatic placement holds every
+kernel's time there) by the ``measure`` callable the caller passes (the runtime's
 ``measure_kernels``: per-node times, the median of ``rounds`` profiled runs, in a thread set up as
 that stage's worker). The compiler itself never runs a graph.
 """
@@ -14,6 +15,7 @@ from typing import Any
 
 import tvm
 
+from ..autoplace.cost_cache import node_key, open_cache, settings_key
 from ..build import CompiledGraph, device_name
 from ..compile_kernels import compile_kernels
 from ..memory import planned_json
@@ -39,6 +41,7 @@ def auto_split(
     entry: str = "main",
     backends: Sequence[Any] = (),
     progress: Callable[[str], None] | None = None,
+    cost_cache: Any = False,
 ) -> PipelineSplit:
     """Split points for ``num_stages`` stages balancing measured kernel times (cost_model.py).
 
@@ -52,6 +55,11 @@ def auto_split(
     rounds : profile runs per distinct stage device; each kernel's time is the median.
     tolerance : relative slack on the bottleneck traded for fewer boundary bytes.
     copy_bytes_per_us : speed of a boundary copy in the model (None: copies are free).
+    cost_cache : the measurements of automatic placement (``build(placement="auto")``), shared:
+        False (default: none kept), None (``~/.cache/tvm-hetero/costs.sqlite``) or a path. Kernels
+        are keyed as there (structural hash or region, target, device and its stage settings), so
+        a stage device whose kernels are all in the cache is not measured, and what is measured
+        is kept for both.
     """
     say = progress or (lambda _msg: None)
     specs = stage_specs(targets, int(num_stages))
@@ -64,9 +72,17 @@ def auto_split(
     libs: dict[str, tvm.runtime.Module] = {}
     measured: dict[tuple, list[float]] = {}
     stage_costs = []
+    cache = open_cache(cost_cache)
+    keys = [node_key(lowered, k.node_id, graph) for k in kernels]
     for s, (dev, target) in enumerate(specs):
         cores, threads = per_stage[s].get("cores", []), int(per_stage[s].get("num_threads", 0))
         key = (device_name(dev), str(target), tuple(cores), threads)
+        settings = settings_key(device_name(dev), dict(per_stage[s]) or None)
+        if key not in measured:
+            cached = [cache.get("kernel", k, str(target), settings) if k else 0.0 for k in keys]
+            if all(c is not None for c in cached):
+                say(f"{len(kernels)} kernel times on {device_name(dev)} from the cost cache")
+                measured[key] = [c * 1e6 for c in cached]
         if key not in measured:
             if str(target) not in libs:
                 say(f"compiling {len(lowered.kernel_devices)} kernels for {target.kind.name}")
@@ -79,7 +95,10 @@ def auto_split(
             say(f"measuring {len(kernels)} kernels on {device_name(dev)} cores {cores} threads {threads}")
             by_node = measure(compiled, dev, cores, threads, rounds)
             measured[key] = [by_node[k.node_id] for k in kernels]
+            cache.put_many("kernel", [(k, str(target), settings, us * 1e-6)
+                                      for k, us in zip(keys, measured[key]) if k])
         stage_costs.append(measured[key])
+    cache.close()
     times = [model.stage_times(c, copy_bytes_per_us) for c in stage_costs]
     points = choose(model, times, tolerance)
     result = make_split(lowered, graph, points, stage_costs, model)
