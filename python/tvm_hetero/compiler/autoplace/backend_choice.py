@@ -62,6 +62,12 @@ class ChosenRegions(Backend):
     def available(self) -> bool:
         return self.inner.available()
 
+    def merges_regions(self) -> bool:
+        # Measured and chosen one region at a time; the build then joins the chosen regions of a
+        # device into blocks as the backend would (never while measuring: a block would hide its
+        # members' choices).
+        return self.anchors is not None and self.inner.merges_regions()
+
     def prepare(self, mod: tvm.IRModule, entry: str) -> tvm.IRModule:
         return mod  # prepared once by automatic placement (see the module docstring)
 
