@@ -250,3 +250,24 @@ def test_blocks_called_from_alternating_threads_use_each_threads_scratch():
         run(first, want)  # and the main thread again
     assert not errors, errors[0]
     assert dnnl.info()["scratch_bytes"] > 0
+
+
+def test_dense_layers_are_one_block():
+    # DenseNet: concat(x, conv(relu(bn(x)))) twice; the batch norms follow a concat, not a conv, so
+    # they are scale+shift(+ReLU) steps on the blocked layout.
+    c = 8
+    nodes, inits = conv("stem", "x", "s", cin=3, cout=c)
+    last, channels = "s", c
+    for k in range(2):
+        names = [f"bn{k}_{n}" for n in ("scale", "beta", "mean", "var")]
+        inits += [_weight(n, (channels,)) for n in names[:3]]
+        inits.append(numpy_helper.from_array(np.linspace(0.5, 2.0, channels).astype(np.float32), names[3]))
+        nodes += [
+            helper.make_node("BatchNormalization", [last, *names], [f"n{k}"]),
+            helper.make_node("Relu", [f"n{k}"], [f"r{k}"]),
+        ]
+        n, i = conv(f"c{k}", f"r{k}", f"g{k}", cin=channels, cout=c, relu=False)
+        nodes += n + [helper.make_node("Concat", [last, f"g{k}"], [f"cat{k}"], axis=1)]
+        inits += i
+        last, channels = f"cat{k}", channels + c
+    build(_model(nodes, {"x": (1, 3, 8, 8)}, (last, (1, channels, 8, 8)), inits), 1)
