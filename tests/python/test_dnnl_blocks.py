@@ -271,3 +271,20 @@ def test_dense_layers_are_one_block():
         inits += i
         last, channels = f"cat{k}", channels + c
     build(_model(nodes, {"x": (1, 3, 8, 8)}, (last, (1, channels, 8, 8)), inits), 1)
+
+
+def test_pipeline_stages_cut_between_regions_not_blocks():
+    # A pipeline cuts the one-device graph between nodes after lowering: its oneDNN regions are one
+    # per conv (a block would be one node no cut can split); the 2-stage run equals onnxruntime.
+    from tvm_hetero import pipeline
+
+    model = chain_model()
+    mod = models.relax_module(model)
+    plan = pipeline.split(mod, [2], backends=["dnnl"])
+    assert [k.func_name.endswith("_dnnl") for k in plan.kernels] == [True] * 4
+    assert len(region_nodes(tvm_hetero.build(mod, CPU))) == 1  # the plain build: one block
+    inputs = models.model_inputs(model)
+    art = pipeline.build(mod, "llvm", plan)
+    with art.create() as pipe:
+        (got,) = pipe.run_batch([inputs])
+    np.testing.assert_allclose(got[0], models.onnxruntime_outputs(model, inputs)[0], rtol=1e-4, atol=1e-4)

@@ -55,13 +55,9 @@ class DnnlBackend(Backend):
         devices: Any = None,
         merge: bool = True,
     ) -> None:
-        super().__init__(device, min_flops, devices)
-        #: Join consecutive regions into blocks that keep oneDNN's layouts inside (False: one
-        #: region per composite, reordered in and out at each; for comparisons).
-        self.merge = merge
-
-    def merges_regions(self) -> bool:
-        return self.merge
+        # Blocks by default: they keep oneDNN's layouts between primitives (False: one region per
+        # composite, reordered in and out at each; for comparisons and pipeline stages).
+        super().__init__(device, min_flops, devices, merge)
 
     def available(self) -> bool:
         return bool(tvm.get_global_func("tvm_hetero.dnnl.available")())
