@@ -250,3 +250,41 @@ def test_blocks_called_from_alternating_threads_use_each_threads_scratch():
         run(first, want)  # and the main thread again
     assert not errors, errors[0]
     assert dnnl.info()["scratch_bytes"] > 0
+
+
+def test_dense_layers_are_one_block():
+    # DenseNet: concat(x, conv(relu(bn(x)))) twice; the batch norms follow a concat, not a conv, so
+    # they are scale+shift(+ReLU) steps on the blocked layout.
+    c = 8
+    nodes, inits = conv("stem", "x", "s", cin=3, cout=c)
+    last, channels = "s", c
+    for k in range(2):
+        names = [f"bn{k}_{n}" for n in ("scale", "beta", "mean", "var")]
+        inits += [_weight(n, (channels,)) for n in names[:3]]
+        inits.append(numpy_helper.from_array(np.linspace(0.5, 2.0, channels).astype(np.float32), names[3]))
+        nodes += [
+            helper.make_node("BatchNormalization", [last, *names], [f"n{k}"]),
+            helper.make_node("Relu", [f"n{k}"], [f"r{k}"]),
+        ]
+        n, i = conv(f"c{k}", f"r{k}", f"g{k}", cin=channels, cout=c, relu=False)
+        nodes += n + [helper.make_node("Concat", [last, f"g{k}"], [f"cat{k}"], axis=1)]
+        inits += i
+        last, channels = f"cat{k}", channels + c
+    build(_model(nodes, {"x": (1, 3, 8, 8)}, (last, (1, channels, 8, 8)), inits), 1)
+
+
+def test_pipeline_stages_cut_between_regions_not_blocks():
+    # A pipeline cuts the one-device graph between nodes after lowering: its oneDNN regions are one
+    # per conv (a block would be one node no cut can split); the 2-stage run equals onnxruntime.
+    from tvm_hetero import pipeline
+
+    model = chain_model()
+    mod = models.relax_module(model)
+    plan = pipeline.split(mod, [2], backends=["dnnl"])
+    assert [k.func_name.endswith("_dnnl") for k in plan.kernels] == [True] * 4
+    assert len(region_nodes(tvm_hetero.build(mod, CPU))) == 1  # the plain build: one block
+    inputs = models.model_inputs(model)
+    art = pipeline.build(mod, "llvm", plan)
+    with art.create() as pipe:
+        (got,) = pipe.run_batch([inputs])
+    np.testing.assert_allclose(got[0], models.onnxruntime_outputs(model, inputs)[0], rtol=1e-4, atol=1e-4)

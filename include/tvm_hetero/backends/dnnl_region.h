@@ -5,14 +5,16 @@
  *
  * A region is a short program of oneDNN primitives (steps), each with its fused post-ops (bias,
  * residual sum, activation); the values passed between steps stay in the layouts the primitives
- * chose and are reordered only where they enter or leave the region. The compiler describes every region of a graph in one JSON document (docs/byoc.md); the module
- * holds that text, serializes it with SaveToBytes, and is rebuilt from it by the loader
- * `ffi.Module.load_from_bytes.tvm_hetero_dnnl`. Weights are graph parameters, passed to the
- * region like any kernel argument, so the module holds no tensors. Every GetFunction returns a
- * fresh executor for one call site (the graph runtime asks once per node): its primitives,
- * reorders, argument maps and the buffer of its internal values are built on its first call, from the shapes of its arguments, and
- * later calls only point memories at the arguments and execute -- no allocation, no lock. One
- * call site's function is not to be called from two threads at once (like any kernel with state).
+ * chose and are reordered only where they enter or leave the region. The compiler describes every
+ * region of a graph in one JSON document (docs/byoc.md); the module holds that text, serializes it
+ * with SaveToBytes, and is rebuilt from it by the loader `ffi.Module.load_from_bytes.tvm_hetero_dnnl`.
+ * Weights are graph parameters, passed to the region like any kernel argument, so the module holds
+ * no tensors. Every GetFunction returns a fresh executor for one call site (the graph runtime asks
+ * once per node): its primitives, reorders, argument maps and the plan of its values' arena are
+ * built on its first call, from the shapes of its arguments, and later calls only point memories at
+ * the arguments (and the arena at the calling thread's scratch) and execute -- no allocation, no
+ * lock. One call site's function is not to be called from two threads at once (like any kernel
+ * with state).
  */
 #ifndef TVM_HETERO_BACKENDS_DNNL_REGION_H_
 #define TVM_HETERO_BACKENDS_DNNL_REGION_H_

@@ -11,6 +11,7 @@ insertion, memory planning and the report see its regions as kernel nodes on the
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,7 +48,11 @@ class Backend:
     name: str = ""
 
     def __init__(
-        self, device: int | None = 0, min_flops: float = 0.0, devices: Iterable[int] | None = None
+        self,
+        device: int | None = 0,
+        min_flops: float = 0.0,
+        devices: Iterable[int] | None = None,
+        merge: bool = False,
     ) -> None:
         #: Device position the regions run on; None: the device the placement gives the anchor op.
         self.device = device
@@ -56,6 +61,8 @@ class Backend:
         self.devices = None if devices is None else frozenset(int(d) for d in devices)
         #: Cost gate: a match doing fewer floating-point operations stays with TVM.
         self.min_flops = min_flops
+        #: Join consecutive regions into blocks (:meth:`merges_regions`).
+        self.merge = merge
 
     def available(self) -> bool:
         """Whether the backend can run here (e.g. the library was built with it)."""
@@ -76,7 +83,14 @@ class Backend:
         backend's ``codegen`` then also gets regions described as ``{"op": "block", "steps":
         [...]}``, each step a member's description plus ``args`` (value ids: inputs first, then
         earlier steps' outputs) and ``shape``."""
-        return False
+        return self.merge
+
+    def without_blocks(self) -> Backend:
+        """A copy that makes one region per match (for callers that cut the graph between nodes
+        afterwards, such as pipeline stages: a block would be one node they cannot cut)."""
+        out = copy.copy(self)
+        out.merge = False
+        return out
 
     def prepare(self, mod: tvm.IRModule, entry: str) -> tvm.IRModule:
         """Rewrite the module before matching (e.g. fold batch norm into convolutions)."""

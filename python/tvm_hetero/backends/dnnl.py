@@ -1,5 +1,6 @@
 """The oneDNN backend: conv2d and matmul with fused bias / residual sum / activation, pooling,
-channel shuffle, softmax and layer norm.
+channel shuffle, softmax, layer norm, concat, LRN, per-channel scale + shift and batched matmul;
+consecutive regions are joined into blocks (:mod:`.merge_regions`) unless ``merge=False``.
 
 - ``prepare`` folds per-channel affine ops into convolutions whose weights are constants:
   ``batch_norm`` (inference), ``multiply`` and ``add`` by per-channel constants become the
@@ -7,12 +8,17 @@ channel shuffle, softmax and layer norm.
   (``sum(stack(broadcast_to(a), broadcast_to(b)))``) becomes ``add(a, b)`` so it can be fused as a
   residual (:class:`SimplifyStackSum`). A reshape of a constant read by several ops (rewrites
   merge the reshapes of equal biases) is copied per reader (:class:`UnshareConstantReshapes`), so
-  each conv can take its bias in without leaking it to the other reader.
+  each conv can take its bias in without leaking it to the other reader. Batch norms no conv took
+  become ``x * scale + shift`` (:class:`FoldChannelAffine`); inference dropout and ``broadcast_to``
+  a tensor's own shape are dropped (:class:`DropNoOps`).
 - ``patterns``: ``conv2d [+bias] [+residual] [+activation]`` (NCHW/OIHW, any strides, padding,
   dilation and groups), ``matmul [+bias] [+activation]`` on data of rank 2-5 with a (K, N) or
   transposed (N, K) weight (activation: relu, clip, sigmoid, hardswish, gelu, gelu_tanh, silu),
   ``max_pool2d`` and ``avg_pool2d`` (NCHW, no ceil mode), ShuffleNet's channel shuffle
-  (reshape-transpose-reshape, run as one reorder), ``softmax`` and last-axis ``layer_norm``.
+  (reshape-transpose-reshape, run as one reorder), ``softmax`` and last-axis ``layer_norm``,
+  ``concat [+relu]`` of 2-64 tensors, a global ``mean`` over H, W (an average pooling), the
+  frontends' LRN decomposition, ``x * scale + shift [+relu]`` per channel, and ``matmul`` of two
+  computed tensors of rank 3-4 (attention).
   Conv and matmul weights and biases must be weights (constants or params), so the runtime may
   keep them reordered. Every pattern annotates its anchor op as ``"anchor"``.
 - ``codegen``: one ``tvm_hetero_dnnl`` module (src/backends/dnnl_region_module.cc) holding every
@@ -49,13 +55,9 @@ class DnnlBackend(Backend):
         devices: Any = None,
         merge: bool = True,
     ) -> None:
-        super().__init__(device, min_flops, devices)
-        #: Join consecutive regions into blocks that keep oneDNN's layouts inside (False: one
-        #: region per composite, reordered in and out at each; for comparisons).
-        self.merge = merge
-
-    def merges_regions(self) -> bool:
-        return self.merge
+        # Blocks by default: they keep oneDNN's layouts between primitives (False: one region per
+        # composite, reordered in and out at each; for comparisons and pipeline stages).
+        super().__init__(device, min_flops, devices, merge)
 
     def available(self) -> bool:
         return bool(tvm.get_global_func("tvm_hetero.dnnl.available")())
@@ -91,7 +93,8 @@ class DnnlBackend(Backend):
             ann = {"anchor": concat, "concat": concat}
             relu = _activation(concat, "relu", ann)  # ShuffleNet's concat then ReLU
             out.append(FusionPattern(f"dnnl.concat{n}_relu", relu, ann, _check_concat))
-            out.append(FusionPattern(f"dnnl.concat{n}", concat, {"anchor": concat, "concat": concat}, _check_concat))
+            ann = {"anchor": concat, "concat": concat}
+            out.append(FusionPattern(f"dnnl.concat{n}", concat, ann, _check_concat))
         return out
 
     def prepare(self, mod: tvm.IRModule, entry: str) -> tvm.IRModule:
@@ -531,8 +534,9 @@ def _describe(composite: relax.Function, pattern: str) -> dict:
                 continue
             if op == "relax.concat":
                 rank = len(_shape(value))
-                fields = value.args[0].fields if isinstance(value.args[0], relax.Tuple) else bound[value.args[0]].fields
-                spec.update(op="concat", axis=int(value.attrs.axis) % rank, inputs=[_input(f, index, bound) for f in fields])
+                tup = value.args[0] if isinstance(value.args[0], relax.Tuple) else bound[value.args[0]]
+                inputs = [_input(f, index, bound) for f in tup.fields]
+                spec.update(op="concat", axis=int(value.attrs.axis) % rank, inputs=inputs)
                 continue
             if pattern == "dnnl.lrn":
                 if op == "relax.nn.avg_pool3d":

@@ -126,7 +126,8 @@ def _block(
     step_of = {var: k for k, var in enumerate(members)}
     step_args = []
     for var in members:
-        step_args.append([("step", step_of[a]) if a in step_of else ("input", input_index(a)) for a in calls[var][1].args])
+        args = calls[var][1].args
+        step_args.append([("step", step_of[a]) if a in step_of else ("input", input_index(a)) for a in args])
     n = len(inputs)
     params = [relax.Var(f"in{i}", _type_of(x)) for i, x in enumerate(inputs)]
     bindings, outs, steps, ops = [], [], [], []

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import tvm
 
+from ...backends import resolve_backends
 from ..build import format_size
 from ..copies import insert_copies
 from ..graph import Entry, Graph
@@ -128,7 +129,10 @@ def _on_device_zero(_info: Any) -> int:
 
 
 def lower_one_device(mod: tvm.IRModule, params: Mapping[str, Any] | None, entry: str, backends: Sequence[Any]):
-    """The lowering and the one-device graph, as ``tvm_hetero.build`` makes them for one device."""
+    """The lowering and the one-device graph, as ``tvm_hetero.build`` makes them for one device,
+    but with one backend region per match: stages are cut between graph nodes, and a block of
+    regions would be one node (ResNet-50: two) that no cut could split."""
+    backends = [b.without_blocks() for b in resolve_backends(backends)]
     lowered = lower_to_graph(mod, _on_device_zero, 1, dict(params or {}), entry, backends)
     return lowered, insert_copies(reorder_for_devices(lowered.graph), 0)
 
