@@ -420,3 +420,30 @@ def test_a_remote_device_is_measured_through_its_session_and_runs_the_chosen_ker
     np.testing.assert_allclose(rt.get_output(0).numpy(), expected, rtol=1e-4, atol=1e-4)
     assert rt.stats()["remote_compute_calls"] >= 1
     rt.close()
+
+
+def test_times_measured_alone_decide_a_one_device_placement_and_are_cached(tmp_path):
+    class AloneFake(FakeMeasurer):
+        """Every kernel 1 ms while the devices compute together, 0.4 ms alone."""
+
+        def __init__(self):
+            super().__init__(lambda name, d: 1e-3)
+            self.alone_asked = 0
+
+        def kernel_seconds_alone(self, jobs):
+            self.alone_asked += sum(len(job.calls) for job in jobs)
+            return [[0.4e-3 for _ in job.calls] for job in jobs]
+
+    mod, params = models.two_towers()
+    path = tmp_path / "costs.sqlite"
+    fake = AloneFake()
+    art = tvm_hetero.build(mod, TWO_CPUS, placement="auto", params=params, cost_cache=path, measurer=fake,
+                           backends=())
+    auto = art.build_report.autoplace
+    assert fake.alone_asked == len(fake.asked) > 0
+    assert len(set(node_devices(art).values())) == 1  # the split (together times) loses to one device alone
+    n = sum(row["kernels"] for row in auto["per_device"])
+    assert auto["predicted_seconds"] == pytest.approx(n * 0.4e-3)
+    again = AloneFake()
+    tvm_hetero.build(mod, TWO_CPUS, placement="auto", params=params, cost_cache=path, measurer=again, backends=())
+    assert again.asked == [] and again.alone_asked == 0

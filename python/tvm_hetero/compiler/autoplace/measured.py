@@ -55,6 +55,7 @@ from ..placement import Capabilities, OpInfo
 from ..schedule_model import CostModel, simulate
 from .backend_choice import ChosenRegions, partition_with_ops, prepare
 from .cost_cache import CostCache, node_key, settings_key
+from .explanation import explain_choice
 from .solver import OBJECTIVES, Solution, single_device_placements, solve
 from .units import TVM, Part, Units, make_units, unique_binding_names
 
@@ -210,9 +211,10 @@ def choose_placement(
     alone_timer = getattr(measurer, "kernel_seconds_alone", None)
     kinds = ("kernel", "kernel_alone") if alone_timer is not None else ("kernel",)
 
+    known = {(kind, d): cache.table(kind, str(targets[d]), settings[d]) for kind in kinds for d in range(num_devices)}
+
     def missing_keys(wanted) -> list[dict[str, tuple[str, Part]]]:
-        return [{k: v for k, v in wanted[d].items()
-                 if any(cache.get(kind, k, str(targets[d]), settings[d]) is None for kind in kinds)}
+        return [{k: v for k, v in wanted[d].items() if any(k not in known[(kind, d)] for kind in kinds)}
                 for d in range(num_devices)]
 
     wanted, choices = wanted_keys(units)
@@ -244,12 +246,12 @@ def choose_placement(
                                      f"times, got {list(job_times)[:8]}")
                 cache.put_many(kind, [(key, str(targets[job.position]), settings[job.position], seconds)
                                       for key, seconds in zip(key_list, job_times)])
+                known[(kind, job.position)].update(zip(key_list, job_times))
         counts["measured"] += sum(len(key_list) for key_list in job_keys)
 
     def unit_costs(kind: str) -> tuple[list[list[float]], list[list[dict[str, float]]]]:
         """Per unit and device the fastest variant's time and every variant's, from ``kind``."""
-        seconds_of = [{k: cache.get(kind, k, str(targets[d]), settings[d]) for k in wanted[d]}
-                      for d in range(num_devices)]
+        seconds_of = [known[(kind, d)] for d in range(num_devices)]
         best = [[math.inf] * num_devices for _ in range(num_units)]
         each: list[list[dict[str, float]]] = [[{} for _ in range(num_devices)] for _ in range(num_units)]
         for u in range(num_units):
@@ -308,8 +310,8 @@ def choose_placement(
             return assignment[follows]
         return permitted[0] if permitted else 0
 
-    explanation = _explain(model, units, assignment, unit_variants, variant_costs, [str(d) for d in devices],
-                           objective, counts)
+    explanation = explain_choice(model, units, assignment, unit_variants, variant_costs,
+                                 [str(d) for d in devices], objective, counts)
     explanation["split_predicted_seconds"] = solution.latency if kept_single else None
     explanation["min_gain"] = min_gain
     explanation["module_key"] = plan_key
@@ -466,75 +468,3 @@ def _sync_latency(measurer: Measurer, cache: CostCache, devices, options, a: int
             raise ValueError(f"measurer: sync latency {devices[a]} -> {devices[b]} is {seconds}")
         cache.put("sync_latency", src, dst, "", seconds)
     return seconds
-
-
-def alternatives(model: CostModel, allowed: Callable[[int, int], bool]) -> dict[str, float]:
-    """Predicted latency of the placements a person would try: everything on one device (each
-    that can run it all), and everything capable on each other device (the rest on device 0).
-    ``allowed(unit, device)``: the capability table lets the device run the unit."""
-    n, num_devices = model.num_kernels, model.num_devices
-    result: dict[str, float] = {}
-    for d in range(num_devices):
-        if model.feasible([d] * n):
-            result[f"all on device {d}"] = simulate(model, [d] * n).makespan
-    for d in range(1, num_devices):
-        capable = [d if allowed(k, d) else 0 for k in range(n)]
-        if capable != [d] * n and model.feasible(capable):
-            result[f"everything capable on device {d}"] = simulate(model, capable).makespan
-    return result
-
-
-def unit_label(units: Units, u: int) -> str:
-    """``conv2d #17``: the unit's main op (the first that is no elementwise helper) and its number."""
-    helpers = ("relax.add", "relax.reshape", "relax.nn.relu", "relax.multiply", "relax.subtract", "relax.clip")
-    ops = units.relax_ops[u]
-    main = next((op for op in ops if op not in helpers), ops[0] if ops else "?")
-    more = f" (+{len(ops) - 1} ops)" if len(ops) > 1 else ""
-    return f"{main.removeprefix('relax.').removeprefix('nn.')} #{u}{more}"
-
-
-def _explain(model: CostModel, units: Units, assignment: list[int], unit_variants: list[str],
-             variant_costs: list[list[dict[str, float]]], device_names: list[str], objective: str,
-             counts: dict[str, int]) -> dict[str, Any]:
-    schedule = simulate(model, assignment)
-    num_devices = model.num_devices
-    per_device = []
-    for d in range(num_devices):
-        mine = [u for u, dev in enumerate(assignment) if dev == d]
-        by_variant: dict[str, int] = {}
-        for u in mine:
-            by_variant[unit_variants[u]] = by_variant.get(unit_variants[u], 0) + 1
-        per_device.append({
-            "device": device_names[d],
-            "kernels": len(mine),
-            "ops": sum(len(units.ops[u]) for u in mine),
-            "busy_seconds": schedule.device_busy[d] if schedule.device_busy else 0.0,
-            "call_seconds": model.call_latency[d],
-            "variants": by_variant,
-        })
-    decisions = []
-    for u, d in enumerate(assignment):
-        chosen = unit_variants[u]
-        others = [(seconds, o, variant) for o in range(num_devices) for variant, seconds in variant_costs[u][o].items()
-                  if (o, variant) != (d, chosen)]
-        if not others:
-            continue
-        other_cost, other, other_variant = max(others)
-        decisions.append({
-            "kernel": unit_label(units, u), "index": u, "device": device_names[d], "backend": chosen,
-            "seconds": variant_costs[u][d][chosen], "other_device": device_names[other], "other_backend": other_variant,
-            "other_seconds": other_cost,
-        })
-    decisions.sort(key=lambda x: -abs(x["other_seconds"] - x["seconds"]))
-    return {
-        "objective": objective,
-        "predicted_seconds": schedule.makespan,
-        "bottleneck_seconds": schedule.bottleneck,
-        "measured_seconds": None,
-        "remote_calls": schedule.remote_calls,
-        "per_device": per_device,
-        "alternatives": alternatives(model, lambda u, d: math.isfinite(model.kernel_cost[u][d])),
-        "decisions": decisions[:5],
-        "kernels_measured": counts["measured"],
-        "kernels_cached": counts["cached"],
-    }
