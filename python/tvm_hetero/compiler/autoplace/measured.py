@@ -224,30 +224,20 @@ def choose_placement(
         units, lowerings = _analyse(prepared, ops, num_devices, params, entry, targets, backend_list)
         wanted, choices = wanted_keys(units)
         missing = missing_keys(wanted)
-    counts = {"measured": 0, "cached": sum(len(w) - len(m) for w, m in zip(wanted, missing))}
-    jobs, job_keys = [], []
-    for d, device in enumerate(devices):
-        if missing[d]:
-            jobs.append(_job(d, device, targets[d], options[d], missing[d], lowerings, backend_of))
-            job_keys.append(list(missing[d]))
+    counts = {"measured": sum(len(m) for m in missing), "cached": sum(len(w) - len(m) for w, m in zip(wanted, missing))}
+    jobs = [_job(d, device, targets[d], options[d], missing[d], lowerings, backend_of)
+            for d, device in enumerate(devices) if missing[d]]
     if jobs:
         say("automatic placement: measuring " + ", ".join(
             f"{len(job.calls)} kernels on {job.device}" for job in jobs) + f" ({counts['cached']} cached)")
         # with the devices computing together (as a placement over several runs), then each alone
         timers = [measurer.kernel_seconds] + ([alone_timer] if alone_timer is not None else [])
         for kind, timer in zip(kinds, timers):
-            measured = timer(jobs)
-            if len(measured) != len(jobs):
-                raise ValueError(f"measurer answered for {len(measured)} devices, asked for {len(jobs)}")
-            for job, job_times, key_list in zip(jobs, measured, job_keys):
-                bad = len(job_times) != len(key_list) or not all(math.isfinite(t) and t >= 0 for t in job_times)
-                if bad:
-                    raise ValueError(f"measurer on {job.device}: expected {len(key_list)} finite non-negative "
-                                     f"times, got {list(job_times)[:8]}")
-                cache.put_many(kind, [(key, str(targets[job.position]), settings[job.position], seconds)
-                                      for key, seconds in zip(key_list, job_times)])
-                known[(kind, job.position)].update(zip(key_list, job_times))
-        counts["measured"] += sum(len(key_list) for key_list in job_keys)
+            for job, times in zip(jobs, _checked(timer(jobs), jobs)):
+                keys = list(missing[job.position])
+                cache.put_many(kind, [(key, str(job.target), settings[job.position], seconds)
+                                      for key, seconds in zip(keys, times)])
+                known[(kind, job.position)].update(zip(keys, times))
 
     def unit_costs(kind: str) -> tuple[list[list[float]], list[list[dict[str, float]]]]:
         """Per unit and device the fastest variant's time and every variant's, from ``kind``."""
@@ -317,6 +307,17 @@ def choose_placement(
     explanation["module_key"] = plan_key
     return AutoPlacement(choose, explanation, model, assignment, measurer, units, ops, prepared, final_backends,
                          unit_variants)
+
+
+def _checked(measured: Sequence[Sequence[float]], jobs: Sequence[MeasureJob]) -> Sequence[Sequence[float]]:
+    """A measurer's answer, one finite non-negative time per call of every job, or a clear error."""
+    if len(measured) != len(jobs):
+        raise ValueError(f"measurer answered for {len(measured)} devices, asked for {len(jobs)}")
+    for job, times in zip(jobs, measured):
+        if len(times) != len(job.calls) or not all(math.isfinite(t) and t >= 0 for t in times):
+            raise ValueError(f"measurer on {job.device}: expected {len(job.calls)} finite non-negative "
+                             f"times, got {list(times)[:8]}")
+    return measured
 
 
 #: Changes whenever what :func:`_analyse` makes of a module changes (old cached units are then unused).
