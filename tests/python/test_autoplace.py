@@ -447,3 +447,12 @@ def test_times_measured_alone_decide_a_one_device_placement_and_are_cached(tmp_p
     again = AloneFake()
     tvm_hetero.build(mod, TWO_CPUS, placement="auto", params=params, cost_cache=path, measurer=again, backends=())
     assert again.asked == [] and again.alone_asked == 0
+
+
+@needs_dnnl
+def test_the_build_forms_exactly_the_regions_chosen():
+    fake = FakeMeasurer(lambda name, d: 1e-5 if is_region(name) else 1e-3)
+    art = tvm_hetero.build(MLP, TWO_CPUS, placement="auto", params=PARAMS, cost_cache=False, measurer=fake)
+    auto = art.build_report.autoplace
+    formed = sum(n for _b, _d, n, _ops in art.build_report.backend_regions)
+    assert auto["regions_chosen"] == formed > 0 and "regions_formed" not in auto

@@ -305,6 +305,7 @@ def choose_placement(
     explanation["split_predicted_seconds"] = solution.latency if kept_single else None
     explanation["min_gain"] = min_gain
     explanation["module_key"] = plan_key
+    explanation["regions_chosen"] = len(chosen_anchors)
     return AutoPlacement(choose, explanation, model, assignment, measurer, units, ops, prepared, final_backends,
                          unit_variants)
 
