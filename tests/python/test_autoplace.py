@@ -456,3 +456,37 @@ def test_the_build_forms_exactly_the_regions_chosen():
     auto = art.build_report.autoplace
     formed = sum(n for _b, _d, n, _ops in art.build_report.backend_regions)
     assert auto["regions_chosen"] == formed > 0 and "regions_formed" not in auto
+
+
+def conv_with_reshaped_bias():
+    """conv2d + reshape(constant bias) + add + relu, as ONNX's Conv imports: the reshape is folded
+    at build time (no kernel computes it), but a oneDNN region takes it in."""
+    from tvm import relax
+
+    rng = np.random.default_rng(3)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 4, 8, 8), "float32"))
+    weight = relax.const(rng.standard_normal((8, 4, 3, 3)).astype("float32"))
+    bias = relax.const(rng.standard_normal((8,)).astype("float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            conv = bb.emit(relax.op.nn.conv2d(x, weight, padding=1))
+            shaped = bb.emit(relax.op.reshape(bias, (1, 8, 1, 1)))
+            out = bb.emit_output(relax.op.nn.relu(relax.op.add(conv, shaped)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_capabilities_are_asked_about_the_ops_kernels_compute_not_folded_ones():
+    mod = conv_with_reshaped_bias()
+    caps = tvm_hetero.Capabilities({1: {"conv2d", "add", "relu"}})  # no reshape: it is folded anyway
+    fake = FakeMeasurer(lambda name, d: 1e-5 if d == 1 else 1e-2)
+    art = tvm_hetero.build(mod, TWO_CPUS, placement="auto", capabilities=caps, cost_cache=False, measurer=fake)
+    assert any(d == 1 for _name, d in fake.asked), "the convolution was timed on device 1"
+    assert set(node_devices(art).values()) == {1}
+    x = np.random.default_rng(4).standard_normal((1, 4, 8, 8)).astype("float32")
+    rt = art.create()
+    rt.run(x=x)
+    reference = tvm_hetero.build(mod, TWO_CPUS[:1], backends=()).create()
+    reference.run(x=x)
+    np.testing.assert_allclose(rt.get_output(0).numpy(), reference.get_output(0).numpy(), rtol=1e-4, atol=1e-4)

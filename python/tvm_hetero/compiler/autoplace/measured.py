@@ -185,7 +185,7 @@ def choose_placement(
     if capabilities is not None:
         for u in range(num_units):
             for d in range(num_devices):
-                allowed[u][d] = all(op_allowed(capabilities, info_of[n], d) for n in units.ops[u])
+                allowed[u][d] = all(op_allowed(capabilities, info_of[n], d) for n in units.computed[u] or units.ops[u])
             if not any(allowed[u]):  # no device supports every op of it: the table's fallback runs it
                 allowed[u][capabilities.fallback] = True
     backend_of = {b.name: b for b in backend_list}
@@ -322,7 +322,7 @@ def _checked(measured: Sequence[Sequence[float]], jobs: Sequence[MeasureJob]) ->
 
 
 #: Changes whenever what :func:`_analyse` makes of a module changes (old cached units are then unused).
-ANALYSIS_VERSION = 1
+ANALYSIS_VERSION = 2
 
 
 def _analyse(prepared, ops, num_devices, params, entry, targets, backend_list) -> tuple[Units, list[Any]]:
