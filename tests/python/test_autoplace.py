@@ -37,6 +37,14 @@ class FakeMeasurer:
         raise AssertionError("CPUs of one process share memory: no copy to measure")
 
 
+def assert_computes_the_mlp(art) -> None:
+    """The MLP's output on X, from the artifact's own runtime."""
+    rt = art.create()
+    rt.run(x=X)
+    expected = np.maximum(X @ PARAMS["w1"] + PARAMS["b1"], 0) @ PARAMS["w2"]
+    np.testing.assert_allclose(rt.get_output(0).numpy(), expected, rtol=1e-4, atol=1e-4)
+
+
 def node_devices(artifact) -> dict[str, int]:
     graph = artifact.graph
     devices = graph["attrs"]["device_index"][1]
@@ -265,10 +273,7 @@ def test_a_fake_table_where_onednn_loses_keeps_tvm_kernels():
     auto = art.build_report.autoplace
     assert all(set(row.get("variants", {})) <= {"tvm"} for row in auto["per_device"])
     assert set(node_devices(art).values()) == {0}
-    rt = art.create()
-    rt.run(x=X)
-    expected = np.maximum(X @ PARAMS["w1"] + PARAMS["b1"], 0) @ PARAMS["w2"]
-    np.testing.assert_allclose(rt.get_output(0).numpy(), expected, rtol=1e-4, atol=1e-4)
+    assert_computes_the_mlp(art)
 
 
 @needs_dnnl
@@ -282,10 +287,7 @@ def test_a_fake_table_where_onednn_wins_on_one_device_puts_its_regions_there():
     assert "with dnnl" in art.report()
     best = auto["decisions"][0]
     assert best["backend"] == "dnnl" and best["device"] == "cpu:1"
-    rt = art.create()
-    rt.run(x=X)
-    expected = np.maximum(X @ PARAMS["w1"] + PARAMS["b1"], 0) @ PARAMS["w2"]
-    np.testing.assert_allclose(rt.get_output(0).numpy(), expected, rtol=1e-4, atol=1e-4)
+    assert_computes_the_mlp(art)
 
 
 @needs_dnnl
