@@ -37,6 +37,14 @@ class FakeMeasurer:
         raise AssertionError("CPUs of one process share memory: no copy to measure")
 
 
+def assert_computes_the_mlp(art) -> None:
+    """The MLP's output on X, from the artifact's own runtime."""
+    rt = art.create()
+    rt.run(x=X)
+    expected = np.maximum(X @ PARAMS["w1"] + PARAMS["b1"], 0) @ PARAMS["w2"]
+    np.testing.assert_allclose(rt.get_output(0).numpy(), expected, rtol=1e-4, atol=1e-4)
+
+
 def node_devices(artifact) -> dict[str, int]:
     graph = artifact.graph
     devices = graph["attrs"]["device_index"][1]
@@ -265,10 +273,7 @@ def test_a_fake_table_where_onednn_loses_keeps_tvm_kernels():
     auto = art.build_report.autoplace
     assert all(set(row.get("variants", {})) <= {"tvm"} for row in auto["per_device"])
     assert set(node_devices(art).values()) == {0}
-    rt = art.create()
-    rt.run(x=X)
-    expected = np.maximum(X @ PARAMS["w1"] + PARAMS["b1"], 0) @ PARAMS["w2"]
-    np.testing.assert_allclose(rt.get_output(0).numpy(), expected, rtol=1e-4, atol=1e-4)
+    assert_computes_the_mlp(art)
 
 
 @needs_dnnl
@@ -282,10 +287,7 @@ def test_a_fake_table_where_onednn_wins_on_one_device_puts_its_regions_there():
     assert "with dnnl" in art.report()
     best = auto["decisions"][0]
     assert best["backend"] == "dnnl" and best["device"] == "cpu:1"
-    rt = art.create()
-    rt.run(x=X)
-    expected = np.maximum(X @ PARAMS["w1"] + PARAMS["b1"], 0) @ PARAMS["w2"]
-    np.testing.assert_allclose(rt.get_output(0).numpy(), expected, rtol=1e-4, atol=1e-4)
+    assert_computes_the_mlp(art)
 
 
 @needs_dnnl
@@ -420,3 +422,73 @@ def test_a_remote_device_is_measured_through_its_session_and_runs_the_chosen_ker
     np.testing.assert_allclose(rt.get_output(0).numpy(), expected, rtol=1e-4, atol=1e-4)
     assert rt.stats()["remote_compute_calls"] >= 1
     rt.close()
+
+
+def test_times_measured_alone_decide_a_one_device_placement_and_are_cached(tmp_path):
+    class AloneFake(FakeMeasurer):
+        """Every kernel 1 ms while the devices compute together, 0.4 ms alone."""
+
+        def __init__(self):
+            super().__init__(lambda name, d: 1e-3)
+            self.alone_asked = 0
+
+        def kernel_seconds_alone(self, jobs):
+            self.alone_asked += sum(len(job.calls) for job in jobs)
+            return [[0.4e-3 for _ in job.calls] for job in jobs]
+
+    mod, params = models.two_towers()
+    path = tmp_path / "costs.sqlite"
+    fake = AloneFake()
+    art = tvm_hetero.build(mod, TWO_CPUS, placement="auto", params=params, cost_cache=path, measurer=fake,
+                           backends=())
+    auto = art.build_report.autoplace
+    assert fake.alone_asked == len(fake.asked) > 0
+    assert len(set(node_devices(art).values())) == 1  # the split (together times) loses to one device alone
+    n = sum(row["kernels"] for row in auto["per_device"])
+    assert auto["predicted_seconds"] == pytest.approx(n * 0.4e-3)
+    again = AloneFake()
+    tvm_hetero.build(mod, TWO_CPUS, placement="auto", params=params, cost_cache=path, measurer=again, backends=())
+    assert again.asked == [] and again.alone_asked == 0
+
+
+@needs_dnnl
+def test_the_build_forms_exactly_the_regions_chosen():
+    fake = FakeMeasurer(lambda name, d: 1e-5 if is_region(name) else 1e-3)
+    art = tvm_hetero.build(MLP, TWO_CPUS, placement="auto", params=PARAMS, cost_cache=False, measurer=fake)
+    auto = art.build_report.autoplace
+    formed = sum(n for _b, _d, n, _ops in art.build_report.backend_regions)
+    assert auto["regions_chosen"] == formed > 0 and "regions_formed" not in auto
+
+
+def conv_with_reshaped_bias():
+    """conv2d + reshape(constant bias) + add + relu, as ONNX's Conv imports: the reshape is folded
+    at build time (no kernel computes it), but a oneDNN region takes it in."""
+    from tvm import relax
+
+    rng = np.random.default_rng(3)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 4, 8, 8), "float32"))
+    weight = relax.const(rng.standard_normal((8, 4, 3, 3)).astype("float32"))
+    bias = relax.const(rng.standard_normal((8,)).astype("float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            conv = bb.emit(relax.op.nn.conv2d(x, weight, padding=1))
+            shaped = bb.emit(relax.op.reshape(bias, (1, 8, 1, 1)))
+            out = bb.emit_output(relax.op.nn.relu(relax.op.add(conv, shaped)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_capabilities_are_asked_about_the_ops_kernels_compute_not_folded_ones():
+    mod = conv_with_reshaped_bias()
+    caps = tvm_hetero.Capabilities({1: {"conv2d", "add", "relu"}})  # no reshape: it is folded anyway
+    fake = FakeMeasurer(lambda name, d: 1e-5 if d == 1 else 1e-2)
+    art = tvm_hetero.build(mod, TWO_CPUS, placement="auto", capabilities=caps, cost_cache=False, measurer=fake)
+    assert any(d == 1 for _name, d in fake.asked), "the convolution was timed on device 1"
+    assert set(node_devices(art).values()) == {1}
+    x = np.random.default_rng(4).standard_normal((1, 4, 8, 8)).astype("float32")
+    rt = art.create()
+    rt.run(x=x)
+    reference = tvm_hetero.build(mod, TWO_CPUS[:1], backends=()).create()
+    reference.run(x=x)
+    np.testing.assert_allclose(rt.get_output(0).numpy(), reference.get_output(0).numpy(), rtol=1e-4, atol=1e-4)

@@ -254,6 +254,9 @@ def build(
     )
     if auto is not None:
         report.autoplace = auto.explanation  # the artifact layer adds the built graph's measured latency
+        formed = sum(1 for node in lowered.graph.nodes if node.func_name in lowered.regions)
+        if formed != auto.explanation["regions_chosen"]:  # the choice checked against what was built
+            report.autoplace["regions_formed"] = formed
     return compiled
 
 

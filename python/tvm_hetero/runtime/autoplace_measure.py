@@ -261,14 +261,12 @@ class RuntimeMeasurer:
         tiny = upload_library(session, compile_for_target(_tiny_kernel(), tvm.target.Target("llvm")),
                               "autoplace_tiny.so")["tiny"]
         x, y = tvm.runtime.tensor(np.zeros((1,), "float32"), device), tvm.runtime.empty((1,), "float32", device)
-        tiny(x, y)
-        samples = []
-        for _ in range(SYNC_RUNS):
-            start = time.perf_counter()
+
+        def call() -> None:
             tiny(x, y)
             device.sync()
-            samples.append(time.perf_counter() - start)
-        return statistics.median(samples)
+
+        return median_seconds(call, SYNC_RUNS)
 
     def copy_cost(self, src: tvm.runtime.Device, dst: tvm.runtime.Device) -> tuple[float, float]:
         """(fixed seconds, seconds per byte) of one copy from ``src`` to ``dst``."""
@@ -308,14 +306,8 @@ class RuntimeMeasurer:
             module = graph_runtime.create(graph, lib, [src, dst], execution="concurrent",
                                           device_options=both if any(both) else None)
             module.set_input("x", np.zeros((1,), "float32"))
-            module.run()
-            samples = []
-            for _ in range(SYNC_RUNS):
-                start = time.perf_counter()
-                module.run()
-                samples.append(time.perf_counter() - start)
+            seconds.append(median_seconds(module.run, SYNC_RUNS))
             module.close()
-            seconds.append(statistics.median(samples))
         return max(0.0, (seconds[1] - seconds[0]) / (SYNC_CHAIN - 1))
 
     def latency_seconds(self, artifact, device_options: Sequence[dict | None] | None = None) -> float:
@@ -330,11 +322,16 @@ def measure_latency(artifact, device_options: Sequence[dict | None] | None = Non
     for name in artifact.input_names:
         current = module.get_input(name)
         module.set_input(name, random_value(current.shape, str(current.dtype), rng))
-    module.run()
+    return median_seconds(module.run, runs)
+
+
+def median_seconds(call: Callable[[], Any], runs: int) -> float:
+    """Median seconds of ``runs`` calls of ``call``, after one call not timed (a warm-up)."""
+    call()
     samples = []
     for _ in range(runs):
         start = time.perf_counter()
-        module.run()
+        call()
         samples.append(time.perf_counter() - start)
     return statistics.median(samples)
 

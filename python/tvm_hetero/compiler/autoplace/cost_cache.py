@@ -71,6 +71,13 @@ class CostCache:
         )
         self._db.commit()
 
+    def table(self, kind: str, target: str, settings: str) -> dict[str, float]:
+        """Every ``key -> seconds`` of one kind, target and settings (one query for a whole model)."""
+        rows = self._db.execute(
+            "SELECT key, seconds FROM costs WHERE kind=? AND target=? AND settings=?", (kind, target, settings)
+        )
+        return {key: float(seconds) for key, seconds in rows}
+
     def put_many(self, kind: str, rows: list[tuple[str, str, str, float]]) -> None:
         """``(key, target, settings, seconds)`` rows of one kind, in one transaction."""
         self._db.executemany(

@@ -55,6 +55,7 @@ from ..placement import Capabilities, OpInfo
 from ..schedule_model import CostModel, simulate
 from .backend_choice import ChosenRegions, partition_with_ops, prepare
 from .cost_cache import CostCache, node_key, settings_key
+from .explanation import explain_choice
 from .solver import OBJECTIVES, Solution, single_device_placements, solve
 from .units import TVM, Part, Units, make_units, unique_binding_names
 
@@ -184,7 +185,7 @@ def choose_placement(
     if capabilities is not None:
         for u in range(num_units):
             for d in range(num_devices):
-                allowed[u][d] = all(op_allowed(capabilities, info_of[n], d) for n in units.ops[u])
+                allowed[u][d] = all(op_allowed(capabilities, info_of[n], d) for n in units.computed[u] or units.ops[u])
             if not any(allowed[u]):  # no device supports every op of it: the table's fallback runs it
                 allowed[u][capabilities.fallback] = True
     backend_of = {b.name: b for b in backend_list}
@@ -210,9 +211,10 @@ def choose_placement(
     alone_timer = getattr(measurer, "kernel_seconds_alone", None)
     kinds = ("kernel", "kernel_alone") if alone_timer is not None else ("kernel",)
 
+    known = {(kind, d): cache.table(kind, str(targets[d]), settings[d]) for kind in kinds for d in range(num_devices)}
+
     def missing_keys(wanted) -> list[dict[str, tuple[str, Part]]]:
-        return [{k: v for k, v in wanted[d].items()
-                 if any(cache.get(kind, k, str(targets[d]), settings[d]) is None for kind in kinds)}
+        return [{k: v for k, v in wanted[d].items() if any(k not in known[(kind, d)] for kind in kinds)}
                 for d in range(num_devices)]
 
     wanted, choices = wanted_keys(units)
@@ -222,34 +224,24 @@ def choose_placement(
         units, lowerings = _analyse(prepared, ops, num_devices, params, entry, targets, backend_list)
         wanted, choices = wanted_keys(units)
         missing = missing_keys(wanted)
-    counts = {"measured": 0, "cached": sum(len(w) - len(m) for w, m in zip(wanted, missing))}
-    jobs, job_keys = [], []
-    for d, device in enumerate(devices):
-        if missing[d]:
-            jobs.append(_job(d, device, targets[d], options[d], missing[d], lowerings, backend_of))
-            job_keys.append(list(missing[d]))
+    counts = {"measured": sum(len(m) for m in missing), "cached": sum(len(w) - len(m) for w, m in zip(wanted, missing))}
+    jobs = [_job(d, device, targets[d], options[d], missing[d], lowerings, backend_of)
+            for d, device in enumerate(devices) if missing[d]]
     if jobs:
         say("automatic placement: measuring " + ", ".join(
             f"{len(job.calls)} kernels on {job.device}" for job in jobs) + f" ({counts['cached']} cached)")
         # with the devices computing together (as a placement over several runs), then each alone
         timers = [measurer.kernel_seconds] + ([alone_timer] if alone_timer is not None else [])
         for kind, timer in zip(kinds, timers):
-            measured = timer(jobs)
-            if len(measured) != len(jobs):
-                raise ValueError(f"measurer answered for {len(measured)} devices, asked for {len(jobs)}")
-            for job, job_times, key_list in zip(jobs, measured, job_keys):
-                bad = len(job_times) != len(key_list) or not all(math.isfinite(t) and t >= 0 for t in job_times)
-                if bad:
-                    raise ValueError(f"measurer on {job.device}: expected {len(key_list)} finite non-negative "
-                                     f"times, got {list(job_times)[:8]}")
-                cache.put_many(kind, [(key, str(targets[job.position]), settings[job.position], seconds)
-                                      for key, seconds in zip(key_list, job_times)])
-        counts["measured"] += sum(len(key_list) for key_list in job_keys)
+            for job, times in zip(jobs, _checked(timer(jobs), jobs)):
+                keys = list(missing[job.position])
+                cache.put_many(kind, [(key, str(job.target), settings[job.position], seconds)
+                                      for key, seconds in zip(keys, times)])
+                known[(kind, job.position)].update(zip(keys, times))
 
     def unit_costs(kind: str) -> tuple[list[list[float]], list[list[dict[str, float]]]]:
         """Per unit and device the fastest variant's time and every variant's, from ``kind``."""
-        seconds_of = [{k: cache.get(kind, k, str(targets[d]), settings[d]) for k in wanted[d]}
-                      for d in range(num_devices)]
+        seconds_of = [known[(kind, d)] for d in range(num_devices)]
         best = [[math.inf] * num_devices for _ in range(num_units)]
         each: list[list[dict[str, float]]] = [[{} for _ in range(num_devices)] for _ in range(num_units)]
         for u in range(num_units):
@@ -308,17 +300,29 @@ def choose_placement(
             return assignment[follows]
         return permitted[0] if permitted else 0
 
-    explanation = _explain(model, units, assignment, unit_variants, variant_costs, [str(d) for d in devices],
-                           objective, counts)
+    explanation = explain_choice(model, units, assignment, unit_variants, variant_costs,
+                                 [str(d) for d in devices], objective, counts)
     explanation["split_predicted_seconds"] = solution.latency if kept_single else None
     explanation["min_gain"] = min_gain
     explanation["module_key"] = plan_key
+    explanation["regions_chosen"] = len(chosen_anchors)
     return AutoPlacement(choose, explanation, model, assignment, measurer, units, ops, prepared, final_backends,
                          unit_variants)
 
 
+def _checked(measured: Sequence[Sequence[float]], jobs: Sequence[MeasureJob]) -> Sequence[Sequence[float]]:
+    """A measurer's answer, one finite non-negative time per call of every job, or a clear error."""
+    if len(measured) != len(jobs):
+        raise ValueError(f"measurer answered for {len(measured)} devices, asked for {len(jobs)}")
+    for job, times in zip(jobs, measured):
+        if len(times) != len(job.calls) or not all(math.isfinite(t) and t >= 0 for t in times):
+            raise ValueError(f"measurer on {job.device}: expected {len(job.calls)} finite non-negative "
+                             f"times, got {list(times)[:8]}")
+    return measured
+
+
 #: Changes whenever what :func:`_analyse` makes of a module changes (old cached units are then unused).
-ANALYSIS_VERSION = 1
+ANALYSIS_VERSION = 2
 
 
 def _analyse(prepared, ops, num_devices, params, entry, targets, backend_list) -> tuple[Units, list[Any]]:
@@ -466,75 +470,3 @@ def _sync_latency(measurer: Measurer, cache: CostCache, devices, options, a: int
             raise ValueError(f"measurer: sync latency {devices[a]} -> {devices[b]} is {seconds}")
         cache.put("sync_latency", src, dst, "", seconds)
     return seconds
-
-
-def alternatives(model: CostModel, allowed: Callable[[int, int], bool]) -> dict[str, float]:
-    """Predicted latency of the placements a person would try: everything on one device (each
-    that can run it all), and everything capable on each other device (the rest on device 0).
-    ``allowed(unit, device)``: the capability table lets the device run the unit."""
-    n, num_devices = model.num_kernels, model.num_devices
-    result: dict[str, float] = {}
-    for d in range(num_devices):
-        if model.feasible([d] * n):
-            result[f"all on device {d}"] = simulate(model, [d] * n).makespan
-    for d in range(1, num_devices):
-        capable = [d if allowed(k, d) else 0 for k in range(n)]
-        if capable != [d] * n and model.feasible(capable):
-            result[f"everything capable on device {d}"] = simulate(model, capable).makespan
-    return result
-
-
-def unit_label(units: Units, u: int) -> str:
-    """``conv2d #17``: the unit's main op (the first that is no elementwise helper) and its number."""
-    helpers = ("relax.add", "relax.reshape", "relax.nn.relu", "relax.multiply", "relax.subtract", "relax.clip")
-    ops = units.relax_ops[u]
-    main = next((op for op in ops if op not in helpers), ops[0] if ops else "?")
-    more = f" (+{len(ops) - 1} ops)" if len(ops) > 1 else ""
-    return f"{main.removeprefix('relax.').removeprefix('nn.')} #{u}{more}"
-
-
-def _explain(model: CostModel, units: Units, assignment: list[int], unit_variants: list[str],
-             variant_costs: list[list[dict[str, float]]], device_names: list[str], objective: str,
-             counts: dict[str, int]) -> dict[str, Any]:
-    schedule = simulate(model, assignment)
-    num_devices = model.num_devices
-    per_device = []
-    for d in range(num_devices):
-        mine = [u for u, dev in enumerate(assignment) if dev == d]
-        by_variant: dict[str, int] = {}
-        for u in mine:
-            by_variant[unit_variants[u]] = by_variant.get(unit_variants[u], 0) + 1
-        per_device.append({
-            "device": device_names[d],
-            "kernels": len(mine),
-            "ops": sum(len(units.ops[u]) for u in mine),
-            "busy_seconds": schedule.device_busy[d] if schedule.device_busy else 0.0,
-            "call_seconds": model.call_latency[d],
-            "variants": by_variant,
-        })
-    decisions = []
-    for u, d in enumerate(assignment):
-        chosen = unit_variants[u]
-        others = [(seconds, o, variant) for o in range(num_devices) for variant, seconds in variant_costs[u][o].items()
-                  if (o, variant) != (d, chosen)]
-        if not others:
-            continue
-        other_cost, other, other_variant = max(others)
-        decisions.append({
-            "kernel": unit_label(units, u), "index": u, "device": device_names[d], "backend": chosen,
-            "seconds": variant_costs[u][d][chosen], "other_device": device_names[other], "other_backend": other_variant,
-            "other_seconds": other_cost,
-        })
-    decisions.sort(key=lambda x: -abs(x["other_seconds"] - x["seconds"]))
-    return {
-        "objective": objective,
-        "predicted_seconds": schedule.makespan,
-        "bottleneck_seconds": schedule.bottleneck,
-        "measured_seconds": None,
-        "remote_calls": schedule.remote_calls,
-        "per_device": per_device,
-        "alternatives": alternatives(model, lambda u, d: math.isfinite(model.kernel_cost[u][d])),
-        "decisions": decisions[:5],
-        "kernels_measured": counts["measured"],
-        "kernels_cached": counts["cached"],
-    }

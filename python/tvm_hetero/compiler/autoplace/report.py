@@ -39,6 +39,10 @@ def explain(auto: dict[str, Any]) -> list[str]:
             f"    the best split found ({_ms(auto['split_predicted_seconds'])}) gains less than "
             f"{auto['min_gain']:.0%} over one device: kept on one device"
         )
+    if auto.get("regions_formed") is not None:
+        lines.append(f"    note: {auto['regions_chosen']} backend regions were chosen but {auto['regions_formed']} "
+                     "were formed (matching took other ops once some regions were left out): the prediction "
+                     "does not cover the difference")
     for name, seconds in auto["alternatives"].items():
         lines.append(f"    alternative {name}: predicted {_ms(seconds)}")
     if auto["decisions"]:

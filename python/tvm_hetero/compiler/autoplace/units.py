@@ -68,6 +68,9 @@ class Units:
     follows: dict[str, int | None]
     #: Relax op names of each unit (for reports).
     relax_ops: list[list[str]] = field(default_factory=list)
+    #: Ops of each unit some TVM kernel computes (not those folded at build time, such as the
+    #: reshape of a bias a region takes in): what a capability table is asked about.
+    computed: list[list[str]] = field(default_factory=list)
 
     @property
     def num_units(self) -> int:
@@ -77,7 +80,7 @@ class Units:
         """A JSON document :meth:`from_json` reads back (what a rebuild takes from the cache)."""
         return {
             "ops": self.ops, "preds": self.preds, "out_bytes": self.out_bytes, "relax_ops": self.relax_ops,
-            "unit_of": self.unit_of, "follows": self.follows,
+            "unit_of": self.unit_of, "follows": self.follows, "computed": self.computed,
             "variants": [{v: [[p.variant, p.lowering, p.node_id, p.func_name, p.anchor, p.key] for p in parts]
                           for v, parts in unit.items()} for unit in self.variants],
         }
@@ -86,7 +89,7 @@ class Units:
     def from_json(cls, doc: dict) -> Units:
         variants = [{v: [Part(*p) for p in parts] for v, parts in unit.items()} for unit in doc["variants"]]
         return cls(doc["ops"], doc["preds"], doc["out_bytes"], variants, doc["unit_of"], doc["follows"],
-                   doc["relax_ops"])
+                   doc["relax_ops"], doc["computed"])
 
 
 def make_units(
@@ -273,7 +276,9 @@ def make_units(
             if var.name in index_of and unit_of.get(var.name) is None and follows.get(var.name) is None:
                 follows[var.name] = home
     relax_ops = [[index_of[n].op for n in unit_ops[u]] for u in range(num_units)]
-    return Units(unit_ops, [sorted(p) for p in preds], out_bytes, variants, unit_of, follows, relax_ops)
+    in_kernels = {n for part in parts if part.lowering == 0 for n in node_ops[0][part.node_id]}
+    computed = [[n for n in unit_ops[u] if n in in_kernels] for u in range(num_units)]
+    return Units(unit_ops, [sorted(p) for p in preds], out_bytes, variants, unit_of, follows, relax_ops, computed)
 
 
 @relax.expr_functor.mutator
