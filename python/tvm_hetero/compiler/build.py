@@ -254,7 +254,9 @@ def build(
     )
     if auto is not None:
         report.autoplace = auto.explanation  # the artifact layer adds the built graph's measured latency
-        formed = sum(1 for node in lowered.graph.nodes if node.func_name in lowered.regions)
+        # A block (regions joined after the choice) counts as the regions it runs.
+        formed = sum(len(region.spec["steps"]) if region.pattern == "block" else 1
+                     for node in lowered.graph.nodes if (region := lowered.regions.get(node.func_name)))
         if formed != auto.explanation["regions_chosen"]:  # the choice checked against what was built
             report.autoplace["regions_formed"] = formed
     return compiled
