@@ -39,7 +39,7 @@ from .runtime import (
     library,  # noqa: F401  (registers tvm_hetero.read_params)
     pipeline_runtime,
 )
-from .runtime.graph_runtime import GraphModule
+from .runtime.graph_runtime import GraphModule, is_remote
 from .runtime.pipeline_runtime import PipelineModule
 
 GRAPH_FILE, LIB_FILE, PARAMS_FILE, MANIFEST_FILE = "graph.json", "lib.so", "params.bin", "manifest.json"
@@ -341,29 +341,59 @@ def build(mod: Any, targets: Any, placement: Any = None, *args: Any, **kwargs: A
     report = artifact.build_report
     measure_latency = getattr(kwargs.get("measurer"), "latency_seconds", None)
     if auto and report is not None and report.autoplace is not None and measure_latency is not None:
-        _measure_built_graph(artifact, measure_latency, kwargs)
+        report.autoplace["measured_seconds"], report.autoplace["measured_cached"] = _built_graph_latency(
+            artifact, measure_latency, kwargs)
+        artifact = _one_device_if_faster(artifact, mod, targets, args, kwargs, measure_latency)
     return artifact
 
 
-def _measure_built_graph(artifact: Artifact, measure_latency: Any, kwargs: dict) -> None:
-    """The built graph's measured latency for the report, kept in the cost cache under the module,
-    the graph and the executor settings (a rebuild that makes the same graph measures nothing)."""
+def _built_graph_latency(artifact: Artifact, measure_latency: Any, kwargs: dict) -> tuple[float, bool]:
+    """A built graph's measured latency and whether it came from the cost cache, where it is kept
+    under the module, the graph and the executor settings (the same graph is measured once)."""
     from .compiler.autoplace.cost_cache import open_cache
 
-    auto = artifact.build_report.autoplace
     options = kwargs.get("device_options")
-    key = sha256(json.dumps([auto.get("module_key"), artifact.graph_json, options], sort_keys=True).encode())
+    module_key = artifact.build_report.autoplace.get("module_key")
+    key = sha256(json.dumps([module_key, artifact.graph_json, options], sort_keys=True).encode())
     cache = open_cache(kwargs.get("cost_cache"))
     try:
         seconds = cache.get("graph_latency", key, "", "")
-        auto["measured_cached"] = seconds is not None
-        if seconds is None:
-            (kwargs.get("progress") or (lambda _msg: None))("automatic placement: measuring the built graph")
-            seconds = measure_latency(artifact, options)
-            cache.put("graph_latency", key, "", "", seconds)
+        if seconds is not None:
+            return seconds, True
+        (kwargs.get("progress") or (lambda _msg: None))("automatic placement: measuring the built graph")
+        seconds = measure_latency(artifact, options)
+        cache.put("graph_latency", key, "", "", seconds)
+        return seconds, False
     finally:
         cache.close()
-    auto["measured_seconds"] = seconds
+
+
+def _one_device_if_faster(artifact: Artifact, mod: Any, targets: Any, args: tuple, kwargs: dict,
+                          measure_latency: Any) -> Artifact:
+    """The schedule model times a backend's regions one by one, but a one-device build joins them
+    into blocks, which can run faster than the model says: a split is kept only if it measures
+    faster than everything on the local device the model predicts best. Otherwise that build is
+    returned, its report saying why."""
+    auto = artifact.build_report.autoplace
+    if sum(1 for row in auto["per_device"] if row["kernels"]) < 2:
+        return artifact
+    local = [d for d, dev in enumerate(artifact.devices) if not is_remote(dev)]
+    predicted = {d: auto["alternatives"][f"all on device {d}"] for d in local
+                 if f"all on device {d}" in auto["alternatives"]}
+    if not predicted:
+        return artifact
+    device = min(predicted, key=predicted.__getitem__)
+    hand = {k: v for k, v in kwargs.items() if k not in ("objective", "cost_cache", "capabilities", "measurer")}
+    one = Artifact.of(compiler_build.build(mod, targets, lambda _info, d=device: d, *args, **hand))
+    one.build_report.autoplace = auto
+    seconds, _cached = _built_graph_latency(one, measure_latency, kwargs)
+    kept = seconds < auto["measured_seconds"]
+    auto["one_device_check"] = {"device": device_name(artifact.devices[device]), "measured_seconds": seconds,
+                                "split_measured_seconds": auto["measured_seconds"], "kept_one_device": kept}
+    if not kept:
+        return artifact
+    one.build_report.backend_notes = artifact.build_report.backend_notes
+    return one
 
 
 # ---- a pipeline --------------------------------------------------------------------------------

@@ -324,7 +324,8 @@ def test_a_warm_rebuild_neither_lowers_for_measuring_nor_measures_nor_solves(tmp
     mod, params = models.two_towers()
     first = Timed(lambda name, d: 1e-3)
     art = tvm_hetero.build(mod, TWO_CPUS, placement="auto", params=params, cost_cache=path, measurer=first)
-    assert counts["lowerings"] >= 1 and counts["solves"] == 1 and counts["latency"] == 1 and first.asked
+    # latencies: the split, and everything on one device to check it against
+    assert counts["lowerings"] >= 1 and counts["solves"] == 1 and counts["latency"] == 2 and first.asked
     before = dict(counts)
     second = Timed(lambda name, d: pytest.fail("measured again"))
     again = tvm_hetero.build(mod, TWO_CPUS, placement="auto", params=params, cost_cache=path, measurer=second)
@@ -495,3 +496,41 @@ def test_capabilities_are_asked_about_the_ops_kernels_compute_not_folded_ones():
     reference = tvm_hetero.build(mod, TWO_CPUS[:1], backends=()).create()
     reference.run(x=x)
     np.testing.assert_allclose(rt.get_output(0).numpy(), reference.get_output(0).numpy(), rtol=1e-4, atol=1e-4)
+
+
+class LatencyFake(FakeMeasurer):
+    """Equal kernel costs (the two towers split), and built-graph latencies by how many devices the
+    graph uses: ``one`` seconds for a one-device graph, ``split`` for the rest."""
+
+    def __init__(self, one: float, split: float):
+        super().__init__(lambda name, d: 1e-3)
+        self.one, self.split = one, split
+        self.latencies_measured = 0
+
+    def latency_seconds(self, artifact, device_options=None):
+        self.latencies_measured += 1
+        return self.one if len(set(node_devices(artifact).values())) == 1 else self.split
+
+
+@pytest.mark.parametrize("one_device_faster", [True, False])
+def test_a_split_is_kept_only_if_it_measures_faster_than_one_device(tmp_path, one_device_faster):
+    mod, params = models.two_towers()
+    fake = LatencyFake(one=1e-3, split=2e-3) if one_device_faster else LatencyFake(one=2e-3, split=1e-3)
+    path = tmp_path / "costs.sqlite"
+    art = tvm_hetero.build(mod, TWO_CPUS, placement="auto", params=params, cost_cache=path, measurer=fake)
+    auto = art.build_report.autoplace
+    assert sum(1 for row in auto["per_device"] if row["kernels"]) == 2  # the model chose a split
+    check = auto["one_device_check"]
+    assert check["kept_one_device"] is one_device_faster and fake.latencies_measured == 2
+    assert len(set(node_devices(art).values())) == (1 if one_device_faster else 2)
+    assert ("keeps everything on" in art.report()) is one_device_faster
+    x = np.ones((8, 32), "float32")
+    rt = art.create()
+    rt.run(x=x)
+    reference = tvm_hetero.build(mod, TWO_CPUS, params=params).create()
+    reference.run(x=x)
+    np.testing.assert_allclose(rt.get_output(0).numpy(), reference.get_output(0).numpy(), rtol=1e-5, atol=1e-5)
+    again = LatencyFake(one=1e-3, split=2e-3) if one_device_faster else LatencyFake(one=2e-3, split=1e-3)
+    rebuilt = tvm_hetero.build(mod, TWO_CPUS, placement="auto", params=params, cost_cache=path, measurer=again)
+    assert again.latencies_measured == 0 and again.asked == []  # both latencies come from the cache
+    assert rebuilt.graph_json == art.graph_json

@@ -31,6 +31,12 @@ def explain(auto: dict[str, Any]) -> list[str]:
     ratio = f" ({measured / auto['predicted_seconds']:.2f}x predicted)" if measured and auto["predicted_seconds"] else ""
     again = " (kept from an earlier build of this graph)" if auto.get("measured_cached") else ""
     lines.append(f"    latency predicted {_ms(auto['predicted_seconds'])}, measured {_ms(measured)}{ratio}{again}")
+    check = auto.get("one_device_check")
+    if check is not None:
+        verdict = (f"faster, so the build keeps everything on {check['device']}" if check["kept_one_device"]
+                   else "slower, so the split is kept")
+        lines.append(f"    measured against all on {check['device']} (its regions joined into blocks): "
+                     f"{_ms(check['measured_seconds'])}, {verdict}")
     if auto["objective"] == "throughput" and auto.get("bottleneck_seconds"):
         lines.append(f"    bottleneck {_ms(auto['bottleneck_seconds'])} of one device per inference: at best "
                      f"{1.0 / auto['bottleneck_seconds']:.1f} inferences/s streamed through the devices")
