@@ -781,7 +781,7 @@ def FoldChannelAffine(entry: str = "main", rounds: int = 8) -> tvm.transform.Pas
                 shift = shift + other
         if scale.shape != (channels,) or shift.shape != (channels,):
             return orig
-        as_const = lambda v: relax.const(v.astype(np.float32).reshape(1, channels, 1, 1))  # noqa: E731
+        as_const = lambda v: relax.const(v.astype(np.float32).reshape(1, channels, 1, 1))
         return relax.op.add(relax.op.multiply(m[x], as_const(scale)), as_const(shift))
 
     return _rounds_pass(pattern, rewrite, entry, rounds, "FoldChannelAffine")

@@ -197,7 +197,7 @@ def _speed_models() -> dict[str, Callable[[], tuple[Any, tuple]]]:
     def encoder() -> nn.Module:
         return nn.TransformerEncoderLayer(d_model=512, nhead=8, dim_feedforward=2048, dropout=0.0, batch_first=True)
 
-    image = lambda: (torch.randn(1, 3, 224, 224),)  # noqa: E731
+    image = lambda: (torch.randn(1, 3, 224, 224),)
     return {
         "resnet18_like": lambda: (resnet18(), image()),
         "mobilenet_v2_like": lambda: (mobilenet_v2(), image()),
