@@ -61,7 +61,7 @@ def merge_regions(
         changed = True
         while changed:
             changed = False
-            for var in members:
+            for var in members.copy():  # members grows inside the loop
                 for arg in calls[var][1].args:
                     if arg in members or arg not in calls or arg in group_of:
                         continue
