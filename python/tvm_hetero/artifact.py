@@ -370,13 +370,12 @@ def _built_graph_latency(artifact: Artifact, measure_latency: Any, kwargs: dict)
 
 def _one_device_if_faster(artifact: Artifact, mod: Any, targets: Any, args: tuple, kwargs: dict,
                           measure_latency: Any) -> Artifact:
-    """The schedule model times a backend's regions one by one, but a one-device build joins them
-    into blocks, which can run faster than the model says: a split is kept only if it measures
-    faster than everything on the local device the model predicts best. Otherwise that build is
-    returned, its report saying why."""
+    """The schedule model times a backend's regions one by one, but a build joins the regions of a
+    device into blocks, which can run faster than the model says (and faster than the TVM kernels
+    it preferred for some units): the automatic choice is kept only if it measures faster than
+    the default build with everything on the local device the model predicts best. Otherwise that
+    build is returned, its report saying why."""
     auto = artifact.build_report.autoplace
-    if sum(1 for row in auto["per_device"] if row["kernels"]) < 2:
-        return artifact
     local = [d for d, dev in enumerate(artifact.devices) if not is_remote(dev)]
     predicted = {d: auto["alternatives"][f"all on device {d}"] for d in local
                  if f"all on device {d}" in auto["alternatives"]}
@@ -385,6 +384,8 @@ def _one_device_if_faster(artifact: Artifact, mod: Any, targets: Any, args: tupl
     device = min(predicted, key=predicted.__getitem__)
     hand = {k: v for k, v in kwargs.items() if k not in ("objective", "cost_cache", "capabilities", "measurer")}
     one = Artifact.of(compiler_build.build(mod, targets, lambda _info, d=device: d, *args, **hand))
+    if one.graph_json == artifact.graph_json:
+        return artifact
     one.build_report.autoplace = auto
     seconds, _cached = _built_graph_latency(one, measure_latency, kwargs)
     kept = seconds < auto["measured_seconds"]

@@ -1,6 +1,6 @@
 """The ``tvm-hetero`` command: demo, compile, run, inspect.
 
-    tvm-hetero demo                                   # ResNet-50 placed by measured cost (cpu:0 + cpu:1, or cuda)
+    tvm-hetero demo                                   # Inception-v1 placed by measured cost (cpu:0 + cpu:1, or cuda)
     tvm-hetero compile model.onnx --device cpu:0=llvm --device cpu:1=llvm --place conv2d=1 -o out/
     tvm-hetero run out/ --input data=x.npy --cluster 0=0 --cluster 1=1 --trace run.json
     tvm-hetero inspect out/ --dot graph.dot --timeline timeline.png
@@ -444,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
                             "(default: oneDNN on every host CPU when libtvm_hetero has it)")
 
     demo = sub.add_parser("demo", help="compile a real model for two devices, run it, check it")
-    demo.add_argument("--model", default="resnet50", help="light ONNX model (resnet50, shufflenet, ...)")
+    demo.add_argument("--model", default="inception_v1", help="light ONNX model (inception_v1, resnet50, shufflenet, ...)")
     demo.add_argument("--split", type=float, default=None,
                       help="fraction of ops (in order) on the last device (default: --place auto)")
     demo.add_argument("--repeat", type=int, default=3)

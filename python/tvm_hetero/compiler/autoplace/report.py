@@ -34,7 +34,7 @@ def explain(auto: dict[str, Any]) -> list[str]:
     check = auto.get("one_device_check")
     if check is not None:
         verdict = (f"faster, so the build keeps everything on {check['device']}" if check["kept_one_device"]
-                   else "slower, so the split is kept")
+                   else "slower, so the automatic choice is kept")
         lines.append(f"    measured against all on {check['device']} (its regions joined into blocks): "
                      f"{_ms(check['measured_seconds'])}, {verdict}")
     if auto["objective"] == "throughput" and auto.get("bottleneck_seconds"):
