@@ -41,20 +41,29 @@ def bench_args(description: str) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--runs", type=int, default=5, help="calls per side per round")
     parser.add_argument("--unmerged", action="store_true", help="also time oneDNN without blocks")
+    parser.add_argument("--settle", type=float, default=0.2,
+                        help="seconds before each side's calls, so the other side's threads stop spinning")
     args = parser.parse_args()
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # read once, when OpenMP / TVM's pool load
     os.environ["TVM_NUM_THREADS"] = str(args.threads)
     return args
 
 
-def interleaved(peer, ours: dict, rounds: int, runs: int) -> tuple[float, dict[str, list[float]]]:
+def interleaved(
+    peer, ours: dict, rounds: int, runs: int, settle: float = 0.0
+) -> tuple[float, dict[str, list[float]]]:
     """Each round times ``runs`` calls of ``peer``, then of each of ``ours`` (label -> function);
-    returns the peer's median time and, per label, the per-round ratios to the peer."""
+    returns the peer's median time and, per label, the per-round ratios to the peer. ``settle``
+    seconds pass before each side's calls: both runtimes' thread pools spin for a while after a
+    call (onnxruntime's by default, libgomp's by default), and with more than one thread a side
+    that starts while the other's threads still spin runs on cores it does not have."""
     peer_ms, ratios = [], {label: [] for label in ours}
     for _ in range(rounds):
+        time.sleep(settle)
         p = median_ms(peer, runs)
         peer_ms.append(p)
         for label, fn in ours.items():
+            time.sleep(settle)
             ratios[label].append(median_ms(fn, runs) / p)
     return statistics.median(peer_ms), ratios
 
@@ -123,7 +132,8 @@ def main() -> int:
 
         run_ort = lambda s=session, x=inputs: s.run(None, x)
         run_ort()
-        peer_ms, per_round = interleaved(run_ort, {k: r.run for k, r in runtimes.items()}, args.rounds, args.runs)
+        peer_ms, per_round = interleaved(run_ort, {k: r.run for k, r in runtimes.items()}, args.rounds, args.runs,
+                                       args.settle)
         extra = f"; no blocks: {statistics.median(per_round['unmerged']):.2f}x" if args.unmerged else ""
         ratios.append(report_row(name, art, peer_ms, per_round["default"], extra))
     print(f"geomean {geomean(ratios):.2f}x over {len(ratios)} models; worst {max(ratios):.2f}x")

@@ -53,7 +53,7 @@ def main() -> int:
                 m(*a)
 
         run_torch()
-        peer_ms, per_round = interleaved(run_torch, {"default": rt.run}, args.rounds, args.runs)
+        peer_ms, per_round = interleaved(run_torch, {"default": rt.run}, args.rounds, args.runs, args.settle)
         ratios.append(report_row(name, art, peer_ms, per_round["default"]))
     print(f"geomean {geomean(ratios):.2f}x over {len(ratios)} models; worst {max(ratios):.2f}x")
     return 0
