@@ -1,6 +1,6 @@
 """Automatic placement by measured cost (devices and backends) against hand placements.
 
-    PYTHONPATH=python python bench/autoplace.py [--setups A B] [--models squeezenet inception_v1 resnet50]
+    PYTHONPATH=python python bench/autoplace.py [--setups A B] [--models squeezenet inception_v1 resnet50 ...]
                                                 [--rounds 7] [--builds 3]
 
 Setup A: cpu:0 pinned to core 0 and cpu:1 pinned to core 1, one TVM thread each (``device_options``),
@@ -10,8 +10,9 @@ Setup B: the host (cpu:0, core 0, one thread, oneDNN) and a remote "NPU": a CPU 
 process behind ``tvm_hetero.rpc.start_local_server()`` (one thread), TVM kernels only, allowed
 what an NPU runs (conv, matmul, pooling, elementwise: ``NPU_OPS``).
 
-Per model (light ONNX models, seeded random weights), every placement is built, its output
-checked against onnxruntime, and timed round-robin (``--rounds`` rounds, medians, after a warm-up):
+Per model (light ONNX models with seeded random weights, checked against onnxruntime; or
+``torch:<name>``, a PyTorch model of tvm_hetero.testing.torch_models through torch.export, checked
+against torch), every placement is built, its output checked, and timed round-robin (``--rounds`` rounds, medians, after a warm-up):
 
 - ``auto``: ``placement="auto"`` with its own cost cache (cold the first time);
 - A: ``all on cpu:0`` / ``all on cpu:1`` (the best of these is the "best one-thread single
@@ -20,8 +21,9 @@ checked against onnxruntime, and timed round-robin (``--rounds`` rounds, medians
 - B: ``all on host``, ``capable on NPU`` (every op the NPU runs there), ``halves`` (the capable
   ops of the second half on the NPU).
 
-Printed per placement: measured latency, its ratio to auto, and the latency the schedule model
-predicts for it from the same measurements (predicted / measured is the model's error). Build
+Printed per placement: measured latency, its ratio to auto, and the latency predicted for it as
+built (its kernels and blocks, from the same measurements; predicted / measured is the model's
+error). Build
 times: auto with a cold cache, then ``--builds`` warm auto builds interleaved with as many
 hand-placed builds (all on the primary, same backends), medians; the load (``os.getloadavg``) is
 printed before and after each model.
@@ -39,6 +41,9 @@ import warnings
 from pathlib import Path
 
 MODELS = ("squeezenet", "inception_v1", "resnet50")
+#: Every model the bench knows: the six light ONNX models and two PyTorch models (torch.export).
+ALL_MODELS = ("resnet50", "densenet121", "inception_v1", "squeezenet", "shufflenet", "vgg19",
+              "torch:resnet18_like", "torch:transformer_encoder_layer")
 CAPABLE = {"relax.nn.conv2d", "relax.nn.relu", "relax.add"}
 NPU_OPS = {"conv2d", "matmul", "max_pool2d", "avg_pool2d", "add", "multiply", "subtract", "divide", "relu",
            "clip", "sigmoid", "tanh", "concat"}
@@ -48,7 +53,7 @@ CORE0 = {"cores": [0], "num_threads": 1}
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--setups", nargs="+", default=["A", "B"], choices=["A", "B"])
-    parser.add_argument("--models", nargs="+", default=list(MODELS))
+    parser.add_argument("--models", nargs="+", default=list(MODELS), help=f"any of {', '.join(ALL_MODELS)}")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--builds", type=int, default=3)
     args = parser.parse_args()
@@ -68,17 +73,22 @@ def bench(setup: str, name: str, rounds: int, builds: int, cache_dir: Path) -> i
     from tvm_hetero.backends import default_backends
     from tvm_hetero.compiler.autoplace.cost_cache import CostCache
     from tvm_hetero.compiler.autoplace.measured import choose_placement
-    from tvm_hetero.compiler.build import shares_memory_between
-    from tvm_hetero.compiler.schedule_model import predicted_latency
+    from tvm_hetero.compiler.build import lower_as_built, shares_memory_between
     from tvm_hetero.models import light_model, model_inputs, onnxruntime_outputs, relax_module
     from tvm_hetero.runtime.autoplace_measure import RuntimeMeasurer
     from tvm_hetero.runtime.rpc import start_local_server
 
     load_before = os.getloadavg()[0]
-    model = light_model(name)
-    mod = relax_module(model)
-    inputs = model_inputs(model)
-    reference = onnxruntime_outputs(model, inputs)[0]
+    if name.startswith("torch:"):  # torch.export of a PyTorch model; torch's output is the reference
+        from tvm_hetero.testing.torch_models import imported
+
+        mod, arrays, reference = imported(name.removeprefix("torch:"))
+        inputs = {p.name: a for p, a in zip(mod["main"].params, arrays)}
+    else:
+        model = light_model(name)
+        mod = relax_module(model)
+        inputs = model_inputs(model)
+        reference = onnxruntime_outputs(model, inputs)[0]
     server = None
     if setup == "A":
         devices = [tvm.cpu(0), tvm.cpu(1)]
@@ -110,9 +120,13 @@ def bench(setup: str, name: str, rounds: int, builds: int, cache_dir: Path) -> i
     cache = CostCache(cache_file)
     host = shares_memory_between(devices, tvm_targets)
     backends, _notes = default_backends([d for d in range(2) if host(d, d)])
+    def lower(prepared, choose, chosen_backends):
+        lowered, graph, _switches = lower_as_built(prepared, choose, devices, tvm_targets, None, "main",
+                                                   chosen_backends)
+        return lowered, graph
+
     auto = choose_placement(mod, devices, tvm_targets, host, RuntimeMeasurer(), cache, device_options=options,
-                            capabilities=capabilities, backends=backends)
-    cache.close()
+                            capabilities=capabilities, backends=backends, lower=lower)
     num_ops = len(auto.ops)
 
     def npu(info) -> bool:
@@ -136,7 +150,9 @@ def bench(setup: str, name: str, rounds: int, builds: int, cache_dir: Path) -> i
     predicted = {"auto": auto_art.build_report.autoplace["predicted_seconds"]}
     for label, placement in placements.items():
         arts[label] = tvm_hetero.build(mod, targets, placement=placement)
-        predicted[label] = predicted_latency(auto.model, auto.kernel_assignment(placement))
+        # as built, with the default backends (each region where the placement puts its anchor)
+        predicted[label] = auto.predict(placement, backends, mod).seconds
+    cache.close()
     runtimes = {}
     for label, art in arts.items():
         rt = art.create(execution="concurrent", device_options=options)

@@ -18,6 +18,7 @@ from .artifact import Artifact, PipelineArtifact, build, load
 from .compiler.build import BuildReport
 from .compiler.placement import Capabilities, OpInfo
 from .device_discovery import devices
+from .progress import Progress
 from .runtime import graph_runtime, offload, pipeline_runtime, rpc, timeline
 from .testing import models
 
@@ -33,6 +34,7 @@ __all__ = [
     "Capabilities",
     "OpInfo",
     "PipelineArtifact",
+    "Progress",
     "build",
     "devices",
     "graph_runtime",

@@ -370,12 +370,25 @@ def _built_graph_latency(artifact: Artifact, measure_latency: Any, kwargs: dict)
 
 def _one_device_if_faster(artifact: Artifact, mod: Any, targets: Any, args: tuple, kwargs: dict,
                           measure_latency: Any) -> Artifact:
-    """The schedule model times a backend's regions one by one, but a build joins the regions of a
-    device into blocks, which can run faster than the model says (and faster than the TVM kernels
-    it preferred for some units): the automatic choice is kept only if it measures faster than
-    the default build with everything on the local device the model predicts best. Otherwise that
-    build is returned, its report saying why."""
+    """The build checks its own choice: a split over devices is kept only if it measures faster than
+    the default build with everything on the local device predicted best (the prediction, judged
+    on kernels and blocks, can still miss what only a run shows). Otherwise that build is returned,
+    its report saying why. The verdict is kept in the cost cache under the decision's key, so a
+    rebuild makes the same choice with one build."""
+    from .compiler.autoplace.cost_cache import open_cache
+    from .compiler.autoplace.measured import MEASURED_CHECK
+
     auto = artifact.build_report.autoplace
+    if len(set(_computing_devices(artifact))) <= 1:
+        return artifact  # one device: the judge compared it with the others as built
+    cache = open_cache(kwargs.get("cost_cache"))
+    try:
+        verdict = cache.get_plan(MEASURED_CHECK, auto["decision_key"])
+    finally:
+        cache.close()
+    if verdict is not None:  # this split was checked before and won (else it would not be built)
+        auto["one_device_check"] = dict(verdict["check"], cached=True)
+        return artifact
     local = [d for d, dev in enumerate(artifact.devices) if not is_remote(dev)]
     predicted = {d: auto["alternatives"][f"all on device {d}"] for d in local
                  if f"all on device {d}" in auto["alternatives"]}
@@ -391,10 +404,24 @@ def _one_device_if_faster(artifact: Artifact, mod: Any, targets: Any, args: tupl
     kept = seconds < auto["measured_seconds"]
     auto["one_device_check"] = {"device": device_name(artifact.devices[device]), "measured_seconds": seconds,
                                 "split_measured_seconds": auto["measured_seconds"], "kept_one_device": kept}
+    cache = open_cache(kwargs.get("cost_cache"))
+    try:
+        cache.put_plan(MEASURED_CHECK, auto["decision_key"],
+                       {"device": device if kept else None, "check": auto["one_device_check"]})
+    finally:
+        cache.close()
     if not kept:
         return artifact
     one.build_report.backend_notes = artifact.build_report.backend_notes
     return one
+
+
+def _computing_devices(artifact: Artifact) -> list[int]:
+    """The device of every node that computes (not an input, not a copy)."""
+    graph = artifact.graph
+    devices = graph["attrs"]["device_index"][1]
+    return [devices[i] for i, node in enumerate(graph["nodes"])
+            if node["op"] != "null" and node.get("attrs", {}).get("func_name") != "__copy"]
 
 
 # ---- a pipeline --------------------------------------------------------------------------------

@@ -20,10 +20,9 @@ import numpy as np
 
 
 def _progress(start: float) -> Callable[[str], None]:
-    def say(message: str) -> None:
-        print(f"  [{time.perf_counter() - start:6.1f}s] {message}", flush=True)
+    from .progress import Progress
 
-    return say
+    return Progress(start=start)
 
 
 def parse_device_specs(specs: list[str]) -> list[tuple[str, str]]:

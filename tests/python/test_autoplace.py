@@ -10,6 +10,7 @@ import pytest
 import tvm
 import tvm_hetero
 from tvm_hetero import cli, models
+from tvm_hetero.compiler import build as build_module
 from tvm_hetero.compiler.autoplace.cost_cache import CostCache, settings_key
 from tvm_hetero.compiler.autoplace.measured import choose_placement
 from tvm_hetero.compiler.build import shares_memory_between
@@ -29,9 +30,20 @@ class FakeMeasurer:
         self.rule = rule
         self.asked: list[tuple[str, int]] = []
 
+    #: A block of regions costs its steps' rule each (as fast as its regions apart), or once.
+    blocks_cost_their_steps = True
+
     def kernel_seconds(self, jobs):
         self.asked.extend((c.func_name, job.device.index) for job in jobs for c in job.calls)
-        return [[self.rule(c.func_name, job.device.index) for c in job.calls] for job in jobs]
+        return [[self.rule(c.func_name, job.device.index) * self.steps(job, c.func_name) for c in job.calls]
+                for job in jobs]
+
+    def steps(self, job, name) -> int:
+        for _backend, regions in job.externals:
+            for region in regions:
+                if region.name == name and region.pattern == "block" and self.blocks_cost_their_steps:
+                    return len(region.spec["steps"])
+        return 1
 
     def copy_cost(self, src, dst):
         raise AssertionError("CPUs of one process share memory: no copy to measure")
@@ -57,7 +69,8 @@ def test_fake_costs_that_favour_one_device_put_everything_there():
     art = tvm_hetero.build(MLP, TWO_CPUS, placement="auto", params=PARAMS, cost_cache=False, measurer=fake)
     assert set(node_devices(art).values()) == {1}
     auto = art.build_report.autoplace
-    assert auto["predicted_seconds"] == pytest.approx(auto["alternatives"]["all on device 1"])
+    on_1 = {k: v for k, v in auto["alternatives"].items() if k.startswith("all on device 1")}
+    assert auto["predicted_seconds"] == pytest.approx(min(on_1.values()))  # the better way on device 1
     assert auto["predicted_seconds"] < auto["alternatives"]["all on device 0"]
 
 
@@ -83,11 +96,13 @@ def test_second_build_measures_nothing_new(tmp_path):
     first = FakeMeasurer(lambda name, d: 1e-3 * (d + 1))
     art = tvm_hetero.build(MLP, TWO_CPUS, placement="auto", params=PARAMS, cost_cache=path, measurer=first)
     assert first.asked and path.is_file()
-    assert art.build_report.autoplace["kernels_measured"] == len(first.asked)
+    auto = art.build_report.autoplace
+    assert auto["kernels_measured"] + auto["as_built_measured"] == len(first.asked)
+    assert auto["as_built_measured"] > 0  # the blocks of the placements judged as built
     second = FakeMeasurer(lambda name, d: pytest.fail("measured again"))
     again = tvm_hetero.build(MLP, TWO_CPUS, placement="auto", params=PARAMS, cost_cache=path, measurer=second)
     assert second.asked == []
-    assert again.build_report.autoplace["kernels_cached"] == len(first.asked)
+    assert again.build_report.autoplace["kernels_cached"] == auto["kernels_measured"]
     assert node_devices(again) == node_devices(art)
 
 
@@ -384,7 +399,8 @@ class PositionFake(FakeMeasurer):
 
     def kernel_seconds(self, jobs):
         self.asked.extend((c.func_name, job.position) for job in jobs for c in job.calls)
-        return [[self.rule(c.func_name, job.position) for c in job.calls] for job in jobs]
+        return [[self.rule(c.func_name, job.position) * self.steps(job, c.func_name) for c in job.calls]
+                for job in jobs]
 
     def copy_cost(self, src, dst):
         return 1e-5, 1e-10
@@ -408,9 +424,17 @@ def test_a_remote_device_is_measured_through_its_session_and_runs_the_chosen_ker
     cache = CostCache(path)
     remote_rows = cache._db.execute("SELECT COUNT(*) FROM costs WHERE kind='kernel' AND settings LIKE '%remote%'")
     assert remote_rows.fetchone()[0] >= 1
-    assert cache.get("copy_latency", settings_key(str(tvm.cpu(0)), None), settings_key(str(session.cpu(0)), None),
+    assert cache.get("copy_latency", settings_key(tvm.cpu(0), None), settings_key(session.cpu(0), None),
                      "") is not None
     cache.close()
+    # a new server of the same target: its device is keyed without the session
+    from tvm_hetero.runtime.rpc import start_local_server
+
+    with start_local_server() as server:
+        again = PositionFake(lambda name, d: pytest.fail("measured again"))
+        tvm_hetero.build(MLP, [(tvm.cpu(0), "llvm"), (server.connect().cpu(0), "llvm")], placement="auto",
+                         params=PARAMS, capabilities=caps, cost_cache=path, measurer=again)
+        assert again.asked == []
     # a fake table where the remote device is far faster: its capable kernels go there, outputs stay right
     fake = PositionFake(lambda name, d: 1e-5 if d == 1 else 1e-2)
     fast = tvm_hetero.build(MLP, targets, placement="auto", params=PARAMS, capabilities=caps, cost_cache=False,
@@ -513,7 +537,7 @@ class LatencyFake(FakeMeasurer):
 
 
 @pytest.mark.parametrize("one_device_faster", [True, False])
-def test_a_split_is_kept_only_if_it_measures_faster_than_one_device(tmp_path, one_device_faster):
+def test_a_split_is_kept_only_if_it_measures_faster_than_one_device(tmp_path, one_device_faster, monkeypatch):
     mod, params = models.two_towers()
     fake = LatencyFake(one=1e-3, split=2e-3) if one_device_faster else LatencyFake(one=2e-3, split=1e-3)
     path = tmp_path / "costs.sqlite"
@@ -531,6 +555,45 @@ def test_a_split_is_kept_only_if_it_measures_faster_than_one_device(tmp_path, on
     reference.run(x=x)
     np.testing.assert_allclose(rt.get_output(0).numpy(), reference.get_output(0).numpy(), rtol=1e-5, atol=1e-5)
     again = LatencyFake(one=1e-3, split=2e-3) if one_device_faster else LatencyFake(one=2e-3, split=1e-3)
+    lowerings = []
+    monkeypatch.setattr(build_module, "lower_as_built", counting(build_module.lower_as_built, lowerings))
     rebuilt = tvm_hetero.build(mod, TWO_CPUS, placement="auto", params=params, cost_cache=path, measurer=again)
-    assert again.latencies_measured == 0 and again.asked == []  # both latencies come from the cache
+    assert again.latencies_measured == 0 and again.asked == []  # the latencies' verdict comes from the cache
+    assert len(lowerings) == 1, "a warm rebuild lowers once: the decision and the check's verdict are cached"
     assert rebuilt.graph_json == art.graph_json
+    assert ("an earlier build of this choice measured" in rebuilt.report()) is one_device_faster
+
+
+def counting(function, calls: list):
+    """``function``, appending its arguments to ``calls`` on every call."""
+    def counted(*args, **kwargs):
+        calls.append(args)
+        return function(*args, **kwargs)
+    return counted
+
+
+def test_blocks_the_unit_model_cannot_see_keep_one_device():
+    """The unit model times oneDNN regions one by one and splits the towers; as built, device 0 joins
+    all its regions into one block (a single call here), and device 1 has no oneDNN: judged as
+    built, one device wins."""
+    mod, params = models.two_towers()
+    fake = FakeMeasurer(lambda name, d: 1e-3)
+    fake.blocks_cost_their_steps = False
+    art = tvm_hetero.build(mod, TWO_CPUS, placement="auto", params=params, cost_cache=False, measurer=fake,
+                           backends=[("dnnl", 0)])
+    auto = art.build_report.autoplace
+    assert auto["unit_predicted_seconds"] is not None
+    assert auto["split_predicted_seconds"] is not None, "the solver's split was judged and lost"
+    assert set(node_devices(art).values()) == {0}
+    built = auto["as_built"]
+    assert built["blocks"] >= 1
+    computing = [n for n in art.graph["nodes"] if n["op"] != "null"]
+    assert built["nodes"] == len(computing)  # the graph predicted is the graph built
+    assert auto["predicted_seconds"] == pytest.approx(1e-3 * len(computing))
+    assert auto["predicted_seconds"] < auto["split_predicted_seconds"]
+    x = np.ones((8, 32), "float32")
+    rt = art.create()
+    rt.run(x=x)
+    reference = tvm_hetero.build(mod, TWO_CPUS[:1], params=params, backends=()).create()
+    reference.run(x=x)
+    np.testing.assert_allclose(rt.get_output(0).numpy(), reference.get_output(0).numpy(), rtol=1e-4, atol=1e-4)

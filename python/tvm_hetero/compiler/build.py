@@ -218,29 +218,28 @@ def build(
     if backends is None:
         host_cpus = shares_memory_between(devices, target_list)
         backends, notes = default_backends([d for d in range(len(devices)) if host_cpus(d, d)])
+    if reorder not in (True, False, "switches", "overlap"):
+        raise ValueError(f"reorder must be True, False, 'switches' or 'overlap', got {reorder!r}")
     start = time.perf_counter()
     auto = None
     if isinstance(placement, str):
         if placement != "auto":
             raise ValueError(f"placement {placement!r}: the only placement given by name is 'auto'")
+        def lower(prepared, choose, chosen_backends):  # a candidate placement, lowered as this build would
+            lowered, graph, _switches = lower_as_built(prepared, choose, devices, target_list, params, entry,
+                                                       chosen_backends, reorder, output_device)
+            return lowered, graph
+
         auto = _auto_placement(mod, devices, target_list, params, entry, objective, device_options,
-                               cost_cache, capabilities, measurer, say, resolve_backends(backends))
+                               cost_cache, capabilities, measurer, say, resolve_backends(backends), lower)
         placement, mod, backends = auto.choose, auto.module, auto.backends  # the regions chosen
     say("placing and lowering Relax ops")
-    lowered = lower_to_graph(mod, placement, len(devices), params, entry, backends, targets=target_list)
-    graph = lowered.graph
-    switches_original = graph.device_switches()
-    if reorder not in (True, False, "switches", "overlap"):
-        raise ValueError(f"reorder must be True, False, 'switches' or 'overlap', got {reorder!r}")
-    if reorder:
-        say(f"reordering {len(graph.nodes)} nodes")
-        graph = reorder_for_overlap(graph) if reorder == "overlap" else reorder_for_devices(graph)
-    switches_reordered = graph.device_switches()
-    graph = insert_copies(graph, output_device, shares_memory_between(devices, target_list))
+    lowered, graph, switches = lower_as_built(mod, placement, devices, target_list, params, entry, backends,
+                                              reorder, output_device, say)
     plan = plan_memory(graph)
     say(f"compiling {len(lowered.kernel_devices)} kernels")
     lib, device_libs = compile_kernel_libraries(lowered, target_list, devices)
-    report = _make_report(lowered, graph, plan, devices, target_list, (switches_original, switches_reordered))
+    report = _make_report(lowered, graph, plan, devices, target_list, switches)
     report.compile_seconds = time.perf_counter() - start
     report.backend_notes = notes
     compiled = CompiledGraph(
@@ -263,7 +262,7 @@ def build(
 
 
 def _auto_placement(mod, devices, targets, params, entry, objective, device_options, cost_cache, capabilities,
-                    measurer, say, backends):
+                    measurer, say, backends, lower):
     """placement="auto": measure (through the runtime, imported only here) and solve."""
     from .autoplace.cost_cache import open_cache
     from .autoplace.measured import choose_placement
@@ -275,11 +274,29 @@ def _auto_placement(mod, devices, targets, params, entry, objective, device_opti
         auto = choose_placement(
             mod, devices, targets, shares_memory_between(devices, targets), measurer, cache,
             params=params, entry=entry, objective=objective, device_options=device_options,
-            capabilities=capabilities, progress=say, backends=backends,
+            capabilities=capabilities, progress=say, backends=backends, lower=lower,
         )
     finally:
         cache.close()
     return auto
+
+
+def lower_as_built(mod: tvm.IRModule, placement: Any, devices: Sequence[tvm.runtime.Device],
+                   targets: Sequence[tvm.target.Target], params: dict[str, Any] | None, entry: str,
+                   backends: Sequence[Any], reorder: Any = True, output_device: int | None = None,
+                   say: Callable[[str], None] = lambda _msg: None) -> tuple[LoweredGraph, Graph, tuple[int, int]]:
+    """The build's lowering: the kernel graph of ``mod`` under ``placement``, in the order it runs
+    (reordered), with its copies; and the device switches before and after reordering. Automatic
+    placement judges its candidates on exactly this graph."""
+    lowered = lower_to_graph(mod, placement, len(devices), params, entry, backends, targets=targets)
+    graph = lowered.graph
+    switches_original = graph.device_switches()
+    if reorder:
+        say(f"reordering {len(graph.nodes)} nodes")
+        graph = reorder_for_overlap(graph) if reorder == "overlap" else reorder_for_devices(graph)
+    switches_reordered = graph.device_switches()
+    graph = insert_copies(graph, output_device, shares_memory_between(devices, targets))
+    return lowered, graph, (switches_original, switches_reordered)
 
 
 def shares_memory_between(devices: Sequence[tvm.runtime.Device], targets: Sequence[tvm.target.Target]):

@@ -17,6 +17,10 @@ The model is the runtime's own execution rule, stated on a kernel DAG:
   computing (``alone_cost``); a placement over several devices, the time measured with the
   devices computing together (``kernel_cost``): they share caches and memory bandwidth, and on a
   machine other processes load, one of them must share its core with that load;
+- kernels that a backend joins into one block when they share a device (docs/byoc.md: values
+  between them stay in the backend's layouts) save ``edge_saving``: kernel ``k`` costs
+  ``edge_saving[k][p][d]`` less on device ``d`` for each predecessor ``p`` placed on ``d`` too
+  (never below zero); automatic placement calibrates it from blocks it measured;
 - a device entered through a call into another processor (a remote device: an RPC server, a DSP)
   pays ``call_latency[d]`` once per *group*: a run of its kernels entered once. A kernel continues
   its device's current group when every input it takes from another device was finished when the
@@ -58,6 +62,9 @@ class CostModel:
     #: ``alone_cost[k][d]``: time of kernel ``k`` on device ``d`` while no other device computes
     #: (``kernel_cost`` is measured with the devices computing together); empty: the same.
     alone_cost: list[list[float]] = field(default_factory=list)
+    #: ``edge_saving[k]``: ``{p: seconds saved per device}`` for predecessors ``p`` whose sharing a
+    #: device with ``k`` joins them into one block; empty: nothing saved.
+    edge_saving: list[dict[int, list[float]]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         n, d = len(self.kernel_cost), self.num_devices
@@ -75,6 +82,9 @@ class CostModel:
         self.shares_memory = self.shares_memory or [[a == b for b in range(d)] for a in range(d)]
         self.sync_latency = self.sync_latency or [row[:] for row in zeros]
         self.alone_cost = self.alone_cost or self.kernel_cost
+        self.edge_saving = self.edge_saving or [{} for _ in range(n)]
+        if len(self.edge_saving) != n or any(p not in self.preds[k] for k, s in enumerate(self.edge_saving) for p in s):
+            raise ValueError("cost model: an edge saving names no edge of the graph")
         self.succs: list[list[int]] = [[] for _ in range(n)]
         for k, ps in enumerate(self.preds):
             for p in ps:
@@ -167,7 +177,15 @@ class Timeline:
         called = new_group and model.call_latency[d] > 0.0
         if called:
             ready += model.call_latency[d]
-        return ready, ready + self.costs[k][d], new_copies, entered, called
+        return ready, ready + self._cost(k, d), new_copies, entered, called
+
+    def _cost(self, k: int, d: int) -> float:
+        """Kernel ``k``'s time on ``d``, less what sharing ``d`` with its predecessors saves."""
+        seconds = self.costs[k][d]
+        savings = self.model.edge_saving[k]
+        if savings:
+            seconds = max(0.0, seconds - sum(saved[d] for p, saved in savings.items() if self.placement[p] == d))
+        return seconds
 
     def finish_if(self, d: int) -> float:
         """When the next kernel would finish on device ``d``."""
@@ -180,7 +198,7 @@ class Timeline:
         start, finish, new_copies, self.group_entered[d], called = self._timing(d)
         self.remote_calls += called
         k = len(self.placement)
-        self.busy[d] += self.costs[k][d] + (self.model.call_latency[d] if called else 0.0)
+        self.busy[d] += self._cost(k, d) + (self.model.call_latency[d] if called else 0.0)
         for p, landed in new_copies:
             self.copied[(p, d)] = landed
             self.busy[d] += self.model.transfer(p, self.placement[p], d)

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 import tvm
 
-from ..compiler.autoplace.measured import MeasureJob
+from ..compiler.autoplace.kernel_times import MeasureJob
 from ..compiler.compile_kernels import _build as compile_for_target
 from ..compiler.graph import Entry, Graph, Node
 from . import graph_runtime
@@ -96,6 +96,8 @@ class RuntimeMeasurer:
 
     def __init__(self, progress: Callable[[str], None] | None = None) -> None:
         self.say = progress or (lambda _msg: None)
+        #: Draws a bar while kernels are timed, where the progress object has one (tvm_hetero.progress).
+        self._count = getattr(progress, "count", None)
         self.rng = np.random.default_rng(0)
         self._alive: list = []  # the measuring runtimes, kept while their trace functions are used
         self._alone: dict[int, list[float]] = {}  # jobs the last kernel_seconds measured alone
@@ -137,12 +139,26 @@ class RuntimeMeasurer:
             self._alive.clear()  # the measuring runtimes go once timed
         return result
 
+    def _tick(self, done: float, total: int, jobs: Sequence[MeasureJob], stage: str) -> None:
+        if self._count is not None:
+            where = ", ".join(str(job.device) for job in jobs)
+            self._count(int(done), total, f"{int(done)}/{total} kernels timed on {where} ({stage})")
+
     def _together(self, jobs: Sequence[MeasureJob]) -> list[list[float]]:
+        total = sum(len(job.calls) for job in jobs)
+        self._tick(0, total, jobs, "compiling")
         lib = self._library(jobs)
+        self._tick(0, total, jobs, "first pass")
         rough = self._first_pass(jobs, lib)
         short = [[i for i, t in enumerate(times) if t < LONG_SECONDS] for times in rough]
+        final = total - sum(len(s) for s in short)  # long kernels keep their first time
+
+        def timed_run(run: int, runs: int) -> None:
+            self._tick(final + (total - final) * run / runs, total, jobs, f"run {run}/{runs}")
+
+        self._tick(final, total, jobs, "timed runs")
         trace, kernel_ids = self._prepare(jobs, lib, short, WARM_REPEATS)
-        precise = self._timed_runs(trace, kernel_ids, jobs, short)
+        precise = self._timed_runs(trace, kernel_ids, jobs, short, timed_run)
         result = []
         for times, picked, seconds in zip(rough, short, precise):
             times = list(times)
@@ -178,16 +194,18 @@ class RuntimeMeasurer:
                 times[span["node"]].append((span["end_us"] - span["start_us"]) * 1e-6)
         return times
 
-    def _timed_runs(self, trace, kernel_ids, jobs: Sequence[MeasureJob], picked) -> list[list[float]]:
+    def _timed_runs(self, trace, kernel_ids, jobs: Sequence[MeasureJob], picked,
+                    after_run: Callable[[int, int], None] = lambda _run, _runs: None) -> list[list[float]]:
         every = [nid for ids in kernel_ids for nid in ids]
         first = json.loads(trace(1))["runs"][-1]  # warm-up, and a size
         longest = max([sum(s["end_us"] - s["start_us"] for s in first if s.get("device") == d)
                        for d in range(len(jobs))] or [0.0]) * 1e-6
         runs = max(MIN_RUNS, min(MAX_RUNS, int(TARGET_SECONDS / max(longest, 1e-9))))
         durations: dict[int, list[float]] = {nid: [] for nid in every}
-        for _ in range(runs if every else 0):
+        for run in range(runs if every else 0):
             for nid, samples in self._spans(trace, every).items():
                 durations[nid].extend(samples)
+            after_run(run + 1, runs)
         result = []
         for job, ids, indices in zip(jobs, kernel_ids, picked):
             missing = [job.calls[i].func_name for i, nid in zip(indices, ids) if not durations[nid]]
@@ -242,12 +260,14 @@ class RuntimeMeasurer:
         remote_lib = upload_library(session, self._library([job]), "autoplace_kernels.so")
         times = []
         for call in job.calls:
+            self._tick(len(times), len(job.calls), [job], "in its own process")
             args = [tvm.runtime.tensor(random_value(shape, dtype, self.rng), job.device)
                     for shape, dtype in call.input_types]
             args += [tvm.runtime.empty(tuple(shape), dtype, job.device) for shape, dtype in call.output_types]
             timer = remote_lib.time_evaluator(call.func_name, job.device, number=1, repeat=REMOTE_REPEATS,
                                               min_repeat_ms=REMOTE_MIN_MS)
             times.append(statistics.median(timer(*args).results))
+        self._tick(len(times), len(job.calls), [job], "in its own process")
         return times
 
     def call_latency(self, device: tvm.runtime.Device, options: dict | None) -> float:

@@ -35,9 +35,26 @@ def default_path() -> Path:
     return Path(base) / "tvm-hetero" / "costs.sqlite"
 
 
-def settings_key(device: str, options: dict | None) -> str:
-    """The device and its executor settings, written the same way every time."""
-    return json.dumps({"device": device, "options": options or {}}, sort_keys=True)
+def settings_key(device: str | tvm.runtime.Device, options: dict | None) -> str:
+    """The device and its executor settings, written the same way every time. A remote device is
+    named without its RPC session (``remote:cpu(0)``), so a new session to a server of the same
+    target finds what an earlier one measured (two remote boards of one target therefore share
+    their costs: give each its own ``cost_cache`` file)."""
+    return json.dumps({"device": device_key(device), "options": options or {}}, sort_keys=True)
+
+
+#: TVM marks a device behind an RPC session by adding multiples of this to its type.
+RPC_SESS_MASK = 128
+
+
+def device_key(device: str | tvm.runtime.Device) -> str:
+    """A device as the cache names it (see :func:`settings_key`)."""
+    if isinstance(device, str):
+        return device
+    kind = device.dlpack_device_type()
+    if kind < RPC_SESS_MASK:
+        return str(device)
+    return "remote:" + str(tvm.runtime.Device(kind % RPC_SESS_MASK, device.index))
 
 
 class CostCache:

@@ -1,6 +1,6 @@
 """Automatic placement by measured cost: find the units, measure every way to run each on every
-device allowed to run it, solve for the whole inference, and hand the lowering a placement and the
-backend regions chosen.
+device allowed to run it, solve for the whole inference, judge the answer as the build will make
+it, and hand the lowering a placement and the backend regions chosen.
 
 Steps (:func:`choose_placement`):
 
@@ -12,24 +12,28 @@ Steps (:func:`choose_placement`):
    or as regions (plus the TVM kernels of what the regions leave). Fusion never crosses devices, so
    these are the finest kernels any placement makes;
 3. for every device, unit and variant it may run (capability table; a backend only where it runs)
-   the cost is looked up in the :mod:`.cost_cache` (key: the kernel's structural hash or the
-   region's description, the target, the device and its executor settings) and only what is
-   missing is measured, through a :class:`Measurer` (the runtime side does the timing; this package
-   never imports the runtime); a unit's cost on a device is its fastest variant there;
-4. copy costs per ordered device pair that does not share memory (fixed + per byte) and the
-   hand-off between devices (:attr:`~tvm_hetero.compiler.schedule_model.CostModel.sync_latency`),
-   the same way;
-5. :func:`.solver.solve` on the :class:`~tvm_hetero.compiler.schedule_model.CostModel`; a split
-   over several devices predicted less than ``min_gain`` (5%) faster than the best single device
-   gives way to that device (its gain would be within the model's unmodelled costs and the noise);
-6. every op gets its unit's device; an op folded at build time (no unit) goes with a unit that
+   the cost is looked up in the cost cache and only what is missing is measured
+   (:mod:`.kernel_times`); a unit's cost on a device is its fastest variant there;
+4. copy costs per ordered device pair that does not share memory (fixed + per byte), the hand-off
+   between devices (:attr:`~tvm_hetero.compiler.schedule_model.CostModel.sync_latency`) and the
+   call into a remote device, the same way;
+5. :func:`.solver.solve` on the unit :class:`~tvm_hetero.compiler.schedule_model.CostModel`;
+6. the unit model times regions one at a time, but the build joins a device's regions into
+   blocks: with the build's lowering at hand (``lower``), the solver's split and every
+   single-device placement are lowered as built and predicted on their own kernels and blocks
+   (:mod:`.as_built`), a split corrected for blocks is solved and judged too, and a split is kept
+   only if it is predicted ``min_gain`` (5%) faster than the best single device (its gain would
+   otherwise be within the model's unmodelled costs and the noise). Without ``lower`` the same
+   rule is applied to the unit model's predictions;
+7. every op gets its unit's device; an op folded at build time (no unit) goes with a unit that
    reads it, or to the first device allowed to run it; the backends form only the regions of the
    units whose fastest variant on their device is that backend.
 
 What a rebuild would work out again is kept in the cache too: the units (under the prepared
-module's structural hash, the parameters' types, the targets and the backends) and the solver's
-answer (under the cost model's content). A rebuild whose costs are all cached lowers nothing for
-measuring and does not solve again.
+module's structural hash, the parameters' types, the targets and the backends), the solver's
+answer (under the cost model's content) and the judged decision (under the same content and the
+module). A rebuild whose costs are all cached lowers nothing for measuring or judging and does
+not solve again.
 
 The decision, its alternatives and the largest single choices are returned as a plain dict (it
 goes into the build report and the artifact's manifest); :mod:`.report` writes it out.
@@ -37,25 +41,26 @@ goes into the build report and the artifact's manifest); :mod:`.report` writes i
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import tvm
 import tvm_ffi
 
-from ...backends import Backend, Region
+from ...backends import Backend
 from ..lower import lower_to_graph, op_infos
 from ..placement import Capabilities, OpInfo
 from ..schedule_model import CostModel, simulate
+from .as_built import BuiltPrediction, Candidate, Judge, LowerAsBuilt, every_region, judge_candidates
 from .backend_choice import ChosenRegions, partition_with_ops, prepare
 from .cost_cache import CostCache, node_key, settings_key
 from .explanation import explain_choice
+from .kernel_times import KernelTimes, Measurer
 from .solver import OBJECTIVES, Solution, single_device_placements, solve
 from .units import TVM, Part, Units, make_units, unique_binding_names
 
@@ -64,43 +69,9 @@ from .units import TVM, Part, Units, make_units, unique_binding_names
 #: loaded machine carry a few percent of noise.
 MIN_GAIN = 0.05
 
-
-@dataclass
-class KernelCall:
-    """One kernel or region to time: its name in the module handed over, and its arguments' types."""
-
-    func_name: str
-    input_types: list[tuple[tuple[int, ...], str]]
-    output_types: list[tuple[tuple[int, ...], str]]
-
-
-@dataclass
-class MeasureJob:
-    """What to time on one device: ``kernels`` holds every TVM kernel ``calls`` names, and each
-    backend in ``externals`` the regions it names (the measurer runs the backend's codegen)."""
-
-    position: int
-    kernels: tvm.IRModule
-    calls: list[KernelCall]
-    device: tvm.runtime.Device
-    target: tvm.target.Target
-    options: dict | None
-    externals: list[tuple[Backend, list[Region]]] = field(default_factory=list)
-
-
-class Measurer(Protocol):
-    """What the runtime side provides (tvm_hetero.runtime.autoplace_measure.RuntimeMeasurer)."""
-
-    def kernel_seconds(self, jobs: Sequence[MeasureJob]) -> list[list[float]]:
-        """Seconds of every call of every job (all devices in one call, so that a measurer can
-        interleave them and every device sees the same load)."""
-        ...
-
-    def copy_cost(self, src: tvm.runtime.Device, dst: tvm.runtime.Device) -> tuple[float, float]: ...
-
-    # Optional: ``sync_latency(src, dst, src_options, dst_options) -> seconds`` from a kernel's end
-    # on ``src`` until ``dst``'s executor waiting for it runs, and ``call_latency(device, options)
-    # -> seconds`` of one call into a remote device (0 where a measurer has none).
+#: A verdict of the build's measured check (``artifact.build``) kept under a decision's key: the
+#: device whose one-device build measured faster than the split, or None where the split won.
+MEASURED_CHECK = "measured_check"
 
 
 @dataclass
@@ -123,6 +94,8 @@ class AutoPlacement:
     backends: list[Backend] = field(default_factory=list)
     #: Variant (``"tvm"`` or a backend's name) of every unit on its device.
     unit_variants: list[str] = field(default_factory=list)
+    #: Predicts a placement as built (None where no lowering was given).
+    judge: Judge | None = None
 
     def kernel_assignment(self, placement: Callable[[OpInfo], int]) -> list[int]:
         """The device of every unit under an op ``placement``, to predict it: the device most of its
@@ -141,6 +114,15 @@ class AutoPlacement:
             devices.append((allowed or ranked or [0])[0])
         return devices
 
+    def predict(self, placement: Callable[[OpInfo], int], backends: Sequence[Backend],
+                module: tvm.IRModule | None = None) -> BuiltPrediction:
+        """A hand ``placement`` of ``module`` (default: the prepared one) with ``backends`` (regions
+        where the placement puts their anchor), lowered as the build lowers it and predicted from
+        measured kernels and blocks (those not measured yet are timed now)."""
+        if self.judge is None:
+            raise ValueError("automatic placement was chosen without the build's lowering: nothing to predict with")
+        return self.judge.predict(placement, list(backends), module)
+
 
 def choose_placement(
     mod: tvm.IRModule,
@@ -158,10 +140,11 @@ def choose_placement(
     progress: Callable[[str], None] | None = None,
     min_gain: float = MIN_GAIN,
     backends: Sequence[Backend] = (),
+    lower: LowerAsBuilt | None = None,
 ) -> AutoPlacement:
-    """Measure and solve (see the module docstring). A placement over several devices is kept
-    only if it is predicted at least ``min_gain`` (relative) faster than the best single device.
-    ``backends``: external backends whose regions are a measured choice on the devices they run on."""
+    """Measure, solve and judge (see the module docstring). ``backends``: external backends whose
+    regions are a measured choice on the devices they run on. ``lower``: the build's own lowering
+    of the prepared module (:data:`.as_built.LowerAsBuilt`), to judge placements as built."""
     if objective not in OBJECTIVES:  # before any measuring
         raise ValueError(f"objective {objective!r}: expected one of {', '.join(OBJECTIVES)}")
     say = progress or (lambda _msg: None)
@@ -180,80 +163,21 @@ def choose_placement(
         units, lowerings = _analyse(prepared, ops, num_devices, params, entry, targets, backend_list)
         cache.put_plan("units", plan_key, units.to_json())
     info_of = {info.name: info for info in ops}
-    num_units = units.num_units
-    allowed = [[True] * num_devices for _ in range(num_units)]
-    if capabilities is not None:
-        for u in range(num_units):
-            for d in range(num_devices):
-                allowed[u][d] = all(op_allowed(capabilities, info_of[n], d) for n in units.computed[u] or units.ops[u])
-            if not any(allowed[u]):  # no device supports every op of it: the table's fallback runs it
-                allowed[u][capabilities.fallback] = True
+    allowed = _allowed(units, info_of, capabilities, num_devices)
     backend_of = {b.name: b for b in backend_list}
-    settings = [settings_key(str(device), options[d]) for d, device in enumerate(devices)]
+    times = KernelTimes(measurer, cache, devices, targets, options, backend_list, say)
 
-    def wanted_keys(units: Units):
-        """Per device, every measurement key wanted -> (variant, part); per unit and device, the
-        keys of each variant allowed there."""
-        wanted: list[dict[str, tuple[str, Part]]] = [{} for _ in range(num_devices)]
-        choices: list[list[dict[str, list[str]]]] = [[{} for _ in range(num_devices)] for _ in range(num_units)]
-        for u in range(num_units):
-            for d in range(num_devices):
-                if not allowed[u][d]:
-                    continue
-                for variant, parts in units.variants[u].items():
-                    if variant != TVM and not backend_of[variant].runs_on(d):
-                        continue
-                    for part in parts:
-                        wanted[d].setdefault(part.key, (variant, part))
-                    choices[u][d][variant] = [part.key for part in parts]
-        return wanted, choices
-
-    alone_timer = getattr(measurer, "kernel_seconds_alone", None)
-    kinds = ("kernel", "kernel_alone") if alone_timer is not None else ("kernel",)
-
-    known = {(kind, d): cache.table(kind, str(targets[d]), settings[d]) for kind in kinds for d in range(num_devices)}
-
-    def missing_keys(wanted) -> list[dict[str, tuple[str, Part]]]:
-        return [{k: v for k, v in wanted[d].items() if any(k not in known[(kind, d)] for kind in kinds)}
-                for d in range(num_devices)]
-
-    wanted, choices = wanted_keys(units)
-    missing = missing_keys(wanted)
+    wanted, choices = _wanted(units, allowed, backend_of)
+    missing = times.missing(wanted)
     if any(missing) and lowerings is None:  # something new to time: its kernels are needed
         say("automatic placement: lowering to find the kernels not measured yet")
         units, lowerings = _analyse(prepared, ops, num_devices, params, entry, targets, backend_list)
-        wanted, choices = wanted_keys(units)
-        missing = missing_keys(wanted)
+        wanted, choices = _wanted(units, allowed, backend_of)
+        missing = times.missing(wanted)
     counts = {"measured": sum(len(m) for m in missing), "cached": sum(len(w) - len(m) for w, m in zip(wanted, missing))}
-    jobs = [_job(d, device, targets[d], options[d], missing[d], lowerings, backend_of)
-            for d, device in enumerate(devices) if missing[d]]
-    if jobs:
-        say("automatic placement: measuring " + ", ".join(
-            f"{len(job.calls)} kernels on {job.device}" for job in jobs) + f" ({counts['cached']} cached)")
-        # with the devices computing together (as a placement over several runs), then each alone
-        timers = [measurer.kernel_seconds] + ([alone_timer] if alone_timer is not None else [])
-        for kind, timer in zip(kinds, timers):
-            for job, times in zip(jobs, _checked(timer(jobs), jobs)):
-                keys = list(missing[job.position])
-                cache.put_many(kind, [(key, str(job.target), settings[job.position], seconds)
-                                      for key, seconds in zip(keys, times)])
-                known[(kind, job.position)].update(zip(keys, times))
-
-    def unit_costs(kind: str) -> tuple[list[list[float]], list[list[dict[str, float]]]]:
-        """Per unit and device the fastest variant's time and every variant's, from ``kind``."""
-        seconds_of = [known[(kind, d)] for d in range(num_devices)]
-        best = [[math.inf] * num_devices for _ in range(num_units)]
-        each: list[list[dict[str, float]]] = [[{} for _ in range(num_devices)] for _ in range(num_units)]
-        for u in range(num_units):
-            for d in range(num_devices):
-                for variant, keys in choices[u][d].items():
-                    each[u][d][variant] = sum(seconds_of[d][k] for k in keys)
-                if each[u][d]:
-                    best[u][d] = min(each[u][d].values())
-        return best, each
-
-    cost, variant_costs = unit_costs("kernel")
-    alone, alone_variants = unit_costs(kinds[-1])
+    times.measure(missing, lowerings)
+    cost, variant_costs = _unit_costs(units, choices, times, "kernel")
+    alone, alone_variants = _unit_costs(units, choices, times, times.alone)
 
     latency = [[0.0] * num_devices for _ in range(num_devices)]
     per_byte = [[0.0] * num_devices for _ in range(num_devices)]
@@ -266,27 +190,125 @@ def choose_placement(
             for a in range(num_devices)]
     calls = [_call_latency(measurer, cache, devices, options, d) for d in range(num_devices)]
     model = CostModel(cost, units.preds, units.out_bytes, latency, per_byte, calls, shared, sync, alone)
-    say(f"automatic placement: solving for {num_units} kernels on {num_devices} devices")
+    say(f"automatic placement: solving for {units.num_units} kernels on {num_devices} devices")
     solution = _solve(model, objective, cache)
-    assignment = solution.placement
-    single = min(single_device_placements(model), key=lambda p: simulate(model, p).makespan, default=None)
-    kept_single = False
-    split_too_small = (
-        single is not None and len(set(assignment)) > 1 and objective == "latency"
-        and simulate(model, assignment).makespan > (1.0 - min_gain) * simulate(model, single).makespan
-    )
-    if split_too_small:
-        assignment, kept_single = single, True
-    if len(set(assignment)) == 1:  # one device computes alone: its times alone decide the backends
-        variant_costs = alone_variants
-    unit_variants = [min(variant_costs[u][d], key=lambda v: (variant_costs[u][d][v], v != TVM))
-                     for u, d in enumerate(assignment)]
-    chosen_anchors = {
-        part.anchor for u, variant in enumerate(unit_variants) if variant != TVM
+
+    def variants_of(assignment: Sequence[int], together=variant_costs, apart=alone_variants) -> list[str]:
+        """Per unit the fastest variant on its device (timed alone for a one-device placement)."""
+        table = apart if len(set(assignment)) == 1 else together
+        return [min(table[u][d], key=lambda v: (table[u][d][v], v != TVM)) for u, d in enumerate(assignment)]
+
+    def placing(candidate: Candidate) -> tuple[Callable[[OpInfo], int], list[Backend], set[str]]:
+        return _placing(units, candidate, backend_list, num_devices, capabilities)
+
+    judge = None if lower is None else Judge(lower, prepared, times, model, lambda c: placing(c)[:2])
+    decision_key = _decision_key(model, plan_key, objective, min_gain, times.settings)
+    split_predicted = verdict_device = None
+    judged: dict[str, float] = {}
+    if judge is not None and objective == "latency":
+        verdict = cache.get_plan(MEASURED_CHECK, decision_key)
+        decided = cache.get_plan("decision", decision_key)
+        if decided is None:
+            decided = judge_candidates(judge, model, solution.placement, variants_of, variant_costs, alone_variants,
+                                       lambda m: _solve(m, objective, cache), min_gain, say)
+            cache.put_plan("decision", decision_key, decided)
+        chosen = Candidate(decided["label"], decided["assignment"], decided["variants"])
+        if verdict is not None and verdict.get("device") is not None:  # a one-device build measured faster
+            chosen = _every_region_on(verdict["device"], alone_variants, variants_of)
+            verdict_device = verdict["device"]
+        judged = decided["predicted"]
+        split_predicted = decided.get("split_predicted")
+    else:
+        assignment = solution.placement
+        single = min(single_device_placements(model), key=lambda p: simulate(model, p).makespan, default=None)
+        if (single is not None and len(set(assignment)) > 1 and objective == "latency"
+                and simulate(model, assignment).makespan > (1.0 - min_gain) * simulate(model, single).makespan):
+            split_predicted, assignment = solution.latency, single
+        chosen = Candidate("solved", assignment, variants_of(assignment))
+
+    assignment, unit_variants = chosen.assignment, chosen.variants
+    choose, final_backends, chosen_anchors = placing(chosen)
+    variant_table = alone_variants if len(set(assignment)) == 1 else variant_costs
+    explanation = explain_choice(model, units, assignment, unit_variants, variant_table,
+                                 [str(d) for d in devices], objective, counts)
+    explanation["as_built_measured"] = times.measured - counts["measured"]  # kernels and blocks of candidates
+    if judged:
+        explanation["unit_predicted_seconds"] = explanation["predicted_seconds"]
+        explanation["predicted_seconds"] = judged.get(chosen.label, judged.get("chosen"))
+        explanation["alternatives"] = {**{k: v for k, v in judged.items() if k.startswith("all on")},
+                                       **{k: v for k, v in explanation["alternatives"].items()
+                                          if not k.startswith("all on")}}
+        explanation["as_built"] = decided.get("details", {}).get(chosen.label)
+    explanation["split_predicted_seconds"] = split_predicted
+    explanation["measured_check_device"] = None if verdict_device is None else str(devices[verdict_device])
+    explanation["min_gain"] = min_gain
+    explanation["module_key"] = plan_key
+    explanation["decision_key"] = decision_key
+    explanation["regions_chosen"] = len(chosen_anchors)
+    return AutoPlacement(choose, explanation, model, assignment, measurer, units, ops, prepared, final_backends,
+                         unit_variants, judge)
+
+
+def _allowed(units: Units, info_of: dict[str, OpInfo], capabilities: Capabilities | None,
+             num_devices: int) -> list[list[bool]]:
+    """Per unit and device: the capability table lets the device run every op of the unit a kernel
+    computes (a unit no device may run whole goes to the table's fallback)."""
+    allowed = [[True] * num_devices for _ in range(units.num_units)]
+    if capabilities is None:
+        return allowed
+    for u in range(units.num_units):
+        for d in range(num_devices):
+            allowed[u][d] = all(op_allowed(capabilities, info_of[n], d) for n in units.computed[u] or units.ops[u])
+        if not any(allowed[u]):
+            allowed[u][capabilities.fallback] = True
+    return allowed
+
+
+def _wanted(units: Units, allowed: list[list[bool]], backend_of: dict[str, Backend]):
+    """Per device every measurement key wanted -> its part; per unit and device, the keys of each
+    variant allowed there."""
+    num_devices = len(allowed[0]) if allowed else 0
+    wanted: list[dict[str, Part]] = [{} for _ in range(num_devices)]
+    choices: list[list[dict[str, list[str]]]] = [[{} for _ in range(num_devices)] for _ in range(units.num_units)]
+    for u in range(units.num_units):
+        for d in range(num_devices):
+            if not allowed[u][d]:
+                continue
+            for variant, parts in units.variants[u].items():
+                if variant != TVM and not backend_of[variant].runs_on(d):
+                    continue
+                for part in parts:
+                    wanted[d].setdefault(part.key, part)
+                choices[u][d][variant] = [part.key for part in parts]
+    return wanted, choices
+
+
+def _unit_costs(units: Units, choices, times: KernelTimes, kind: str):
+    """Per unit and device the fastest variant's time and every variant's, from ``kind``."""
+    num_devices = len(times.devices)
+    best = [[math.inf] * num_devices for _ in range(units.num_units)]
+    each: list[list[dict[str, float]]] = [[{} for _ in range(num_devices)] for _ in range(units.num_units)]
+    for u in range(units.num_units):
+        for d in range(num_devices):
+            seconds = times.of(kind, d)
+            for variant, keys in choices[u][d].items():
+                each[u][d][variant] = sum(seconds[k] for k in keys)
+            if each[u][d]:
+                best[u][d] = min(each[u][d].values())
+    return best, each
+
+
+def _placing(units: Units, candidate: Candidate, backend_list: Sequence[Backend], num_devices: int,
+             capabilities: Capabilities | None) -> tuple[Callable[[OpInfo], int], list[Backend], set[str]]:
+    """The op placement, the backends forming only the chosen regions, and their anchors, of a
+    ``candidate`` (a device and a variant per unit)."""
+    assignment = list(candidate.assignment)
+    anchors = {
+        part.anchor for u, variant in enumerate(candidate.variants) if variant != TVM
         for part in units.variants[u][variant] if part.anchor is not None
     }
-    final_backends = [ChosenRegions(b, [d for d in range(num_devices) if b.runs_on(d)], chosen_anchors)
-                      for b in backend_list if any(v == b.name for v in unit_variants)]
+    backends = [ChosenRegions(b, [d for d in range(num_devices) if b.runs_on(d)], anchors)
+                for b in backend_list if any(v == b.name for v in candidate.variants)]
 
     def choose(info: OpInfo) -> int:
         if info.name not in units.unit_of:
@@ -300,25 +322,27 @@ def choose_placement(
             return assignment[follows]
         return permitted[0] if permitted else 0
 
-    explanation = explain_choice(model, units, assignment, unit_variants, variant_costs,
-                                 [str(d) for d in devices], objective, counts)
-    explanation["split_predicted_seconds"] = solution.latency if kept_single else None
-    explanation["min_gain"] = min_gain
-    explanation["module_key"] = plan_key
-    explanation["regions_chosen"] = len(chosen_anchors)
-    return AutoPlacement(choose, explanation, model, assignment, measurer, units, ops, prepared, final_backends,
-                         unit_variants)
+    return choose, backends, anchors
 
 
-def _checked(measured: Sequence[Sequence[float]], jobs: Sequence[MeasureJob]) -> Sequence[Sequence[float]]:
-    """A measurer's answer, one finite non-negative time per call of every job, or a clear error."""
-    if len(measured) != len(jobs):
-        raise ValueError(f"measurer answered for {len(measured)} devices, asked for {len(jobs)}")
-    for job, times in zip(jobs, measured):
-        if len(times) != len(job.calls) or not all(math.isfinite(t) and t >= 0 for t in times):
-            raise ValueError(f"measurer on {job.device}: expected {len(job.calls)} finite non-negative "
-                             f"times, got {list(times)[:8]}")
-    return measured
+def _every_region_on(device: int, apart, variants_of) -> Candidate:
+    """Everything on ``device`` with every region the backends form there (the default build's
+    choice on one device)."""
+    assignment = [device] * len(apart)
+    variants = every_region(assignment, apart)
+    label = f"all on device {device}" + (", every region" if variants != variants_of(assignment) else "")
+    return Candidate(label, assignment, variants)
+
+
+def _decision_key(model: CostModel, plan_key: str, objective: str, min_gain: float, settings: list[str]) -> str:
+    """What a judged decision depends on: the module, the unit model's content (every cost), the
+    objective, ``min_gain`` and the devices' settings (block times are kept under them)."""
+    doc = json.dumps([JUDGE_VERSION, plan_key, _model_doc(model, objective), min_gain, settings], default=str)
+    return hashlib.sha256(doc.encode()).hexdigest()
+
+
+#: Changes whenever :func:`.as_built.judge_candidates` decides differently (old decisions unused).
+JUDGE_VERSION = 1
 
 
 #: Changes whenever what :func:`_analyse` makes of a module changes (old cached units are then unused).
@@ -368,16 +392,20 @@ def _module_key(prepared: tvm.IRModule, params, targets, backend_list, entry: st
 def _solve(model: CostModel, objective: str, cache: CostCache):
     """:func:`.solver.solve`, its answer kept in ``cache`` under the cost model's content (the
     solver is deterministic, so the same model always gets the same answer)."""
-    doc = json.dumps([objective, model.kernel_cost, model.preds, model.out_bytes, model.copy_latency,
-                      model.copy_seconds_per_byte, model.call_latency, model.shares_memory, model.sync_latency],
-                     default=str)
-    key = hashlib.sha256(doc.encode()).hexdigest()
+    key = hashlib.sha256(json.dumps(_model_doc(model, objective), default=str).encode()).hexdigest()
     placement = cache.get_plan("solution", key)
     if placement is not None and len(placement) == model.num_kernels and model.feasible(placement):
         return Solution(list(placement), simulate(model, placement))
     solution = solve(model, objective)
     cache.put_plan("solution", key, solution.placement)
     return solution
+
+
+def _model_doc(model: CostModel, objective: str) -> list:
+    """The cost model's content (what the solver's answer depends on), as JSON-able data."""
+    return [objective, model.kernel_cost, model.preds, model.out_bytes, model.copy_latency,
+            model.copy_seconds_per_byte, model.call_latency, model.shares_memory, model.sync_latency,
+            model.alone_cost]
 
 
 def op_allowed(capabilities: Capabilities, info: OpInfo, device: int) -> bool:
@@ -396,41 +424,8 @@ def _weight_names(mod: tvm.IRModule, entry: str, params: dict[str, Any] | None) 
     return frozenset(names[len(names) - len(attached):]) | frozenset(params or ())
 
 
-def _job(d, device, target, options, missing: dict[str, tuple[str, Part]], lowerings, backend_of) -> MeasureJob:
-    """One device's measuring job: every missing key once, TVM kernels renamed ``d<d>_k<i>`` into one
-    module, regions renamed ``d<d>_r<i>_<backend>`` (names unique across devices, so a measurer
-    may run several devices' jobs in one library)."""
-    funcs: dict[tvm.ir.GlobalVar, Any] = {}
-    calls: list[KernelCall] = []
-    externals: dict[str, list[Region]] = {}
-    for i, (_key, (_variant, part)) in enumerate(missing.items()):
-        lowered = lowerings[part.lowering]
-        call = _kernel_call(lowered, part.node_id)
-        if part.anchor is None:
-            name = f"d{d}_k{i}"
-            funcs[tvm.ir.GlobalVar(name)] = lowered.kernels[part.func_name].with_attr("global_symbol", name)
-        else:
-            name = f"d{d}_r{i}_{part.variant}"
-            region = lowered.regions[part.func_name]
-            spec = dict(region.spec, name=name)
-            externals.setdefault(region.backend, []).append(dataclasses.replace(region, name=name, device=0, spec=spec))
-        calls.append(KernelCall(name, call.input_types, call.output_types))
-    return MeasureJob(d, tvm.IRModule(funcs), calls, device, target, options,
-                      [(backend_of[b], regions) for b, regions in externals.items()])
-
-
-def _kernel_call(lowered, node_id: int) -> KernelCall:
-    node = lowered.graph.nodes[node_id]
-    inputs = [
-        (tuple(lowered.graph.nodes[e.node].shapes[e.index]), lowered.graph.nodes[e.node].dtypes[e.index])
-        for e in node.inputs
-    ]
-    outputs = [(tuple(s), t) for s, t in zip(node.shapes, node.dtypes)]
-    return KernelCall(node.func_name, inputs, outputs)
-
-
 def _copy_cost(measurer: Measurer, cache: CostCache, devices, options, a: int, b: int) -> tuple[float, float]:
-    src, dst = settings_key(str(devices[a]), options[a]), settings_key(str(devices[b]), options[b])
+    src, dst = settings_key(devices[a], options[a]), settings_key(devices[b], options[b])
     fixed = cache.get("copy_latency", src, dst, "")
     slope = cache.get("copy_per_byte", src, dst, "")
     if fixed is None or slope is None:
@@ -443,7 +438,7 @@ def _copy_cost(measurer: Measurer, cache: CostCache, devices, options, a: int, b
 def _call_latency(measurer: Measurer, cache: CostCache, devices, options, d: int) -> float:
     """Seconds of one call into device ``d`` (a remote one: an RPC round trip; cached); 0 for a
     measurer that does not time it."""
-    settings = settings_key(str(devices[d]), options[d])
+    settings = settings_key(devices[d], options[d])
     seconds = cache.get("call_latency", settings, "", "")
     if seconds is None:
         timer = getattr(measurer, "call_latency", None)
@@ -459,7 +454,7 @@ def _call_latency(measurer: Measurer, cache: CostCache, devices, options, d: int
 def _sync_latency(measurer: Measurer, cache: CostCache, devices, options, a: int, b: int) -> float:
     """Seconds from a kernel's end on device ``a`` until device ``b`` waiting for it runs (cached);
     0 for a measurer that does not time it."""
-    src, dst = settings_key(str(devices[a]), options[a]), settings_key(str(devices[b]), options[b])
+    src, dst = settings_key(devices[a], options[a]), settings_key(devices[b], options[b])
     seconds = cache.get("sync_latency", src, dst, "")
     if seconds is None:
         timer = getattr(measurer, "sync_latency", None)

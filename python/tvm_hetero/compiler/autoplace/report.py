@@ -15,9 +15,11 @@ def _how(backend: str | None) -> str:
 
 def explain(auto: dict[str, Any]) -> list[str]:
     """Lines: per device what it got, predicted vs measured, the alternatives, the largest choices."""
+    judged = f"; {auto['as_built_measured']} kernels and blocks measured to judge placements as built" \
+        if auto.get("as_built_measured") else ""
     lines = [
         (f"  automatic placement (objective {auto['objective']}): {auto['kernels_measured']} kernel costs measured, "
-        f"{auto['kernels_cached']} from the cost cache")
+         f"{auto['kernels_cached']} from the cost cache{judged}")
     ]
     for row in auto["per_device"]:
         variants = row.get("variants") or {}
@@ -30,13 +32,19 @@ def explain(auto: dict[str, Any]) -> list[str]:
     measured = auto.get("measured_seconds")
     ratio = f" ({measured / auto['predicted_seconds']:.2f}x predicted)" if measured and auto["predicted_seconds"] else ""
     again = " (kept from an earlier build of this graph)" if auto.get("measured_cached") else ""
-    lines.append(f"    latency predicted {_ms(auto['predicted_seconds'])}, measured {_ms(measured)}{ratio}{again}")
+    built = auto.get("as_built")
+    how = f" (as built: {built['nodes']} kernels and blocks, {built['blocks']} blocks)" if built else ""
+    lines.append(f"    latency predicted {_ms(auto['predicted_seconds'])}{how}, measured {_ms(measured)}{ratio}{again}")
     check = auto.get("one_device_check")
     if check is not None:
         verdict = (f"faster, so the build keeps everything on {check['device']}" if check["kept_one_device"]
                    else "slower, so the automatic choice is kept")
         lines.append(f"    measured against all on {check['device']} (its regions joined into blocks): "
-                     f"{_ms(check['measured_seconds'])}, {verdict}")
+                     f"{_ms(check['measured_seconds'])}, {verdict}"
+                     + (" (in an earlier build of this choice)" if check.get("cached") else ""))
+    if auto.get("measured_check_device") is not None:
+        lines.append(f"    an earlier build of this choice measured all on {auto['measured_check_device']} faster than "
+                     "the split: kept on that device")
     if auto["objective"] == "throughput" and auto.get("bottleneck_seconds"):
         lines.append(f"    bottleneck {_ms(auto['bottleneck_seconds'])} of one device per inference: at best "
                      f"{1.0 / auto['bottleneck_seconds']:.1f} inferences/s streamed through the devices")
