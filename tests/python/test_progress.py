@@ -13,7 +13,7 @@ from tvm_hetero.progress import WIDTH, Progress
 def test_progress_bar_counts_to_the_total_and_clamps():
     out = io.StringIO()
     progress = Progress(stream=out)
-    for done in range(0, 11):
+    for done in range(11):
         progress.count(done, 10, f"{done}/10 kernels")
     progress.count(12, 10, "past the end")
     progress("next step")
