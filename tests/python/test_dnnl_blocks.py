@@ -157,6 +157,26 @@ def test_a_block_never_spans_two_devices():
     assert got == [0, 1], got
 
 
+def test_a_region_fed_by_another_device_holds_back_no_branch_of_its_own():
+    # Branch 2 (1x1 -> 3x3) on cpu:1, the rest on cpu:0. The concat waits for cpu:1; joined with
+    # cpu:0's own branches into one block, they would wait too. So cpu:0 has the stem, branch 1,
+    # pool -> branch 3, and concat -> head -> mean; cpu:1 one block of its two convs.
+    targets = [(tvm.cpu(0), "llvm"), (tvm.cpu(1), "llvm")]
+    branch_2 = set(range(7, 14)) | {19}  # its two convs, biases and ReLUs (op indices of inception_model)
+    model = inception_model()
+    inputs = models.model_inputs(model)
+    art = tvm_hetero.build(models.relax_module(model), targets, placement=lambda info: int(info.index in branch_2))
+    for execution in ("serial", "concurrent"):
+        rt = art.create(execution=execution)
+        rt.run(**inputs)
+        np.testing.assert_allclose(rt.get_output(0).numpy(), models.onnxruntime_outputs(model, inputs)[0],
+                                   rtol=1e-4, atol=1e-4)
+    nodes = art.graph["nodes"]
+    devices = art.graph["attrs"]["device_index"][1]
+    per_device = [sum(1 for n in region_nodes(art) if devices[nodes.index(n)] == d) for d in (0, 1)]
+    assert per_device == [4, 1], per_device
+
+
 def test_a_block_survives_export_and_new_params(tmp_path):
     model = chain_model()
     inputs = models.model_inputs(model)

@@ -11,6 +11,12 @@ the first; an unassigned call starts a group as its sink; a region call is absor
 when every use of its value is a member of the group (repeated until nothing changes). A value
 read by the function's output or by any op outside the group is never absorbed.
 
+A block starts when all its inputs are ready, so a member *fed across devices* (an argument made
+on another device) must not hold back members that need not wait for it: a group holds such a
+member only as a source, every other member depending on it (through members). A chain that
+continues on this device after a value from another device is still one block; a concat fed by
+both devices' branches on a split placement is not joined with its own device's branch.
+
 Guarantee: every group has one output (its sink's value; every other member's value is read only
 inside the group) and is convex: each member reaches the sink through members, so a path that
 leaves the group can only start at the sink, and no outside value depends on a member but through
@@ -32,10 +38,13 @@ BLOCK_SIZE_ATTR = "tvm_hetero.block_size"
 
 
 def merge_regions(
-    mod: tvm.IRModule, entry: str, regions: dict[str, Region], backend: str
+    mod: tvm.IRModule, entry: str, regions: dict[str, Region], backend: str,
+    device_of: dict[relax.Var, int] | None = None,
 ) -> tuple[tvm.IRModule, dict[str, Region]]:
     """Join ``backend``'s region calls in ``entry`` into blocks; returns the module and every
-    region still called (the blocks and the calls left alone), by symbol."""
+    region still called (the blocks and the calls left alone), by symbol. ``device_of``: the
+    placement's device of the entry's other bindings, where known (to see values fed across
+    devices by ops that are no region)."""
     func = mod[entry]
     calls: dict[relax.Var, tuple[Region, relax.Call]] = {}
     order: list[relax.Var] = []
@@ -51,6 +60,13 @@ def merge_regions(
                 elif region is not None:
                     kept[region.name] = region  # not a tensor: left alone
     users = _users(func)
+    placed = device_of or {}
+
+    def made_on(value: Any) -> int | None:
+        return calls[value][0].device if value in calls else placed.get(value)
+
+    fed_across = {var for var in order
+                  if any((d := made_on(arg)) is not None and d != calls[var][0].device for arg in calls[var][1].args)}
     group_of: dict[relax.Var, relax.Var] = {}  # member -> its group's sink
     groups: dict[relax.Var, list[relax.Var]] = {}
     for sink in reversed(order):
@@ -67,7 +83,8 @@ def merge_regions(
                         continue
                     if calls[arg][0].device != calls[sink][0].device:
                         continue
-                    if users.get(arg) and users[arg] <= members:
+                    if users.get(arg) and users[arg] <= members and _waits_for_nothing_new(
+                            arg, members, fed_across, calls):
                         members.add(arg)
                         group_of[arg] = sink
                         changed = True
@@ -103,6 +120,27 @@ def merge_regions(
         func.params, relax.SeqExpr(blocks, func.body.body), func.ret_ty, func.is_pure, func.attrs
     )
     return mod, kept
+
+
+def _waits_for_nothing_new(candidate: relax.Var, members: set[relax.Var], fed_across: set[relax.Var],
+                           calls: dict[relax.Var, tuple[Region, relax.Call]]) -> bool:
+    """Whether adding ``candidate`` keeps every member fed across devices a source of the group:
+    each such member (``candidate`` included) has every other member depend on it."""
+    group = members | {candidate}
+
+    def depends_on(member: relax.Var, source: relax.Var) -> bool:
+        stack, seen = [member], set()
+        while stack:
+            var = stack.pop()
+            if var.same_as(source):
+                return True
+            if var in seen:
+                continue
+            seen.add(var)
+            stack.extend(a for a in calls[var][1].args if a in group)
+        return False
+
+    return all(depends_on(other, source) for source in group & fed_across for other in group if not other.same_as(source))
 
 
 def _block(

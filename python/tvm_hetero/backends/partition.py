@@ -66,6 +66,7 @@ def partition_for_backends(
             )
         mod = backend.prepare(mod, entry)
         patterns = backend.patterns(lambda expr: _is_weight(expr, weights))
+        device_of = None
         if backend.follows_placement():
             if place is None:
                 raise ValueError(
@@ -78,7 +79,7 @@ def partition_for_backends(
         )(mod)
         found = _collect_regions(mod, backend, set(regions))
         if backend.merges_regions():
-            mod, found = merge_regions(mod, entry, found, backend.name)
+            mod, found = merge_regions(mod, entry, found, backend.name, device_of)
         regions.update(found)
     check_partitioned(mod, entry, regions)
     return mod, regions

@@ -239,6 +239,9 @@ def choose_placement(
                                        **{k: v for k, v in explanation["alternatives"].items()
                                           if not k.startswith("all on")}}
         explanation["as_built"] = decided.get("details", {}).get(chosen.label)
+        if explanation["as_built"] is not None:  # each device's busy time as built, blocks and all
+            for row, busy in zip(explanation["per_device"], explanation["as_built"]["device_busy"]):
+                row["busy_seconds"] = busy
     explanation["split_predicted_seconds"] = split_predicted
     explanation["measured_check_device"] = None if verdict_device is None else str(devices[verdict_device])
     explanation["min_gain"] = min_gain
@@ -342,7 +345,7 @@ def _decision_key(model: CostModel, plan_key: str, objective: str, min_gain: flo
 
 
 #: Changes whenever :func:`.as_built.judge_candidates` decides differently (old decisions unused).
-JUDGE_VERSION = 1
+JUDGE_VERSION = 2
 
 
 #: Changes whenever what :func:`_analyse` makes of a module changes (old cached units are then unused).
