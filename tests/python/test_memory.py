@@ -441,3 +441,16 @@ def test_light_cnns_meet_the_slot_bound() -> None:
                 budget = _Budget(10**7)
                 assert _cost(_search(items, _by_size(items), 0, budget)) == planned
                 assert budget.left > 0  # the search tree was exhausted, not cut
+
+
+def test_local_search_stops_once_nothing_moves():
+    # Emptying a slot was counted as a change on every later pass, so the search ran until its
+    # budget was spent (0.4 s for these four items, in every build of a small graph).
+    from tvm_hetero.compiler import memory
+
+    items = [memory._Item(entry=41, size=100352, start=41, end=42), memory._Item(entry=42, size=2048, start=42, end=43),
+             memory._Item(entry=43, size=2048, start=43, end=46), memory._Item(entry=46, size=4000, start=46, end=47)]
+    budget = memory._Budget(memory.WORK)
+    plan = memory._improve(items, ([0, 1, 2, 0], [100352, 2048, 2048]), budget)
+    assert memory._cost(plan) == 100352 + 4000
+    assert memory.WORK - budget.left < 100

@@ -143,3 +143,23 @@ def test_remote_timeout_works_for_tracker_sessions(exported):
                 rt.run()
     finally:
         tracker.terminate()
+
+
+def test_two_libraries_uploaded_under_one_name_both_run(rpc_server):
+    # The remote process maps what it loads: a second library written over the first one's file
+    # crashed the server (automatic placement uploads one library per measuring round).
+    session = rpc_server.connect()
+    device = session.cpu(0)
+    x = tvm.runtime.tensor(np.arange(4, dtype="float32"), device)
+    results = []
+    for offset in (1.0, 2.0):
+        a = tvm.te.placeholder((4,), "float32", name="a")
+        b = tvm.te.compute((4,), lambda i: a[i] + offset, name="b")  # noqa: B023 (used at once)
+        func = tvm.te.create_prim_func([a, b]).with_attr("global_symbol", "add_offset")
+        lib = tvm.compile(tvm.IRModule({"add_offset": func}), target="llvm")
+        remote = rpc.upload_library(session, lib, "same_name.so")
+        y = tvm.runtime.empty((4,), "float32", device)
+        remote["add_offset"](x, y)
+        results.append(y.numpy())
+    np.testing.assert_allclose(results[0], np.arange(4) + 1.0)
+    np.testing.assert_allclose(results[1], np.arange(4) + 2.0)

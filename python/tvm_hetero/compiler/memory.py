@@ -306,6 +306,8 @@ def _improve(items: list[_Item], plan: Plan, budget: _Budget) -> Plan:
                     refresh(b)
                     changed = True
         for a in sorted(range(len(members)), key=lambda slot: -size[slot]):
+            if not members[a]:  # an emptied slot: nothing to move (it would "change" on every pass)
+                continue
             levels = sorted({items[i].size for i in members[a]}, reverse=True)[1:] + [0]
             for level in levels:
                 movers = sorted(

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -35,9 +34,7 @@ def _remote_library(session, lib: tvm.runtime.Module, cache: dict, library_file=
 
     key = id(session)
     if key not in cache:
-        # A fresh name each time: overwriting a library the remote process has mapped would crash it.
-        name = f"tvm_hetero_kernels_{uuid.uuid4().hex}.so"
-        cache[key] = upload_library(session, lib, name=name, library_file=library_file)
+        cache[key] = upload_library(session, lib, name="tvm_hetero_kernels.so", library_file=library_file)
     return cache[key]
 
 

@@ -15,6 +15,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import tvm
@@ -262,7 +263,11 @@ def upload_library(
     session: tvm_rpc.RPCSession, lib: tvm.runtime.Module, name: str = "kernels.so", library_file: str | None = None
 ):
     """Send a kernel library to the remote and load it there: ``library_file`` (an exported
-    library, e.g. an artifact's lib.so) as it is, else ``lib`` exported on the fly."""
+    library, e.g. an artifact's lib.so) as it is, else ``lib`` exported on the fly. The remote
+    file gets a fresh name every time (``name`` with a unique suffix): overwriting a library the
+    remote process has mapped would crash it."""
+    stem, ext = os.path.splitext(name)
+    name = f"{stem}_{uuid.uuid4().hex}{ext or '.so'}"
     if library_file is not None:
         session.upload(str(library_file), target=name)
         return session.load_module(name)
