@@ -97,23 +97,6 @@ class AutoPlacement:
     #: Predicts a placement as built (None where no lowering was given).
     judge: Judge | None = None
 
-    def kernel_assignment(self, placement: Callable[[OpInfo], int]) -> list[int]:
-        """The device of every unit under an op ``placement``, to predict it: the device most of its
-        ops get among those the model allows it (a hand placement may split a unit the model keeps
-        whole, e.g. a bias reshape the capability table keeps on the host beside its convolution)."""
-        votes: list[dict[int, int]] = [{} for _ in range(self.kernels.num_units)]
-        for info in self.ops:
-            unit = self.kernels.unit_of.get(info.name)
-            if unit is not None:
-                device = int(placement(info))
-                votes[unit][device] = votes[unit].get(device, 0) + 1
-        devices = []
-        for unit, counts in enumerate(votes):
-            ranked = sorted(counts, key=lambda d: (-counts[d], d))
-            allowed = [d for d in ranked if math.isfinite(self.model.kernel_cost[unit][d])]
-            devices.append((allowed or ranked or [0])[0])
-        return devices
-
     def predict(self, placement: Callable[[OpInfo], int], backends: Sequence[Backend],
                 module: tvm.IRModule | None = None) -> BuiltPrediction:
         """A hand ``placement`` of ``module`` (default: the prepared one) with ``backends`` (regions
@@ -203,53 +186,80 @@ def choose_placement(
 
     judge = None if lower is None else Judge(lower, prepared, times, model, lambda c: placing(c)[:2])
     decision_key = _decision_key(model, plan_key, objective, min_gain, times.settings)
-    split_predicted = verdict_device = None
-    judged: dict[str, float] = {}
     if judge is not None and objective == "latency":
-        verdict = cache.get_plan(MEASURED_CHECK, decision_key)
-        decided = cache.get_plan("decision", decision_key)
-        if decided is None:
-            decided = judge_candidates(judge, model, solution.placement, variants_of, variant_costs, alone_variants,
-                                       lambda m: _solve(m, objective, cache), min_gain, say)
-            cache.put_plan("decision", decision_key, decided)
-        chosen = Candidate(decided["label"], decided["assignment"], decided["variants"])
-        if verdict is not None and verdict.get("device") is not None:  # a one-device build measured faster
-            chosen = _every_region_on(verdict["device"], alone_variants, variants_of)
-            verdict_device = verdict["device"]
-        judged = decided["predicted"]
-        split_predicted = decided.get("split_predicted")
+        decision = _judged(judge, model, solution, variants_of, variant_costs, alone_variants, cache, decision_key,
+                           min_gain, say)
     else:
-        assignment = solution.placement
-        single = min(single_device_placements(model), key=lambda p: simulate(model, p).makespan, default=None)
-        if (single is not None and len(set(assignment)) > 1 and objective == "latency"
-                and simulate(model, assignment).makespan > (1.0 - min_gain) * simulate(model, single).makespan):
-            split_predicted, assignment = solution.latency, single
-        chosen = Candidate("solved", assignment, variants_of(assignment))
-
+        decision = _solved(model, solution, objective, min_gain, variants_of)
+    chosen = decision.chosen
     assignment, unit_variants = chosen.assignment, chosen.variants
     choose, final_backends, chosen_anchors = placing(chosen)
     variant_table = alone_variants if len(set(assignment)) == 1 else variant_costs
     explanation = explain_choice(model, units, assignment, unit_variants, variant_table,
                                  [str(d) for d in devices], objective, counts)
     explanation["as_built_measured"] = times.measured - counts["measured"]  # kernels and blocks of candidates
-    if judged:
+    if decision.predicted:
         explanation["unit_predicted_seconds"] = explanation["predicted_seconds"]
-        explanation["predicted_seconds"] = judged.get(chosen.label, judged.get("chosen"))
-        explanation["alternatives"] = {**{k: v for k, v in judged.items() if k.startswith("all on")},
+        explanation["predicted_seconds"] = decision.predicted.get(chosen.label, explanation["predicted_seconds"])
+        explanation["alternatives"] = {**{k: v for k, v in decision.predicted.items() if k.startswith("all on")},
                                        **{k: v for k, v in explanation["alternatives"].items()
                                           if not k.startswith("all on")}}
-        explanation["as_built"] = decided.get("details", {}).get(chosen.label)
+        explanation["as_built"] = decision.details.get(chosen.label)
         if explanation["as_built"] is not None:  # each device's busy time as built, blocks and all
             for row, busy in zip(explanation["per_device"], explanation["as_built"]["device_busy"]):
                 row["busy_seconds"] = busy
-    explanation["split_predicted_seconds"] = split_predicted
-    explanation["measured_check_device"] = None if verdict_device is None else str(devices[verdict_device])
+    explanation["split_predicted_seconds"] = decision.split_predicted
+    explanation["measured_check_device"] = (None if decision.verdict_device is None
+                                            else str(devices[decision.verdict_device]))
     explanation["min_gain"] = min_gain
     explanation["module_key"] = plan_key
     explanation["decision_key"] = decision_key
     explanation["regions_chosen"] = len(chosen_anchors)
     return AutoPlacement(choose, explanation, model, assignment, measurer, units, ops, prepared, final_backends,
                          unit_variants, judge)
+
+
+@dataclass
+class _Decision:
+    """The candidate chosen, and what the report says of the others."""
+
+    chosen: Candidate
+    #: Predicted seconds as built, by candidate label (empty: judged on the unit model only).
+    predicted: dict[str, float] = field(default_factory=dict)
+    details: dict[str, dict] = field(default_factory=dict)
+    #: The best split's prediction where a single device was kept.
+    split_predicted: float | None = None
+    #: The device an earlier measured check found faster than the split.
+    verdict_device: int | None = None
+
+
+def _judged(judge: Judge, model: CostModel, solution: Solution, variants_of, together, apart, cache: CostCache,
+            decision_key: str, min_gain: float, say) -> _Decision:
+    """Candidates judged as built (:func:`.as_built.judge_candidates`), the decision kept in the
+    cache; a verdict of the build's measured check, where one was kept, overrides a split."""
+    decided = cache.get_plan("decision", decision_key)
+    if decided is None:
+        decided = judge_candidates(judge, model, solution.placement, variants_of, together, apart,
+                                   lambda m: _solve(m, "latency", cache), min_gain, say)
+        cache.put_plan("decision", decision_key, decided)
+    decision = _Decision(Candidate(decided["label"], decided["assignment"], decided["variants"]),
+                         decided["predicted"], decided.get("details", {}), decided.get("split_predicted"))
+    verdict = cache.get_plan(MEASURED_CHECK, decision_key)
+    if verdict is not None and verdict.get("device") is not None:  # a one-device build measured faster
+        decision.chosen = _every_region_on(verdict["device"], apart, variants_of)
+        decision.verdict_device = verdict["device"]
+    return decision
+
+
+def _solved(model: CostModel, solution: Solution, objective: str, min_gain: float, variants_of) -> _Decision:
+    """The solver's answer on the unit model; for latency, a split predicted less than ``min_gain``
+    faster than the best single device gives way to that device."""
+    assignment, split_predicted = solution.placement, None
+    single = min(single_device_placements(model), key=lambda p: simulate(model, p).makespan, default=None)
+    if (single is not None and len(set(assignment)) > 1 and objective == "latency"
+            and simulate(model, assignment).makespan > (1.0 - min_gain) * simulate(model, single).makespan):
+        split_predicted, assignment = solution.latency, single
+    return _Decision(Candidate("solved", assignment, variants_of(assignment)), split_predicted=split_predicted)
 
 
 def _allowed(units: Units, info_of: dict[str, OpInfo], capabilities: Capabilities | None,
