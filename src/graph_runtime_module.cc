@@ -9,6 +9,8 @@
 #include <tvm/ffi/reflection/registry.h>
 #include <tvm_hetero/graph_runtime_module.h>
 
+#include "concurrency/device_executors.h"
+
 #include <memory>
 #include <string>
 
@@ -128,6 +130,7 @@ ffi::Module CreateGraphRuntime(const std::string& graph_json, ffi::Module lib, c
 
 TVM_FFI_STATIC_INIT_BLOCK() {
   namespace refl = tvm::ffi::reflection;
+  refl::GlobalDef().def("tvm_hetero.concurrency.spin_window_seconds", [] { return SpinWindowSeconds(); });
   // create(graph_json, lib, device_index_kind, dev0, dev1, ...)
   refl::GlobalDef().def_packed("tvm_hetero.graph_runtime.create", [](ffi::PackedArgs args, ffi::Any* rv) {
     if (args.size() < 4) {

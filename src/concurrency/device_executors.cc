@@ -8,6 +8,8 @@
 
 #include "support/thread_pinning.h"
 
+#include <algorithm>
+#include <chrono>
 #include <string>
 
 namespace tvm_hetero {
@@ -28,6 +30,21 @@ inline void CpuRelax() {
 }
 
 }  // namespace
+
+double SpinWindowSeconds() {
+  std::atomic<uint64_t> never_done{0};
+  std::vector<double> seconds;
+  for (int round = 0; round < 9; ++round) {
+    auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < kSpinsBeforeSleep; ++i) {  // the loop of WaitFor, with a step never done
+      if (never_done.load(std::memory_order_acquire) >= 1) break;
+      CpuRelax();
+    }
+    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  std::sort(seconds.begin(), seconds.end());
+  return seconds[seconds.size() / 2];
+}
 
 DeviceExecutors::~DeviceExecutors() { Stop(); }
 

@@ -38,6 +38,13 @@ namespace tvm_hetero {
 /*! \brief Runs one step; throws to stop the run. */
 using StepFunction = void (*)(void* context, uint32_t step);
 
+/*!
+ * \brief Seconds a cross-device wait spins before it sleeps (the median of a few timings of the spin
+ *  loop itself, on the calling thread). An input published within this window after a device began
+ *  waiting costs no wake-up; automatic placement's cost model uses it.
+ */
+double SpinWindowSeconds();
+
 class DeviceExecutors {
  public:
   DeviceExecutors() = default;

@@ -182,6 +182,10 @@ def test_real_measurement_on_two_pinned_cores_matches_reference(tmp_path):
     assert "automatic placement" in art.report() and "predicted" in art.report()
     exported = tvm_hetero.load(art.export(tmp_path / "art"))
     assert exported.build_report.autoplace["predicted_seconds"] == auto["predicted_seconds"]
+    cache = CostCache(tmp_path / "c.sqlite")  # the executors' spin before sleeping, timed by the library
+    spin = cache.get("spin_window", settings_key(tvm.cpu(1), ONE_THREAD_EACH[1]), "", "")
+    cache.close()
+    assert spin is not None and 1e-7 < spin < 1e-2
 
 
 def test_bad_placement_name_is_a_clear_error():

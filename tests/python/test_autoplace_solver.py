@@ -156,3 +156,21 @@ def test_the_hand_off_latency_delays_a_consumer_on_another_device():
                       sync_latency=[[0.0, 0.25], [0.25, 0.0]])
     assert simulate(model, [0, 1]).start[1] == pytest.approx(1.25)
     assert simulate(model, [0, 0]).start[1] == pytest.approx(1.0)
+
+
+def test_a_wait_within_the_spin_window_costs_no_wake_up():
+    # kernel 1 on device 1 waits for kernel 0 (1 s on device 0) from time 0: a wait of 1 s
+    sync = [[0.0, 0.25], [0.25, 0.0]]
+    sleeps = CostModel(kernel_cost=[[1.0, 1.0], [1.0, 1.0]], preds=[[], [0]], out_bytes=[8, 8], sync_latency=sync,
+                       spin_window=[0.0, 0.5])
+    assert simulate(sleeps, [0, 1]).start[1] == pytest.approx(1.25)  # waited 1 s > 0.5 s: slept, woken
+    spins = CostModel(kernel_cost=[[1.0, 1.0], [1.0, 1.0]], preds=[[], [0]], out_bytes=[8, 8], sync_latency=sync,
+                      spin_window=[0.0, 1.5])
+    assert simulate(spins, [0, 1]).start[1] == pytest.approx(1.0)  # still spinning: seen at once
+
+
+def test_an_input_published_before_the_device_gets_to_it_costs_nothing():
+    # device 1 runs kernel 1 (2 s) first; kernel 0 (1 s, device 0) finished long before kernel 2 reads it
+    model = CostModel(kernel_cost=[[1.0, 1.0], [2.0, 2.0], [1.0, 1.0]], preds=[[], [], [0, 1]], out_bytes=[8] * 3,
+                      sync_latency=[[0.0, 0.25], [0.25, 0.0]])
+    assert simulate(model, [0, 1, 1]).start[2] == pytest.approx(2.0)

@@ -9,10 +9,13 @@ The model is the runtime's own execution rule, stated on a kernel DAG:
   input from a device with separate memory is copied once per destination device, by the
   destination's executor (the runtime puts the copy at the start of the consumer's group), taking
   ``copy_latency[src][dst] + bytes * copy_seconds_per_byte[src][dst]`` of that device's time;
-- an input made on another device reaches this one ``sync_latency[src][dst]`` after its producer
-  finished (with or without a copy): the waiting executor is woken up. A device still busy by
-  then pays nothing; an idle one waits for it. Between two cores of a machine this costs tens of
-  microseconds, more on a loaded one: measured, like the kernels;
+- an input made on another device is published when its producer finishes. A device that gets
+  to it later (busy until then) sees it at once; one that waits for it spins for
+  ``spin_window[dst]`` seconds, then sleeps: published within the window, it is seen at once,
+  later it reaches the device ``sync_latency[src][dst]`` after its producer finished (the
+  sleeping executor is woken up; with or without a copy). Between two cores of a machine a
+  wake-up costs tens of microseconds, more on a loaded one: measured, like the kernels and the
+  window (the runtime's own spin loop, timed);
 - kernel times: a placement on one device uses each kernel's time measured with no other device
   computing (``alone_cost``); a placement over several devices, the time measured with the
   devices computing together (``kernel_cost``): they share caches and memory bandwidth, and on a
@@ -65,6 +68,9 @@ class CostModel:
     #: ``edge_saving[k]``: ``{p: seconds saved per device}`` for predecessors ``p`` whose sharing a
     #: device with ``k`` joins them into one block; empty: nothing saved.
     edge_saving: list[dict[int, list[float]]] = field(default_factory=list)
+    #: ``spin_window[d]``: how long device ``d``'s executor spins in a wait before it sleeps
+    #: (an input published within it costs no wake-up); empty: zero (every wait sleeps).
+    spin_window: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         n, d = len(self.kernel_cost), self.num_devices
@@ -83,6 +89,7 @@ class CostModel:
         self.sync_latency = self.sync_latency or [row[:] for row in zeros]
         self.alone_cost = self.alone_cost or self.kernel_cost
         self.edge_saving = self.edge_saving or [{} for _ in range(n)]
+        self.spin_window = self.spin_window or [0.0] * d
         if len(self.edge_saving) != n or any(p not in self.preds[k] for k, s in enumerate(self.edge_saving) for p in s):
             raise ValueError("cost model: an edge saving names no edge of the graph")
         self.succs: list[list[int]] = [[] for _ in range(n)]
@@ -155,11 +162,14 @@ class Timeline:
         inputs_ready = 0.0
         waits_elsewhere = False  # an input from another device that the current group did not have
         new_copies: list[tuple[int, float]] = []
+        waits_from = self.device_free[d]  # when the device gets to this kernel and starts waiting
         for p in model.preds[k]:
             src = self.placement[p]
             waits_elsewhere |= src != d and self.finish[p] > self.group_entered[d]
             delay = model.transfer(p, src, d)
-            arrives = self.finish[p] + (model.sync_latency[src][d] if src != d else 0.0)
+            arrives = self.finish[p]
+            if src != d and self.finish[p] - waits_from > model.spin_window[d]:  # the waiter slept: woken
+                arrives += model.sync_latency[src][d]
             if delay == 0.0:
                 inputs_ready = max(inputs_ready, arrives)
                 continue

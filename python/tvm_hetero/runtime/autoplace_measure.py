@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 import tvm
+import tvm_ffi
 
 from ..compiler.autoplace.kernel_times import MeasureJob
 from ..compiler.compile_kernels import _build as compile_for_target
@@ -329,6 +330,13 @@ class RuntimeMeasurer:
             seconds.append(median_seconds(module.run, SYNC_RUNS))
             module.close()
         return max(0.0, (seconds[1] - seconds[0]) / (SYNC_CHAIN - 1))
+
+    def spin_window(self, device: tvm.runtime.Device, options: dict | None) -> float:
+        """Seconds a wait of the runtime's executors spins before it sleeps (its own spin loop,
+        timed by the library); 0 for a remote device, whose inputs travel with its call."""
+        if is_remote(device):
+            return 0.0
+        return float(tvm_ffi.get_global_func("tvm_hetero.concurrency.spin_window_seconds")())
 
     def latency_seconds(self, artifact, device_options: Sequence[dict | None] | None = None) -> float:
         """The built graph's measured latency, for the report's predicted-vs-measured line."""

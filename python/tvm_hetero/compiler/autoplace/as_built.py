@@ -100,7 +100,7 @@ def predict_as_built(lowered: LoweredGraph, graph: Graph, times: KernelTimes, li
         out_bytes.append(sum(node.output_bytes(i) for i in range(node.num_outputs)))
         placement.append(node.device)
     model = CostModel(costs, preds, out_bytes, links.copy_latency, links.copy_seconds_per_byte, links.call_latency,
-                      links.shares_memory, links.sync_latency)
+                      links.shares_memory, links.sync_latency, spin_window=links.spin_window)
     schedule = simulate(model, placement)
     return BuiltPrediction(schedule.makespan, len(costs), blocks, schedule.device_busy, backend_busy)
 

@@ -3,7 +3,8 @@
 One SQLite file (``~/.cache/tvm-hetero/costs.sqlite`` by default; ``$XDG_CACHE_HOME`` is honoured)
 with two tables. ``costs``: ``(kind, key, target, settings) -> seconds``; ``kind`` is ``"kernel"``
 (``key``: the kernel's structural hash, or a region's backend and description), ``"copy_latency"``,
-``"copy_per_byte"``, ``"sync_latency"`` or ``"graph_latency"`` (a built graph's measured latency);
+``"copy_per_byte"``, ``"sync_latency"``, ``"call_latency"``, ``"spin_window"`` or
+``"graph_latency"`` (a built graph's measured latency);
 ``target`` is the target string and ``settings`` the device and its executor settings (cores,
 threads) as JSON. A measurement taken with other settings is another row, never a hit. ``plans``:
 ``(kind, key) -> JSON``, what a rebuild of the same module need not work out again: its units

@@ -64,7 +64,8 @@ class Measurer(Protocol):
     # Optional: ``kernel_seconds_alone(jobs)`` (each device with no other computing),
     # ``sync_latency(src, dst, src_options, dst_options) -> seconds`` from a kernel's end on ``src``
     # until ``dst``'s executor waiting for it runs, ``call_latency(device, options) -> seconds`` of
-    # one call into a remote device (0 where a measurer has none), and
+    # one call into a remote device (0 where a measurer has none), ``spin_window(device, options)
+    # -> seconds`` an executor spins in a wait before it sleeps, and
     # ``latency_seconds(artifact, device_options)`` of a built graph.
 
 

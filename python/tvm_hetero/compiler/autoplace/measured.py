@@ -172,7 +172,9 @@ def choose_placement(
     sync = [[0.0 if a == b else _sync_latency(measurer, cache, devices, options, a, b) for b in range(num_devices)]
             for a in range(num_devices)]
     calls = [_call_latency(measurer, cache, devices, options, d) for d in range(num_devices)]
-    model = CostModel(cost, units.preds, units.out_bytes, latency, per_byte, calls, shared, sync, alone)
+    spins = [_spin_window(measurer, cache, devices, options, d) for d in range(num_devices)]
+    model = CostModel(cost, units.preds, units.out_bytes, latency, per_byte, calls, shared, sync, alone,
+                      spin_window=spins)
     say(f"automatic placement: solving for {units.num_units} kernels on {num_devices} devices")
     solution = _solve(model, objective, cache)
 
@@ -418,7 +420,7 @@ def _model_doc(model: CostModel, objective: str) -> list:
     """The cost model's content (what the solver's answer depends on), as JSON-able data."""
     return [objective, model.kernel_cost, model.preds, model.out_bytes, model.copy_latency,
             model.copy_seconds_per_byte, model.call_latency, model.shares_memory, model.sync_latency,
-            model.alone_cost]
+            model.alone_cost, model.spin_window]
 
 
 def op_allowed(capabilities: Capabilities, info: OpInfo, device: int) -> bool:
@@ -477,4 +479,20 @@ def _sync_latency(measurer: Measurer, cache: CostCache, devices, options, a: int
         if not (math.isfinite(seconds) and seconds >= 0):
             raise ValueError(f"measurer: sync latency {devices[a]} -> {devices[b]} is {seconds}")
         cache.put("sync_latency", src, dst, "", seconds)
+    return seconds
+
+
+def _spin_window(measurer: Measurer, cache: CostCache, devices, options, d: int) -> float:
+    """Seconds device ``d``'s executor spins in a wait before it sleeps (cached); 0 for a measurer
+    that does not time it."""
+    settings = settings_key(devices[d], options[d])
+    seconds = cache.get("spin_window", settings, "", "")
+    if seconds is None:
+        timer = getattr(measurer, "spin_window", None)
+        if timer is None:
+            return 0.0
+        seconds = float(timer(devices[d], options[d]))
+        if not (math.isfinite(seconds) and seconds >= 0):
+            raise ValueError(f"measurer: spin window of {devices[d]} is {seconds}")
+        cache.put("spin_window", settings, "", "", seconds)
     return seconds
