@@ -202,7 +202,7 @@ def bench(setup: str, name: str, rounds: int, builds: int, cache_dir: Path) -> i
           f"{same_s:.2f} s (warm / same by hand {warm_s / same_s:.2f}); medians of {builds}")
     print("\n".join("  " + line.strip() for line in auto_art.report().splitlines()
                     if "units (" in line or " on cpu:" in line and " vs " in line or "alternative" in line
-                    or "latency predicted" in line))
+                    or "latency predicted" in line or "measured against" in line))
     return 0
 
 

@@ -552,6 +552,10 @@ def test_a_split_is_kept_only_if_it_measures_faster_than_one_device(tmp_path, on
     assert check["kept_one_device"] is one_device_faster and fake.latencies_measured == 2
     assert len(set(node_devices(art).values())) == (1 if one_device_faster else 2)
     assert ("keeps everything on" in art.report()) is one_device_faster
+    if one_device_faster:  # the report describes the build kept: the one-device build
+        assert auto["measured_seconds"] == pytest.approx(1e-3)
+        assert check["split_predicted_seconds"] is not None
+        assert auto["predicted_seconds"] in auto["alternatives"].values()
     x = np.ones((8, 32), "float32")
     rt = art.create()
     rt.run(x=x)

@@ -39,7 +39,9 @@ def explain(auto: dict[str, Any]) -> list[str]:
     if check is not None:
         verdict = (f"faster, so the build keeps everything on {check['device']}" if check["kept_one_device"]
                    else "slower, so the automatic choice is kept")
-        lines.append(f"    measured against all on {check['device']} (its regions joined into blocks): "
+        split = f"the split measured {_ms(check['split_measured_seconds'])}" + (
+            f" (predicted {_ms(check['split_predicted_seconds'])})" if check.get("split_predicted_seconds") else "")
+        lines.append(f"    {split}; measured against all on {check['device']} (its regions joined into blocks): "
                      f"{_ms(check['measured_seconds'])}, {verdict}"
                      + (" (in an earlier build of this choice)" if check.get("cached") else ""))
     if auto.get("measured_check_device") is not None:
