@@ -605,3 +605,36 @@ def test_blocks_the_unit_model_cannot_see_keep_one_device():
     reference = tvm_hetero.build(mod, TWO_CPUS[:1], params=params, backends=()).create()
     reference.run(x=x)
     np.testing.assert_allclose(rt.get_output(0).numpy(), reference.get_output(0).numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_new_weight_values_in_the_same_model_measure_nothing_again(tmp_path, monkeypatch):
+    """Weights bound as constants key the cache by shape and type, not by value (hashing their
+    bytes cost a rebuild of a large model a quarter second; the values change no kernel)."""
+    from tvm import relax
+
+    def model(seed: int) -> tvm.IRModule:
+        rng = np.random.default_rng(seed)
+        bb = relax.BlockBuilder()
+        x = relax.Var("x", relax.TensorType((4, 16), "float32"))
+        with bb.function("main", [x]):
+            with bb.dataflow():
+                w = relax.const(rng.standard_normal((16, 8)).astype("float32"))
+                y = bb.emit_output(relax.op.nn.relu(bb.emit(relax.op.matmul(x, w))))
+            bb.emit_func_output(y)
+        return bb.get()
+
+    path = tmp_path / "costs.sqlite"
+    first = FakeMeasurer(lambda name, d: 1e-3)
+    tvm_hetero.build(model(0), TWO_CPUS, placement="auto", cost_cache=path, measurer=first)
+    assert first.asked
+    from tvm_hetero.compiler.autoplace import measured
+
+    again = FakeMeasurer(lambda name, d: pytest.fail("measured again"))
+    analyses = []
+    monkeypatch.setattr(measured, "lower_to_graph", counting(measured.lower_to_graph, analyses))
+    art = tvm_hetero.build(model(1), TWO_CPUS, placement="auto", cost_cache=path, measurer=again)
+    assert again.asked == [] and analyses == [], "the units and the decision come from the cache"
+    rt = art.create()
+    rt.run(x=X)
+    w = np.random.default_rng(1).standard_normal((16, 8)).astype("float32")
+    np.testing.assert_allclose(rt.get_output(0).numpy(), np.maximum(X @ w, 0), rtol=1e-4, atol=1e-4)

@@ -13,6 +13,13 @@ Guarantee: the graph predicted is the graph built (same lowering, same backends,
 the prediction charges every kernel and block that will run and nothing else; what it leaves out
 is the runtime's own cost per node (a few microseconds) and the difference between a node timed
 in the measuring graph and in the model's graph.
+
+Judging (:func:`judge_candidates`): every single-device placement (each unit's fastest variant,
+and every region the backend forms there), the solver's split (both ways) and a split solved on
+the block-aware unit model (:func:`block_aware_model`) are predicted as built. Guarantee: the
+choice is never predicted slower than the best single-device candidate, and a split is chosen
+only if it is predicted ``min_gain`` faster than it. A better split the solver does not propose
+stays unfound: the unit model sees blocks only through calibrated edge savings.
 """
 
 from __future__ import annotations
