@@ -32,6 +32,7 @@ import tvm_ffi
 
 from .compiler import build as compiler_build
 from .compiler.build import BuildReport, CompiledGraph, device_name, format_size, parse_device
+from .compiler.graph import COPY_FUNC
 from .compiler.kernel_libraries import export_device_libraries, load_device_libraries
 from .compiler.pipeline import CompiledPipeline, target_label
 from .runtime import (
@@ -390,8 +391,11 @@ def _one_device_if_faster(artifact: Artifact, mod: Any, targets: Any, args: tupl
         auto["one_device_check"] = dict(verdict["check"], cached=True)
         return artifact
     local = [d for d, dev in enumerate(artifact.devices) if not is_remote(dev)]
-    predicted = {d: auto["alternatives"][f"all on device {d}"] for d in local
-                 if f"all on device {d}" in auto["alternatives"]}
+    predicted = {}  # per local device, its best single-device prediction (either variant choice)
+    for d in local:
+        found = [v for k, v in auto["alternatives"].items() if k.split(",")[0] == f"all on device {d}"]
+        if found:
+            predicted[d] = min(found)
     if not predicted:
         return artifact
     device = min(predicted, key=predicted.__getitem__)
@@ -429,7 +433,7 @@ def _computing_devices(artifact: Artifact) -> list[int]:
     graph = artifact.graph
     devices = graph["attrs"]["device_index"][1]
     return [devices[i] for i, node in enumerate(graph["nodes"])
-            if node["op"] != "null" and node.get("attrs", {}).get("func_name") != "__copy"]
+            if node["op"] != "null" and node.get("attrs", {}).get("func_name") != COPY_FUNC]
 
 
 # ---- a pipeline --------------------------------------------------------------------------------

@@ -53,9 +53,8 @@ class BuiltPrediction:
     #: Nodes that compute (kernels, regions, blocks), and how many of them are blocks.
     nodes: int
     blocks: int
-    #: Per device: predicted busy time, and the part of it regions and blocks take.
+    #: Per device: predicted busy time.
     device_busy: list[float]
-    backend_busy: list[float]
 
 
 def predict_as_built(lowered: LoweredGraph, graph: Graph, times: KernelTimes, links: CostModel) -> BuiltPrediction:
@@ -89,7 +88,6 @@ def predict_as_built(lowered: LoweredGraph, graph: Graph, times: KernelTimes, li
     preds: list[list[int]] = []
     out_bytes: list[int] = []
     placement: list[int] = []
-    backend_busy = [0.0] * num_devices
     for nid, node in enumerate(graph.nodes):
         if node.is_input:
             continue
@@ -99,8 +97,6 @@ def predict_as_built(lowered: LoweredGraph, graph: Graph, times: KernelTimes, li
             continue
         row = [float("inf")] * num_devices
         row[node.device] = times.of(kind, node.device)[key_of[node.name]]
-        if node.func_name in lowered.regions:
-            backend_busy[node.device] += row[node.device]
         index_of[nid] = len(costs)
         costs.append(row)
         preds.append(sorted({index_of[p] for p in producers if p in index_of}))
@@ -109,7 +105,7 @@ def predict_as_built(lowered: LoweredGraph, graph: Graph, times: KernelTimes, li
     model = CostModel(costs, preds, out_bytes, links.copy_latency, links.copy_seconds_per_byte, links.call_latency,
                       links.shares_memory, links.sync_latency, spin_window=links.spin_window)
     schedule = simulate(model, placement)
-    return BuiltPrediction(schedule.makespan, len(costs), blocks, schedule.device_busy, backend_busy)
+    return BuiltPrediction(schedule.makespan, len(costs), blocks, schedule.device_busy)
 
 
 @dataclass
@@ -191,8 +187,8 @@ def judge_candidates(judge: Judge, model: CostModel, split: Sequence[int],
         "label": chosen.label, "assignment": chosen.assignment, "variants": chosen.variants,
         "predicted": {label: p.seconds for label, p in predicted.items()},
         "split_predicted": predicted[best_split.label].seconds if kept_single else None,
-        "details": {label: {"nodes": p.nodes, "blocks": p.blocks, "device_busy": p.device_busy,
-                            "backend_busy": p.backend_busy} for label, p in predicted.items()},
+        "details": {label: {"nodes": p.nodes, "blocks": p.blocks, "device_busy": p.device_busy}
+                    for label, p in predicted.items()},
     }
 
 

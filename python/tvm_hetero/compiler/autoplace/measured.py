@@ -83,8 +83,6 @@ class AutoPlacement:
     explanation: dict[str, Any] = field(default_factory=dict)
     model: CostModel | None = None
     kernel_devices: list[int] = field(default_factory=list)
-    #: What measured the costs (the build also asks it for the built graph's latency).
-    measurer: Any = None
     #: The unit DAG decided on, and the ops it was lowered from (to predict other placements).
     kernels: Units | None = None
     ops: list[OpInfo] = field(default_factory=list)
@@ -169,10 +167,11 @@ def choose_placement(
         for b in range(num_devices):
             if not shared[a][b]:
                 latency[a][b], per_byte[a][b] = _copy_cost(measurer, cache, devices, options, a, b)
-    sync = [[0.0 if a == b else _sync_latency(measurer, cache, devices, options, a, b) for b in range(num_devices)]
+    sync = [[0.0 if a == b else _optional_timing(measurer, cache, "sync_latency", devices, options, a, b)
+             for b in range(num_devices)]
             for a in range(num_devices)]
-    calls = [_call_latency(measurer, cache, devices, options, d) for d in range(num_devices)]
-    spins = [_spin_window(measurer, cache, devices, options, d) for d in range(num_devices)]
+    calls = [_optional_timing(measurer, cache, "call_latency", devices, options, d) for d in range(num_devices)]
+    spins = [_optional_timing(measurer, cache, "spin_window", devices, options, d) for d in range(num_devices)]
     model = CostModel(cost, units.preds, units.out_bytes, latency, per_byte, calls, shared, sync, alone,
                       spin_window=spins)
     say(f"automatic placement: solving for {units.num_units} kernels on {num_devices} devices")
@@ -217,7 +216,7 @@ def choose_placement(
     explanation["module_key"] = plan_key
     explanation["decision_key"] = decision_key
     explanation["regions_chosen"] = len(chosen_anchors)
-    return AutoPlacement(choose, explanation, model, assignment, measurer, units, ops, prepared, final_backends,
+    return AutoPlacement(choose, explanation, model, assignment, units, ops, prepared, final_backends,
                          unit_variants, judge)
 
 
@@ -357,7 +356,7 @@ def _decision_key(model: CostModel, plan_key: str, objective: str, min_gain: flo
 
 
 #: Changes whenever :func:`.as_built.judge_candidates` decides differently (old decisions unused).
-JUDGE_VERSION = 2
+JUDGE_VERSION = 3
 
 
 #: Changes whenever what :func:`_analyse` makes of a module changes (old cached units are then unused).
@@ -452,49 +451,24 @@ def _copy_cost(measurer: Measurer, cache: CostCache, devices, options, a: int, b
     return fixed, slope
 
 
-def _call_latency(measurer: Measurer, cache: CostCache, devices, options, d: int) -> float:
-    """Seconds of one call into device ``d`` (a remote one: an RPC round trip; cached); 0 for a
-    measurer that does not time it."""
-    settings = settings_key(devices[d], options[d])
-    seconds = cache.get("call_latency", settings, "", "")
+def _optional_timing(measurer: Measurer, cache: CostCache, kind: str, devices, options, *where: int) -> float:
+    """Seconds of the measurer's optional timing ``kind`` (a method of that name) on device
+    ``where[0]`` (or from ``where[0]`` to ``where[1]``), cached under the devices' settings; 0 for
+    a measurer that does not time it:
+
+    - ``call_latency(device, options)``: one call into the device (a remote one: an RPC round trip);
+    - ``sync_latency(src, dst, src_options, dst_options)``: from a kernel's end on ``src`` until
+      ``dst`` waiting for it runs;
+    - ``spin_window(device, options)``: how long the device's executor spins in a wait before it
+      sleeps."""
+    keys = [settings_key(devices[d], options[d]) for d in where] + [""]
+    seconds = cache.get(kind, keys[0], keys[1], "")
     if seconds is None:
-        timer = getattr(measurer, "call_latency", None)
+        timer = getattr(measurer, kind, None)
         if timer is None:
             return 0.0
-        seconds = float(timer(devices[d], options[d]))
+        seconds = float(timer(*[devices[d] for d in where], *[options[d] for d in where]))
         if not (math.isfinite(seconds) and seconds >= 0):
-            raise ValueError(f"measurer: call latency of {devices[d]} is {seconds}")
-        cache.put("call_latency", settings, "", "", seconds)
-    return seconds
-
-
-def _sync_latency(measurer: Measurer, cache: CostCache, devices, options, a: int, b: int) -> float:
-    """Seconds from a kernel's end on device ``a`` until device ``b`` waiting for it runs (cached);
-    0 for a measurer that does not time it."""
-    src, dst = settings_key(devices[a], options[a]), settings_key(devices[b], options[b])
-    seconds = cache.get("sync_latency", src, dst, "")
-    if seconds is None:
-        timer = getattr(measurer, "sync_latency", None)
-        if timer is None:
-            return 0.0
-        seconds = float(timer(devices[a], devices[b], options[a], options[b]))
-        if not (math.isfinite(seconds) and seconds >= 0):
-            raise ValueError(f"measurer: sync latency {devices[a]} -> {devices[b]} is {seconds}")
-        cache.put("sync_latency", src, dst, "", seconds)
-    return seconds
-
-
-def _spin_window(measurer: Measurer, cache: CostCache, devices, options, d: int) -> float:
-    """Seconds device ``d``'s executor spins in a wait before it sleeps (cached); 0 for a measurer
-    that does not time it."""
-    settings = settings_key(devices[d], options[d])
-    seconds = cache.get("spin_window", settings, "", "")
-    if seconds is None:
-        timer = getattr(measurer, "spin_window", None)
-        if timer is None:
-            return 0.0
-        seconds = float(timer(devices[d], options[d]))
-        if not (math.isfinite(seconds) and seconds >= 0):
-            raise ValueError(f"measurer: spin window of {devices[d]} is {seconds}")
-        cache.put("spin_window", settings, "", "", seconds)
+            raise ValueError(f"measurer: {kind} of {' -> '.join(str(devices[d]) for d in where)} is {seconds}")
+        cache.put(kind, keys[0], keys[1], "", seconds)
     return seconds
