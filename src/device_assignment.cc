@@ -5,6 +5,8 @@
 #include <tvm/ffi/error.h>
 #include <tvm_hetero/device_assignment.h>
 
+#include "support/device.h"
+
 #include <string>
 
 namespace tvm_hetero {
@@ -28,7 +30,7 @@ std::vector<int> AssignDevices(const Graph& graph, const std::vector<DLDevice>& 
     // Legacy: a DLDeviceType, resolved to the first listed device of that type, as TVM did.
     int found = -1;
     for (size_t k = 0; k < devices.size() && found < 0; ++k) {
-      if (devices[k].device_type == value) found = static_cast<int>(k);
+      if (support::HasDeviceType(devices[k], value)) found = static_cast<int>(k);
     }
     if (found < 0) {
       TVM_FFI_THROW(ValueError) << graph.describe_node(nid) << ": device_index " << value

@@ -85,7 +85,7 @@ void GraphRuntime::Init(const std::string& graph_json, ffi::Module lib, std::vec
   input_is_param_.assign(input_nodes_.size(), 0);
   num_inputs_unset_ = static_cast<int>(input_nodes_.size());
   for (const DLDevice& dev : devices_) {
-    if (!IsHost(dev)) support::AddUnique(&devices_to_sync_, dev);
+    if (support::NeedsDrain(dev)) support::AddUnique(&devices_to_sync_, dev);
   }
   SetupStorage();
   SetupOpExecs();
@@ -342,7 +342,7 @@ void GraphRuntime::SetupExecution() {
   c.sync_before_publish.assign(steps_->op_execs.size(), std::nullopt);
   for (uint32_t i = 0; i < steps_->op_execs.size(); ++i) {
     DLDevice dev = devices_[access[i].device];
-    if (schedule.awaited[i] && !IsHost(dev) && !IsRemote(dev)) c.sync_before_publish[i] = dev;
+    if (schedule.awaited[i] && support::IsAsynchronous(dev)) c.sync_before_publish[i] = dev;
   }
   // One device with steps and no options of its own: the serial loop on the caller is the same
   // schedule without the executors' per-step indirection.
@@ -372,6 +372,9 @@ void GraphRuntime::RunStepOnExecutor(void* self, uint32_t i) {
     }
     if (const std::optional<DLDevice>& dev = c.sync_before_publish[i]) {
       support::SyncDevice(*dev);
+    } else if (c.tracing) {
+      // The kind's completion hook: a span is the device's work, not its launch.
+      support::WaitForCompletion(rt->devices_[rt->node_device_[rt->steps_->op_execs[i].node_id]]);
     }
   } catch (const ffi::Error& err) {
     throw rt->ErrorAt(i, err);
@@ -656,7 +659,7 @@ void GraphRuntime::ShareParams(const GraphRuntime& other, const std::string& par
     const ffi::Tensor& shared = other.GetInput(other_index);
     CheckCompatible(eid, shared.GetDLTensorPtr(), "share_params '" + name + "'");
     DLDevice have = shared.device(), need = data_entry_[eid].device();
-    if (have.device_type != need.device_type || have.device_id != need.device_id) {
+    if (!SameDevice(have, need)) {
       TVM_FFI_THROW(ValueError) << "share_params '" << name << "': the other runtime holds it on "
                                 << DeviceName(have) << ", this one needs it on " << DeviceName(need);
     }
@@ -726,7 +729,7 @@ std::string GraphRuntime::ProfileJSON(int repeat) {
       auto start = Clock::now();
       ffi::Any rv;
       RunStep(steps_->op_execs[i], &rv);
-      support::SyncDevice(dev);
+      support::WaitForCompletion(dev);  // the device's work, not its launch
       node_us[i] += std::chrono::duration<double, std::micro>(Clock::now() - start).count() / repeat;
     }
   }

@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import sys
 
-from . import pipeline
+from . import devices, pipeline
 from .artifact import Artifact, PipelineArtifact, build, load
 from .compiler.build import BuildReport
 from .compiler.placement import Capabilities, OpInfo
-from .device_discovery import devices
 from .progress import Progress
 from .runtime import graph_runtime, offload, pipeline_runtime, rpc, timeline
 from .testing import models

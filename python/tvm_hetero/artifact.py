@@ -30,17 +30,15 @@ import numpy as np
 import tvm
 import tvm_ffi
 
+from . import native  # noqa: F401  (registers tvm_hetero.read_params)
 from .compiler import build as compiler_build
-from .compiler.build import BuildReport, CompiledGraph, device_name, format_size, parse_device
+from .compiler.build import BuildReport, CompiledGraph, device_name, format_size
 from .compiler.graph import COPY_FUNC
 from .compiler.kernel_libraries import export_device_libraries, load_device_libraries
 from .compiler.pipeline import CompiledPipeline, target_label
-from .runtime import (
-    graph_runtime,
-    library,  # noqa: F401  (registers tvm_hetero.read_params)
-    pipeline_runtime,
-)
-from .runtime.graph_runtime import GraphModule, is_remote
+from .devices import is_remote, parse_device
+from .runtime import graph_runtime, pipeline_runtime
+from .runtime.graph_runtime import GraphModule
 from .runtime.pipeline_runtime import PipelineModule
 
 GRAPH_FILE, LIB_FILE, PARAMS_FILE, MANIFEST_FILE = "graph.json", "lib.so", "params.bin", "manifest.json"

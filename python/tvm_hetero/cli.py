@@ -25,14 +25,19 @@ def _progress(start: float) -> Callable[[str], None]:
     return Progress(start=start)
 
 
-def parse_device_specs(specs: list[str]) -> list[tuple[str, str]]:
-    """``["cpu:0=llvm", "cuda:0=cuda"]`` -> ``[("cpu:0", "llvm"), ("cuda:0", "cuda")]``."""
-    pairs = []
+def parse_device_specs(specs: list[str]) -> list[tuple[str, str] | str]:
+    """``["cpu:0=llvm", "cuda:0=cuda", "htp=qnn-htp:soc_model=57"]`` -> ``[("cpu:0", "llvm"),
+    ("cuda:0", "cuda"), "qnn-htp:soc_model=57"]``: a device kind that runs no TVM kernels (an HTP)
+    is named by its kind, options after a colon, under a label of the user's choice."""
+    from tvm_hetero.devices import KINDS
+
+    pairs: list[tuple[str, str] | str] = []
     for spec in specs:
         device, sep, target = spec.partition("=")
         if not sep or not device or not target:
-            raise SystemExit(f"--device {spec!r}: expected DEVICE=TARGET, e.g. cpu:1=llvm")
-        pairs.append((device, target))
+            raise SystemExit(f"--device {spec!r}: expected DEVICE=TARGET, e.g. cpu:1=llvm or htp=qnn-htp")
+        kind = KINDS.get(target.partition(":")[0])
+        pairs.append(target if kind is not None and kind.default_target is None else (device, target))
     return pairs
 
 
@@ -99,11 +104,9 @@ def count_ops(mod) -> int:
 
 def default_devices() -> list[tuple[str, str]]:
     """cpu:0 + cuda:0 where a GPU exists, else two CPU devices (cpu:0 + cpu:1)."""
-    import tvm
+    from tvm_hetero import devices
 
-    if tvm.cuda(0).exist:
-        return [("cpu:0", "llvm"), ("cuda:0", "cuda")]
-    return [("cpu:0", "llvm"), ("cpu:1", "llvm")]
+    return devices.default_devices()
 
 
 # ---- commands ---------------------------------------------------------------------------------

@@ -25,6 +25,8 @@
 #include <tvm_hetero/backends/dnnl_region.h>
 #include <tvm_hetero/graph_runtime.h>
 
+#include "support/device.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -187,7 +189,7 @@ class RegionExec {
     for (int i = 0; i < args.size(); ++i) {
       const DLTensor* x = Arg(args, i);
       bool f32 = x->dtype.code == kDLFloat && x->dtype.bits == 32 && x->dtype.lanes == 1;
-      if (!f32 || x->device.device_type != kDLCPU || x->byte_offset != 0) {
+      if (!f32 || !support::IsHost(x->device) || x->byte_offset != 0) {
         TVM_FFI_THROW(ValueError) << "oneDNN region '" << spec_.name << "': argument " << i
                                   << " must be a float32 CPU tensor without byte offset";
       }

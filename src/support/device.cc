@@ -20,16 +20,20 @@ namespace {
 
 constexpr size_t kAlignment = 64;
 
-/*! \brief Allocates with the device's own API. */
+/*! \brief The device whose API allocates for `dev`: the host CPU for local kinds with host memory. */
+DLDevice ApiDevice(DLDevice dev) { return IsHost(dev) ? DLDevice{kDLCPU, 0} : dev; }
+
+/*! \brief Allocates with the device's own API (the host's for kinds whose memory is host memory,
+ *         which may have no TVM device API of their own). */
 struct DeviceAlloc {
   void AllocData(DLTensor* t) {
     size_t nbytes = std::max<size_t>(ffi::GetDataSize(*t), 1);
-    t->data = DeviceAPI::Get(t->device)->AllocDataSpace(t->device, nbytes, kAlignment, t->dtype);
+    t->data = DeviceAPI::Get(ApiDevice(t->device))->AllocDataSpace(ApiDevice(t->device), nbytes, kAlignment, t->dtype);
   }
   void FreeData(DLTensor* t) {
     // Never throw from a destructor: a remote device may already be gone.
     try {
-      DeviceAPI::Get(t->device)->FreeDataSpace(t->device, t->data);
+      DeviceAPI::Get(ApiDevice(t->device))->FreeDataSpace(ApiDevice(t->device), t->data);
     } catch (...) {
     }
   }
@@ -44,25 +48,6 @@ struct ViewAlloc {
 };
 
 }  // namespace
-
-DeviceKind KindOf(DLDevice dev) {
-  if (IsRemote(dev)) return DeviceKind::kRemote;
-  return IsHost(dev) ? DeviceKind::kHost : DeviceKind::kAccelerator;
-}
-
-bool OffsetsUsable(DLDevice dev) {
-  switch (dev.device_type) {
-    case kDLCPU:
-    case kDLCUDA:
-    case kDLCUDAHost:
-    case kDLCUDAManaged:
-    case kDLROCM:
-    case kDLROCMHost:
-      return true;
-    default:
-      return false;
-  }
-}
 
 std::string DeviceName(DLDevice dev) {
   std::ostringstream os;
@@ -113,11 +98,6 @@ void CopyAcrossDevices(const DLTensor* from, DLTensor* to, DLTensor* staging) {
 void CopyOnce(const DLTensor* from, DLTensor* to) {
   ffi::Tensor staging = StagingBuffer(from->device, to->device, ffi::Shape(to->shape, to->shape + to->ndim), to->dtype);
   CopyAcrossDevices(from, to, staging.defined() ? Mutable(staging) : nullptr);
-}
-
-void SyncDevice(DLDevice dev) {
-  if (IsHost(dev)) return;
-  DeviceAPI::Get(dev)->StreamSync(dev, nullptr);
 }
 
 void AddUnique(std::vector<DLDevice>* devices, DLDevice dev) {

@@ -4,8 +4,9 @@
  *        oneDNN module share: what kind it is, how to allocate on it, how to copy between two of
  *        them, how to wait for it, and which pairs share memory.
  *
- * Kinds: a host-accessible local CPU (kHost), a local accelerator (kAccelerator: CUDA, ROCm, ...)
- * and a device of another process reached over TVM RPC (kRemote, device_type >= kRPCSessMask).
+ * What differs between device kinds (remote or not, asynchronous or not, host memory or its own,
+ * offsets, how to wait) is read from the kind's record (device_kinds.h); nothing here compares a
+ * device type.
  *
  * Ordering contract (everything below is issued on the device's default stream, nullptr):
  *  - Work issued to one device runs in issue order. Kernels, CopyAcrossDevices and SyncDevice on
@@ -16,8 +17,9 @@
  *  - Between two devices of different kinds, neither of them the host, no single device API can
  *    copy: the copy is staged through a host buffer (NeedsStaging, StagingBuffer), and, by the rule
  *    above, the first half is complete before the second half starts.
- *  - SharesMemory(a, b): a tensor allocated on `a` can be read on `b` in place (both are CPUs of
- *    this process). Such edges need a wait, not a copy; every other crossing needs a copy.
+ *  - SharesMemory(a, b): a tensor allocated on `a` can be read on `b` in place (both are local kinds
+ *    whose tensors are host memory: CPUs of this process, an NPU sharing host buffers). Such edges
+ *    need a wait, not a copy; every other crossing needs a copy.
  *  - Nothing here locks: callers order calls on one device (one executor thread per device, one RPC
  *    session per thread).
  */
@@ -26,6 +28,8 @@
 
 #include <tvm/ffi/container/tensor.h>
 
+#include "support/device_kinds.h"
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -33,23 +37,28 @@
 namespace tvm_hetero {
 namespace support {
 
-/*! \brief TVM's RPC session mask: device types at or above it live in another process. */
-inline constexpr int kRPCSessMask = 128;
-
-enum class DeviceKind { kHost, kAccelerator, kRemote };
-
-/*! \brief Which of the three kinds `dev` is. */
-DeviceKind KindOf(DLDevice dev);
-/*! \brief A CPU of this process: its memory is plain host memory. */
-inline bool IsHost(DLDevice dev) { return dev.device_type == kDLCPU; }
+/*! \brief A local device whose tensors are plain host memory of this process (a CPU, an NPU
+ *         sharing host buffers): the host can read and write them directly. */
+inline bool IsHost(DLDevice dev) {
+  const DeviceKindTraits& t = TraitsOf(dev);
+  return t.host_memory && !t.remote;
+}
 /*! \brief A device of another process, reached through a TVM RPC session. */
-inline bool IsRemote(DLDevice dev) { return dev.device_type >= kRPCSessMask; }
+inline bool IsRemote(DLDevice dev) { return TraitsOf(dev).remote; }
+/*! \brief Work issued to `dev` may still run after the call returns (WaitForCompletion waits). */
+inline bool IsAsynchronous(DLDevice dev) { return TraitsOf(dev).asynchronous; }
+/*! \brief The end of a run must wait for `dev` (its kind has something to wait for). */
+inline bool NeedsDrain(DLDevice dev) { return TraitsOf(dev).wait != WaitMode::kReturn; }
 inline bool SameDevice(DLDevice a, DLDevice b) { return a.device_type == b.device_type && a.device_id == b.device_id; }
-/*! \brief Tensors on `a` can be read on `b` in place (both CPUs of this process). */
+/*! \brief `dev` has the DLDeviceType `type` (legacy graphs name devices by type). */
+inline bool HasDeviceType(DLDevice dev, int64_t type) { return static_cast<int64_t>(dev.device_type) == type; }
+/*! \brief Both devices are reached through one device API (the same device type). */
+inline bool SameKind(DLDevice a, DLDevice b) { return a.device_type == b.device_type; }
+/*! \brief Tensors on `a` can be read on `b` in place (both local kinds with host memory). */
 inline bool SharesMemory(DLDevice a, DLDevice b) { return IsHost(a) && IsHost(b); }
 /*! \brief True when no single device API copies between these two: a host buffer goes between. */
 inline bool NeedsStaging(DLDevice from, DLDevice to) {
-  return from.device_type != to.device_type && !IsHost(from) && !IsHost(to);
+  return !SameKind(from, to) && !IsHost(from) && !IsHost(to);
 }
 /*! \brief The device whose API performs a (non-staged) copy between these two. */
 inline DLDevice CopyApiDevice(DLDevice from, DLDevice to) { return IsHost(from) ? to : from; }
@@ -58,7 +67,7 @@ inline DLDevice CopyApiDevice(DLDevice from, DLDevice to) { return IsHost(from) 
  *        nonzero DLTensor::byte_offset, so views inside one allocation need this (elsewhere --
  *        OpenCL, Vulkan, Metal handles, remote memory -- storage offsets are kept apart).
  */
-bool OffsetsUsable(DLDevice dev);
+inline bool OffsetsUsable(DLDevice dev) { return TraitsOf(dev).offsets_usable; }
 /*! \brief "cpu:0", "cuda:1", "remote[0]:cpu:0". */
 std::string DeviceName(DLDevice dev);
 
@@ -84,8 +93,8 @@ void CopyAcrossDevices(const DLTensor* from, DLTensor* to, DLTensor* staging = n
 /*! \brief CopyAcrossDevices, allocating a staging buffer for this one copy when needed (setup and
  *         API calls only, never a hot loop). */
 void CopyOnce(const DLTensor* from, DLTensor* to);
-/*! \brief Wait until all work issued to `dev` is complete (nothing to wait for on the host). */
-void SyncDevice(DLDevice dev);
+/*! \brief Wait until all work issued to `dev` is complete (the kind's completion hook). */
+inline void SyncDevice(DLDevice dev) { WaitForCompletion(dev); }
 /*! \brief Add `dev` to `devices` unless it is there already. */
 void AddUnique(std::vector<DLDevice>* devices, DLDevice dev);
 

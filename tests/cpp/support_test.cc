@@ -24,12 +24,71 @@ std::string ErrorOf(const std::function<void()>& f) {
   return "(no error)";
 }
 
+/*! \brief What each kind's record must say (one row per kind; the HTP and CUDA among them). */
+struct KindCase {
+  DLDevice device;
+  const char* name;
+  bool remote, asynchronous, host_memory, offsets_usable, runs_tvm_kernels;
+  support::WaitMode wait;
+};
+
+class SupportDeviceKinds : public ::testing::TestWithParam<KindCase> {};
+
+TEST_P(SupportDeviceKinds, RecordSaysWhatTheRuntimeDoes) {
+  const KindCase& c = GetParam();
+  const support::DeviceKindTraits& t = support::TraitsOf(c.device);
+  EXPECT_STREQ(t.name, c.name);
+  EXPECT_EQ(t.remote, c.remote);
+  EXPECT_EQ(t.asynchronous, c.asynchronous);
+  EXPECT_EQ(t.host_memory, c.host_memory);
+  EXPECT_EQ(t.offsets_usable, c.offsets_usable);
+  EXPECT_EQ(t.runs_tvm_kernels, c.runs_tvm_kernels);
+  EXPECT_EQ(t.wait, c.wait);
+  // The derived rules follow the record.
+  DLDevice cpu0{kDLCPU, 0};
+  EXPECT_EQ(support::IsRemote(c.device), c.remote);
+  EXPECT_EQ(support::SharesMemory(cpu0, c.device), c.host_memory && !c.remote);
+  EXPECT_EQ(support::OffsetsUsable(c.device), c.offsets_usable);
+  EXPECT_EQ(support::NeedsDrain(c.device), c.wait != support::WaitMode::kReturn);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    EveryKind, SupportDeviceKinds,
+    ::testing::Values(
+        KindCase{{kDLCPU, 1}, "cpu", false, false, true, true, true, support::WaitMode::kReturn},
+        KindCase{{kDLCUDA, 0}, "cuda", false, true, false, true, true, support::WaitMode::kStreamSync},
+        KindCase{{kDLHexagon, 0}, "qnn-htp", false, false, true, true, false, support::WaitMode::kReturn},
+        KindCase{{static_cast<DLDeviceType>(kDLCPU + support::kRPCSessMask), 0}, "remote", true, false, false, false,
+                 true, support::WaitMode::kStreamSync},
+        KindCase{{static_cast<DLDeviceType>(kDLCUDA + 2 * support::kRPCSessMask), 0}, "remote", true, false, false,
+                 false, true, support::WaitMode::kStreamSync},
+        KindCase{{kDLOpenCL, 0}, "opencl", false, true, false, false, true, support::WaitMode::kStreamSync},
+        KindCase{{kDLExtDev, 0}, "other", false, true, false, false, true, support::WaitMode::kStreamSync}),
+    [](const ::testing::TestParamInfo<KindCase>& info) {
+      std::string name = support::DeviceName(info.param.device);
+      for (char& ch : name) {
+        if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
+      }
+      return name;
+    });
+
+TEST(SupportDevice, HtpTensorsAreHostMemoryReadInPlace) {
+  DLDataType f32{kDLFloat, 32, 1};
+  DLDevice htp{kDLHexagon, 0};
+  // No TVM device API for the HTP is needed: its tensors are allocated on the host.
+  ffi::Tensor t = support::AllocTensor(ffi::Shape({4}), f32, htp);
+  EXPECT_EQ(t.device().device_type, kDLHexagon);
+  ffi::Tensor host = support::AllocTensor(ffi::Shape({4}), f32, DLDevice{kDLCPU, 0});
+  for (int i = 0; i < 4; ++i) static_cast<float*>(host.data_ptr())[i] = 2.0f * i;
+  support::CopyOnce(host.GetDLTensorPtr(), support::Mutable(t));  // a memcpy, no staging
+  EXPECT_EQ(static_cast<float*>(t.data_ptr())[3], 6.0f);
+  EXPECT_FALSE(support::NeedsStaging(htp, DLDevice{kDLCPU, 0}));
+  EXPECT_NO_THROW(support::WaitForCompletion(htp));
+}
+
 TEST(SupportDevice, KindsAndCopyRules) {
   DLDevice cpu0{kDLCPU, 0}, cpu1{kDLCPU, 1}, cuda{kDLCUDA, 0}, opencl{kDLOpenCL, 0};
   DLDevice remote_cpu{static_cast<DLDeviceType>(kDLCPU + support::kRPCSessMask), 0};
-  EXPECT_EQ(support::KindOf(cpu1), support::DeviceKind::kHost);
-  EXPECT_EQ(support::KindOf(cuda), support::DeviceKind::kAccelerator);
-  EXPECT_EQ(support::KindOf(remote_cpu), support::DeviceKind::kRemote);
   EXPECT_TRUE(support::SharesMemory(cpu0, cpu1));
   EXPECT_FALSE(support::SharesMemory(cpu0, cuda));
   EXPECT_FALSE(support::SharesMemory(cpu0, remote_cpu));

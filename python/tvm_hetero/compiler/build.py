@@ -21,6 +21,8 @@ import numpy as np
 import tvm
 
 from ..backends import default_backends, resolve_backends
+from ..devices import DeviceSpec, is_host, name_of, parse_spec, runs_tvm_kernels
+from ..devices import devices as discover_devices
 from .copies import copy_stats, insert_copies, shared_edges
 from .graph import Graph
 from .kernel_libraries import DeviceLibrary, compile_kernel_libraries
@@ -32,22 +34,9 @@ from .reorder import reorder_for_devices
 TargetSpec = Sequence[tuple[Any, Any]]
 
 
-def parse_device(spec: Any) -> tvm.runtime.Device:
-    """A tvm Device, or a string such as ``"cpu:1"``, ``"cuda"``, ``"cuda:0"``."""
-    if isinstance(spec, tvm.runtime.Device):
-        return spec
-    if isinstance(spec, str):
-        kind, _, index = spec.partition(":")
-        try:
-            return tvm.runtime.device(kind, int(index or 0))
-        except (ValueError, KeyError, RuntimeError) as err:
-            raise ValueError(f"device {spec!r}: expected e.g. 'cpu:0' or 'cuda:1'") from err
-    raise TypeError(f"device must be a tvm Device or a string like 'cpu:1', got {type(spec).__name__}")
-
-
 def device_name(dev: tvm.runtime.Device) -> str:
-    """``"cpu:1"``, ``"cuda:0"``."""
-    return str(dev)
+    """``"cpu:1"``, ``"cuda:0"``, ``"qnn-htp:0"``."""
+    return name_of(dev)
 
 
 def format_size(nbytes: int) -> str:
@@ -198,19 +187,16 @@ def build(
         hint = " (import ONNX first: tvm.relax.frontend.onnx.from_onnx(model))" if type(mod).__name__ == "ModelProto" else ""
         raise TypeError(f"build: mod must be a Relax tvm.IRModule, got {type(mod).__name__}{hint}")
     if isinstance(targets, str) and targets == "auto":
-        from ..device_discovery import devices as discover
-
-        found = discover()
+        # An HTP joins only when asked for by name: its graphs are a choice, not a discovery.
+        found = [d for d in discover_devices() if runs_tvm_kernels(d.device)]
         targets = [(d.device, d.target) for d in found]
         if device_options is None:
             device_options = [d.options for d in found]
     if not targets:
         raise ValueError("targets: at least one (device, target) pair is needed")
-    try:
-        devices = [parse_device(dev) for dev, _ in targets]
-        target_list = [tgt if isinstance(tgt, tvm.target.Target) else tvm.target.Target(tgt) for _, tgt in targets]
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"targets must be (device, target) pairs: {err}") from err
+    specs = resolve_targets(targets)
+    devices = [s.device for s in specs]
+    target_list = [s.target for s in specs]
     if output_device is not None and not 0 <= output_device < len(devices):
         raise ValueError(f"output_device {output_device} is out of range for {len(devices)} devices")
 
@@ -299,11 +285,31 @@ def lower_as_built(mod: tvm.IRModule, placement: Any, devices: Sequence[tvm.runt
     return lowered, graph, (switches_original, switches_reordered)
 
 
+def resolve_targets(targets: Sequence[Any]) -> list[DeviceSpec]:
+    """Each entry of ``targets`` as a :class:`~tvm_hetero.devices.DeviceSpec` whose target is a
+    ``tvm.target.Target``. A device that runs no TVM kernels (an HTP) gets the host's ``llvm`` as a
+    placeholder: the lowering never places a TVM kernel on it (its ops run in QNN regions or fall
+    back to the primary device), so nothing is compiled for it."""
+    specs = []
+    for position, entry in enumerate(targets):
+        try:
+            spec = parse_spec(entry)
+            if spec.target is None and runs_tvm_kernels(spec.device):
+                raise ValueError(f"{name_of(spec.device)} needs a target")
+            target = spec.target if spec.target is not None else "llvm"
+            spec.target = target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"targets[{position}]: {err} (entries are (device, target) pairs, or a device "
+                             "kind such as 'qnn-htp' or {'kind': 'qnn-htp', ...})") from err
+        specs.append(spec)
+    return specs
+
+
 def shares_memory_between(devices: Sequence[tvm.runtime.Device], targets: Sequence[tvm.target.Target]):
     """``(a, b) -> bool``: devices ``a`` and ``b`` are CPUs of this process, both compiled for the
     host's own architecture, so a tensor of one is read by the other in place. (A device that is
     given as a CPU at build time but is remote at run time gets its copies from the runtime.)"""
-    host = [dev.dlpack_device_type() == 1 and _host_architecture(tgt) for dev, tgt in zip(devices, targets)]
+    host = [is_host(dev) and (not runs_tvm_kernels(dev) or _host_architecture(tgt)) for dev, tgt in zip(devices, targets)]
     return lambda a, b: host[a] and host[b]
 
 

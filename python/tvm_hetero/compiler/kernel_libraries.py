@@ -26,6 +26,7 @@ from typing import Any
 
 import tvm
 
+from ..devices import is_remote
 from .compile_kernels import compile_kernels
 from .lower import LoweredGraph
 
@@ -209,7 +210,7 @@ def check_local_devices(devices: Sequence[tvm.runtime.Device], libraries: Mappin
         if position >= len(devices):
             raise ValueError(f"device {position} has a kernel library for {library.arch} but only "
                              f"{len(devices)} devices were given")
-        if not _is_remote(devices[position]):
+        if not is_remote(devices[position]):
             raise ValueError(
                 f"device {position} ({devices[position]}) has kernels for {library.arch} (target "
                 f"{library.target_kind()}) but is a local device of this {host_architecture()} "
@@ -217,7 +218,3 @@ def check_local_devices(devices: Sequence[tvm.runtime.Device], libraries: Mappin
                 "(session.cpu(0); see docs/board.md)"
             )
 
-
-def _is_remote(device: tvm.runtime.Device) -> bool:
-    """A device of another process, reached through a TVM RPC session (the session mask is set)."""
-    return device.dlpack_device_type() >= 128

@@ -46,8 +46,8 @@ import tvm_ffi
 from ..compiler.autoplace.kernel_times import MeasureJob
 from ..compiler.compile_kernels import _build as compile_for_target
 from ..compiler.graph import Entry, Graph, Node
+from ..devices import is_remote, needs_completion_wait, shares_memory
 from . import graph_runtime
-from .graph_runtime import is_remote
 from .rpc import upload_library
 
 #: Aim for this much traced time per device, within [MIN_RUNS, MAX_RUNS] runs.
@@ -299,7 +299,7 @@ class RuntimeMeasurer:
             for _ in range(7):
                 start = time.perf_counter()
                 a.copyto(b)
-                if dst.dlpack_device_type() != 1:
+                if needs_completion_wait(dst):
                     dst.sync()
                 samples.append(time.perf_counter() - start)
             times.append(statistics.median(samples))
@@ -313,7 +313,7 @@ class RuntimeMeasurer:
         graph) alternating between the two devices, against the same chain on ``src`` alone, per
         crossing (both directions alike; the median of several runs). A chain of tiny kernels
         measured 1-5 us: the waiting executor had not gone to sleep yet."""
-        if src.dlpack_device_type() != 1 or dst.dlpack_device_type() != 1:
+        if not shares_memory(src, dst):
             return 0.0  # devices with copies between them: the copy's fixed cost holds the hand-off
         lib = compile_for_target(_busy_kernel(), tvm.target.Target("llvm"))
         both = [src_options, dst_options]

@@ -10,18 +10,13 @@ import numpy as np
 import tvm
 import tvm_ffi
 
-from . import library  # noqa: F401  (registers tvm_hetero.graph_runtime.create)
+from .. import native  # noqa: F401  (registers tvm_hetero.graph_runtime.create)
+from ..devices import is_remote
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-RPC_SESS_MASK = 128
 DEVICE_INDEX_KINDS = ("position", "device_type")
-
-
-def is_remote(device: tvm.runtime.Device) -> bool:
-    """Whether the device lives behind a TVM RPC session."""
-    return device.dlpack_device_type() >= RPC_SESS_MASK
 
 
 def _as_device_list(devices: tvm.runtime.Device | Sequence[tvm.runtime.Device]) -> list[tvm.runtime.Device]:

@@ -18,7 +18,8 @@ from typing import Any
 import tvm
 import tvm_ffi
 
-from .graph_runtime import RPC_SESS_MASK, GraphModule, is_remote
+from ..devices import is_remote
+from .graph_runtime import GraphModule
 
 
 def _session_of(device: tvm.runtime.Device):
@@ -130,4 +131,4 @@ def _attach_runner(module, position: int, session, remote_lib):
     return runner
 
 
-__all__ = ["RPC_SESS_MASK", "create_mixed"]
+__all__ = ["create_mixed"]

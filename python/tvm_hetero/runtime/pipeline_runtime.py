@@ -17,10 +17,9 @@ import numpy as np
 import tvm
 import tvm_ffi
 
-from . import (
-    graph_runtime,
-    library,  # noqa: F401  (registers tvm_hetero.pipeline.create)
-)
+from .. import native  # noqa: F401  (registers tvm_hetero.pipeline.create)
+from ..devices import is_remote
+from . import graph_runtime
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -62,7 +61,7 @@ def create(
     stages = []
     for i, (graph, stage_lib, stage_devs) in enumerate(zip(graphs, libs, devices)):
         stage = graph_runtime.create(graph, stage_lib, stage_devs)
-        if graph_runtime.is_remote(stage.primary_device):
+        if is_remote(stage.primary_device):
             raise NotImplementedError(
                 f"stage {i}: the pipeline runs stages in this process; remote devices are not supported"
             )

@@ -21,7 +21,7 @@ from pathlib import Path
 import tvm
 from tvm import rpc as tvm_rpc
 
-from .library import library_path
+from ..native import library_path
 
 #: Seconds :func:`connect` waits for a server's handshake by default (None: forever).
 DEFAULT_CONNECT_TIMEOUT = 60.0

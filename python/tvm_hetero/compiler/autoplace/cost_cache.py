@@ -24,6 +24,8 @@ from typing import Any
 import tvm
 import tvm_ffi
 
+from ...devices import cost_key
+
 _SCHEMA = """CREATE TABLE IF NOT EXISTS costs (
     kind TEXT NOT NULL, key TEXT NOT NULL, target TEXT NOT NULL, settings TEXT NOT NULL,
     seconds REAL NOT NULL, PRIMARY KEY (kind, key, target, settings))"""
@@ -44,18 +46,8 @@ def settings_key(device: str | tvm.runtime.Device, options: dict | None) -> str:
     return json.dumps({"device": device_key(device), "options": options or {}}, sort_keys=True)
 
 
-#: TVM marks a device behind an RPC session by adding multiples of this to its type.
-RPC_SESS_MASK = 128
-
-
-def device_key(device: str | tvm.runtime.Device) -> str:
-    """A device as the cache names it (see :func:`settings_key`)."""
-    if isinstance(device, str):
-        return device
-    kind = device.dlpack_device_type()
-    if kind < RPC_SESS_MASK:
-        return str(device)
-    return "remote:" + str(tvm.runtime.Device(kind % RPC_SESS_MASK, device.index))
+#: A device as the cache names it (see :func:`settings_key`).
+device_key = cost_key
 
 
 class CostCache:

@@ -7,7 +7,8 @@ from typing import Any
 
 import tvm
 
-from ..build import device_name, parse_device
+from ...devices import parse_device
+from ..build import device_name
 
 #: ``(device, target)`` pair, a device (``tvm.cpu(1)``, ``"cpu:1"``) or a target (``"llvm"``).
 StageSpec = Any

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import tvm  # noqa: F401  (libtvm_runtime must be loaded before our library)
 
-_PACKAGE_DIR = Path(__file__).resolve().parent.parent  # tvm_hetero/
+_PACKAGE_DIR = Path(__file__).resolve().parent  # tvm_hetero/
 LIBRARY_NAME = "libtvm_hetero.so"
 
 
