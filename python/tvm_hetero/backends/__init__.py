@@ -11,9 +11,10 @@ from typing import Any
 
 from .base import Backend, Region
 from .dnnl import DnnlBackend
+from .qnn import QnnBackend
 
 #: The one place backends are registered: name -> class.
-BACKENDS: dict[str, type[Backend]] = {DnnlBackend.name: DnnlBackend}
+BACKENDS: dict[str, type[Backend]] = {DnnlBackend.name: DnnlBackend, QnnBackend.name: QnnBackend}
 
 
 def resolve_backends(spec: Iterable[Any] | None) -> list[Backend]:
@@ -48,4 +49,4 @@ def default_backends(cpu_devices: Sequence[int]) -> tuple[list[Backend], list[st
     return [dnnl], []
 
 
-__all__ = ["BACKENDS", "Backend", "DnnlBackend", "Region", "default_backends", "resolve_backends"]
+__all__ = ["BACKENDS", "Backend", "DnnlBackend", "QnnBackend", "Region", "default_backends", "resolve_backends"]

@@ -107,6 +107,17 @@ class Backend:
         """The codegen's description of one matched composite function (params = region inputs)."""
         raise NotImplementedError
 
+    def unique_regions(self) -> bool:
+        """Whether each call site needs a region function of its own (matching shares one function
+        between equal matches): true for a backend that compiles a site's weights into it."""
+        return False
+
+    def bind_call_sites(self, func: Any, regions: dict[str, Region], weight_values: dict[str, Any]) -> None:
+        """Called once the backend's regions are formed (before blocks): ``func`` is the entry
+        function calling them, ``weight_values`` the values of its weight parameters. A backend
+        that needs its regions' weight values at build time (to compile them into a vendor graph)
+        records them here; the default needs nothing."""
+
     def codegen(self, regions: list[Region]) -> tvm.runtime.Module:
         """A runtime module with one function per region, named ``region.name``.
 

@@ -50,6 +50,7 @@ def partition_for_backends(
     entry: str = "main",
     weights: frozenset[str] = frozenset(),
     place: PlaceCalls | None = None,
+    weight_values: dict[str, Any] | None = None,
 ) -> tuple[tvm.IRModule, dict[str, Region]]:
     """Partition ``entry`` for ``backends``; returns the module and its regions by symbol.
 
@@ -77,12 +78,54 @@ def partition_for_backends(
         mod = relax.transform.FuseOpsByPattern(
             patterns, bind_constants=False, annotate_codegen=True, entry_functions=[entry]
         )(mod)
+        if backend.unique_regions():
+            mod = _unshare_region_calls(mod, entry, backend.name)
         found = _collect_regions(mod, backend, set(regions))
+        backend.bind_call_sites(mod[entry], found, dict(weight_values or {}))
         if backend.merges_regions():
             mod, found = merge_regions(mod, entry, found, backend.name, device_of)
         regions.update(found)
     check_partitioned(mod, entry, regions)
     return mod, regions
+
+
+def _unshare_region_calls(mod: tvm.IRModule, entry: str, backend: str) -> tvm.IRModule:
+    """Every call site of ``backend``'s region functions calls a function of its own (matching
+    shares one function between structurally equal matches), for backends that compile each call
+    site's weights into its region. A copy differs from the original by a ``tvm_hetero.call_site``
+    attribute, so the module keeps it apart."""
+    func = mod[entry]
+    seen: set[str] = set()
+    builder = relax.BlockBuilder(mod)
+    blocks, changed = [], False
+    for block in func.body.blocks:
+        bindings = []
+        for binding in block.bindings:
+            value = binding.value
+            if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.GlobalVar):
+                callee = mod[value.op]
+                name = value.op.name_hint
+                if (isinstance(callee, relax.Function) and callee.attrs is not None and CODEGEN_ATTR in callee.attrs
+                        and str(callee.attrs[CODEGEN_ATTR]) == backend):
+                    if name in seen:
+                        fresh = f"{name.removesuffix('_' + backend)}_site{len(seen)}_{backend}"
+                        copy = callee.with_attr("tvm_hetero.call_site", fresh)
+                        if "global_symbol" in callee.attrs:
+                            copy = copy.with_attr("global_symbol", fresh)
+                        gv = builder.add_func(copy, fresh)
+                        binding = relax.VarBinding(binding.var, relax.Call(gv, value.args, value.attrs,
+                                                                           value.ty_args))
+                        name, changed = gv.name_hint, True
+                    seen.add(name)
+            bindings.append(binding)
+        kind = relax.DataflowBlock if isinstance(block, relax.DataflowBlock) else relax.BindingBlock
+        blocks.append(kind(bindings))
+    if not changed:
+        return mod
+    mod = builder.get()
+    mod[entry] = relax.Function(func.params, relax.SeqExpr(blocks, func.body.body), func.ret_ty, func.is_pure,
+                                func.attrs)
+    return mod
 
 
 def region_calls(func: relax.Function, regions: dict[str, Region]) -> list[tuple[relax.Var, Region]]:

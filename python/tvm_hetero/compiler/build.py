@@ -147,6 +147,7 @@ def build(
     cost_cache: Any = None,
     capabilities: Any = None,
     measurer: Any = None,
+    qnn_exclude: dict[str, str] | None = None,
 ) -> CompiledGraph:
     """Compile ``mod`` for several devices.
 
@@ -181,6 +182,9 @@ def build(
     capabilities : a :class:`Capabilities` table restricting which device may run which op.
     measurer : what times kernels (default: ``tvm_hetero.runtime.autoplace_measure.RuntimeMeasurer``).
     targets may be ``"auto"``: the devices :func:`tvm_hetero.devices` finds (with their settings).
+    An entry may also name a device kind with options, e.g. ``"qnn-htp"`` or ``{"kind": "qnn-htp",
+    "soc_model": 60, "htp_arch": 73, "precision": "fp16"}``: a Qualcomm HTP, given the ops QNN
+    accepts (the ``qnn`` backend, docs/qnn.md); ``qnn_exclude`` keeps named bindings off it.
     """
     say = progress or (lambda _msg: None)
     if not isinstance(mod, tvm.IRModule):
@@ -202,8 +206,10 @@ def build(
 
     notes: list[str] = []
     if backends is None:
-        host_cpus = shares_memory_between(devices, target_list)
-        backends, notes = default_backends([d for d in range(len(devices)) if host_cpus(d, d)])
+        cpus = [d for d, dev in enumerate(devices) if runs_tvm_kernels(dev) and shares_memory_between(
+            devices, target_list)(d, d)]
+        backends, notes = default_backends(cpus)
+    backends = with_htp_backends(backends, specs, placement, qnn_exclude)
     if reorder not in (True, False, "switches", "overlap"):
         raise ValueError(f"reorder must be True, False, 'switches' or 'overlap', got {reorder!r}")
     start = time.perf_counter()
@@ -274,7 +280,9 @@ def lower_as_built(mod: tvm.IRModule, placement: Any, devices: Sequence[tvm.runt
     """The build's lowering: the kernel graph of ``mod`` under ``placement``, in the order it runs
     (reordered), with its copies; and the device switches before and after reordering. Automatic
     placement judges its candidates on exactly this graph."""
-    lowered = lower_to_graph(mod, placement, len(devices), params, entry, backends, targets=targets)
+    kernel_free = [d for d, dev in enumerate(devices) if not runs_tvm_kernels(dev)]
+    lowered = lower_to_graph(mod, placement, len(devices), params, entry, backends, targets=targets,
+                             kernel_free_devices=kernel_free)
     graph = lowered.graph
     switches_original = graph.device_switches()
     if reorder:
@@ -283,6 +291,26 @@ def lower_as_built(mod: tvm.IRModule, placement: Any, devices: Sequence[tvm.runt
     switches_reordered = graph.device_switches()
     graph = insert_copies(graph, output_device, shares_memory_between(devices, targets))
     return lowered, graph, (switches_original, switches_reordered)
+
+
+def with_htp_backends(backends: Any, specs: Sequence[DeviceSpec], placement: Any,
+                      exclude: dict[str, str] | None) -> list:
+    """``backends`` with a ``qnn`` backend first for each HTP among the devices (unless one is
+    listed): it takes every op QNN accepts when no placement is given, else the ops the placement
+    puts on the HTP."""
+    from ..backends import QnnBackend, resolve_backends
+
+    resolved = resolve_backends(backends)
+    if any(b.name == "qnn" for b in resolved):
+        return resolved
+    htps = [(d, s) for d, s in enumerate(specs) if not runs_tvm_kernels(s.device)]
+    qnn = []
+    for position, spec in htps:
+        follow = placement is not None
+        qnn.append(QnnBackend(device=None if follow else position, devices=[position] if follow else None,
+                              options={k: v for k, v in spec.options.items() if k != "process"},
+                              exclude=exclude))
+    return qnn + resolved
 
 
 def resolve_targets(targets: Sequence[Any]) -> list[DeviceSpec]:

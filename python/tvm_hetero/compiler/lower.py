@@ -39,7 +39,7 @@ by a backend on the backend's device. Such calls pass through legalization and f
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,6 +119,7 @@ def lower_to_graph(
     fold: bool = True,
     targets: Sequence[Any] | None = None,
     track_ops: bool = False,
+    kernel_free_devices: Collection[int] = (),
 ) -> LoweredGraph:
     """Lower the Relax function ``entry`` of ``mod`` to a device-placed kernel graph.
 
@@ -134,6 +135,9 @@ def lower_to_graph(
     ``track_ops``: record which ops each kernel node computes (:attr:`LoweredGraph.node_op_indices`;
     automatic placement needs it). Every op then gets a kernel of its own before fusion, so equal
     kernels are no longer shared: the kernels are the same computations, under more names.
+    ``kernel_free_devices``: positions that run no TVM kernels (an HTP runs only its backend's
+    regions); an op placed there that no region took falls back to device 0 and is recorded in
+    :attr:`LoweredGraph.fallbacks`.
     """
     resolved = resolve_placement(placement, num_devices)
     backend_list = resolve_backends(backends)
@@ -152,11 +156,15 @@ def lower_to_graph(
     regions: dict[str, Region] = {}
     if backend_list:
         place = _call_placer(mod, entry, resolved, annotations=placement is None)
-        mod, regions = partition_for_backends(mod, backend_list, entry, frozenset(param_values), place)
+        mod, regions = partition_for_backends(mod, backend_list, entry, frozenset(param_values), place,
+                                              param_values)
         func = mod[entry]
 
     annotated = _annotated_devices(mod, entry) if placement is None else {}
     op_placement, op_of_var = _place_ops(func, resolved, annotated)
+    if kernel_free_devices:
+        op_placement, op_of_var = _off_kernel_free_devices(op_placement, op_of_var, set(kernel_free_devices),
+                                                           resolved.fallbacks)
     for var, region in region_calls(func, regions):
         op_of_var[var] = (region.device, region.name)
 
@@ -381,6 +389,17 @@ def _place_ops(
             decisions.append((info, device))
             op_of_var[binding.var] = (device, name)
     return decisions, op_of_var
+
+
+def _off_kernel_free_devices(op_placement, op_of_var, kernel_free: set[int], fallbacks: list[Fallback]):
+    """Ops that a placement put on a device running no TVM kernels, and that no region took, go to
+    device 0, each recorded as a fallback."""
+    for info, device in op_placement:
+        if device in kernel_free:
+            fallbacks.append(Fallback(info.op, info.index, info.name, 0))
+    op_placement = [(info, 0 if device in kernel_free else device) for info, device in op_placement]
+    op_of_var = {var: ((0, op) if device in kernel_free else (device, op)) for var, (device, op) in op_of_var.items()}
+    return op_placement, op_of_var
 
 
 def _call_placer(mod: tvm.IRModule, entry: str, placement: Any, annotations: bool):

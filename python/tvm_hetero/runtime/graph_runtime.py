@@ -12,6 +12,7 @@ import tvm_ffi
 
 from .. import native  # noqa: F401  (registers tvm_hetero.graph_runtime.create)
 from ..devices import is_remote
+from . import qnn_runner  # noqa: F401  (registers the HTP regions' runner factory)
 
 if TYPE_CHECKING:
     from typing_extensions import Self

@@ -1,0 +1,341 @@
+"""Relax regions as ONNX models: how a region reaches a vendor runtime that takes ONNX (the QNN EP).
+
+:func:`describe` turns one composite function (a matched op and its fused neighbours) into a
+JSON-able list of ONNX nodes over the composite's parameters; :func:`assemble` joins a region's
+steps (one, or a block's) into one ``onnx.ModelProto`` whose weights are initializers and whose
+other inputs are graph inputs. :data:`EXPORTERS` is the op table: a Relax op has an ONNX form
+here or it is not offered to the vendor. Single ONNX ops are used where ONNX has them (LRN,
+LayerNormalization, Softmax, QuantizeLinear / DequantizeLinear), so the vendor sees what it knows.
+
+Guarantee: an exported node computes what its Relax op computes on the same values (the tests
+run each exported op on ONNX Runtime's CPU EP against TVM); anything else raises
+:class:`Unexportable` naming the op, and the op then stays with TVM.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from ..qnn_ep import IR_VERSION, OPSET
+
+
+class Unexportable(ValueError):
+    """A Relax op (or one of its attributes) with no ONNX form here."""
+
+
+# ---- describing a composite ---------------------------------------------------------------------
+class _Nodes:
+    """The nodes of one composite being described: refs are ``["p", i]`` (parameter i),
+    ``["v", k]`` (node k's output) or ``["c", k]`` (inline constant k)."""
+
+    def __init__(self) -> None:
+        self.nodes: list[dict] = []
+        self.consts: list[dict] = []
+
+    def const(self, value: np.ndarray) -> list:
+        value = np.asarray(value)
+        self.consts.append({"dtype": str(value.dtype), "shape": list(value.shape), "data": value.ravel().tolist()})
+        return ["c", len(self.consts) - 1]
+
+    def add(self, op: str, inputs: list, attrs: dict | None = None, domain: str = "") -> list:
+        self.nodes.append({"op": op, "inputs": inputs, "attrs": attrs or {}, "domain": domain})
+        return ["v", len(self.nodes) - 1]
+
+
+def describe(composite: relax.Function, scalars: dict[str, float] | None = None) -> dict:
+    """The ONNX nodes of ``composite`` (its parameters are the region's inputs): ``{"nodes",
+    "consts", "out", "params": [{"shape", "dtype"}], "shape", "dtype"}``. ``scalars`` carries
+    values a pattern recorded on the composite (an LRN's alpha, beta, k)."""
+    nodes = _Nodes()
+    refs: dict[Any, list] = {p: ["p", i] for i, p in enumerate(composite.params)}
+
+    def ref(expr: Any) -> list:
+        if isinstance(expr, tvm.ir.Constant):
+            return nodes.const(expr.value.numpy())
+        if expr in refs:
+            return refs[expr]
+        raise Unexportable(f"an operand ({type(expr).__name__}) that is neither a value of the region nor a constant")
+
+    last = None
+    for block in composite.body.blocks:
+        for binding in block.bindings:
+            value = binding.value
+            if isinstance(value, relax.Tuple):
+                refs[binding.var] = ["t", [ref(f) for f in value.fields]]
+                continue
+            if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
+                raise Unexportable(f"a binding that is not an op call: {type(value).__name__}")
+            name = value.op.name
+            exporter = EXPORTERS.get(name)
+            if exporter is None:
+                raise Unexportable(f"{name} has no ONNX form here")
+            args = []
+            for arg in value.args:
+                if isinstance(arg, relax.Tuple):
+                    args.append(["t", [ref(f) for f in arg.fields]])
+                elif isinstance(arg, (relax.Var, tvm.ir.Constant)):
+                    args.append(ref(arg))
+                else:  # a shape, a scalar or a string: part of the op, not an operand
+                    args.append(["x", arg])
+            refs[binding.var] = last = exporter(nodes, value, args, scalars or {})
+    out_expr = composite.body.body
+    if last is None or out_expr not in refs:
+        raise Unexportable("a region whose output is not one of its op results")
+    ret = composite.ret_ty if hasattr(composite, "ret_ty") else out_expr.ty
+    return {
+        "nodes": nodes.nodes,
+        "consts": nodes.consts,
+        "out": refs[out_expr],
+        "params": [_tensor_info(p.ty) for p in composite.params],
+        **_tensor_info(ret),
+    }
+
+
+def _tensor_info(ty: Any) -> dict:
+    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
+        raise Unexportable(f"a value that is not a tensor of known shape ({ty})")
+    return {"shape": [int(d) for d in ty.shape.values], "dtype": str(ty.dtype)}
+
+
+def _ints(values: Any) -> list[int]:
+    return [int(v) for v in values]
+
+
+def _shape_of(call: relax.Call) -> list[int]:
+    return _tensor_info(call.ty)["shape"]
+
+
+def _unary(op: str) -> Callable:
+    return lambda n, call, args, _s: n.add(op, [args[0]])
+
+
+def _binary(op: str) -> Callable:
+    return lambda n, call, args, _s: n.add(op, [args[0], args[1]])
+
+
+def _conv2d(n: _Nodes, call: relax.Call, args: list, _s: dict) -> list:
+    a = call.attrs
+    if a.data_layout != "NCHW" or a.kernel_layout != "OIHW" or (a.out_layout not in ("", "NCHW")):
+        raise Unexportable(f"conv2d in layout {a.data_layout}/{a.kernel_layout}")
+    pads = _ints(a.padding)  # top, left, bottom, right == ONNX's begin..., end...
+    return n.add("Conv", [args[0], args[1]], {"strides": _ints(a.strides), "pads": pads,
+                                               "dilations": _ints(a.dilation), "group": int(a.groups)})
+
+
+def _pool2d(op: str) -> Callable:
+    def export(n: _Nodes, call: relax.Call, args: list, _s: dict) -> list:
+        a = call.attrs
+        if a.layout != "NCHW":
+            raise Unexportable(f"{call.op.name} in layout {a.layout}")
+        attrs = {"kernel_shape": _ints(a.pool_size), "strides": _ints(a.strides), "pads": _ints(a.padding),
+                 "ceil_mode": int(bool(a.ceil_mode))}
+        if any(d != 1 for d in _ints(a.dilation)):
+            attrs["dilations"] = _ints(a.dilation)
+        if op == "AveragePool":
+            attrs["count_include_pad"] = int(bool(a.count_include_pad))
+        return n.add(op, [args[0]], attrs)
+    return export
+
+
+def _reshape_like_output(n: _Nodes, call: relax.Call, args: list, _s: dict) -> list:
+    return n.add("Reshape", [args[0], n.const(np.array(_shape_of(call), "int64"))])
+
+
+def _permute(n: _Nodes, call: relax.Call, args: list, _s: dict) -> list:
+    axes = call.attrs.axes
+    rank = len(_tensor_info(call.args[0].ty)["shape"])
+    perm = _ints(axes) if axes is not None else list(reversed(range(rank)))
+    return n.add("Transpose", [args[0]], {"perm": perm})
+
+
+def _concat(n: _Nodes, call: relax.Call, args: list, _s: dict) -> list:
+    if args[0][0] != "t":
+        raise Unexportable("concat of a tuple that is not written out")
+    return n.add("Concat", list(args[0][1]), {"axis": int(call.attrs.axis)})
+
+
+def _reduce(op: str, axes_as_input: bool) -> Callable:
+    def export(n: _Nodes, call: relax.Call, args: list, _s: dict) -> list:
+        rank = len(_tensor_info(call.args[0].ty)["shape"])
+        axes = _ints(call.attrs.axis) if call.attrs.axis is not None else list(range(rank))
+        keep = int(bool(call.attrs.keepdims))
+        if axes_as_input:
+            return n.add(op, [args[0], n.const(np.array(axes, "int64"))], {"keepdims": keep})
+        return n.add(op, [args[0]], {"axes": axes, "keepdims": keep})
+    return export
+
+
+def _softmax(n: _Nodes, call: relax.Call, args: list, _s: dict) -> list:
+    return n.add("Softmax", [args[0]], {"axis": int(call.attrs.axis)})
+
+
+def _layer_norm(n: _Nodes, call: relax.Call, args: list, _s: dict) -> list:
+    a = call.attrs
+    rank = len(_tensor_info(call.args[0].ty)["shape"])
+    axes = sorted(int(x) % rank for x in a.axes)
+    if axes != list(range(axes[0], rank)) or not (a.center and a.scale):
+        raise Unexportable("layer_norm over axes that do not end the shape, or without scale and shift")
+    return n.add("LayerNormalization", [args[0], args[1], args[2]], {"axis": axes[0], "epsilon": float(a.epsilon)})
+
+
+def _expand_dims(n: _Nodes, call: relax.Call, args: list, _s: dict) -> list:
+    return n.add("Unsqueeze", [args[0], n.const(np.array(_ints(call.attrs.axis), "int64"))])
+
+
+def _squeeze(n: _Nodes, call: relax.Call, args: list, _s: dict) -> list:
+    if call.attrs.axis is None:
+        return n.add("Squeeze", [args[0]])
+    return n.add("Squeeze", [args[0], n.const(np.array(_ints(call.attrs.axis), "int64"))])
+
+
+def _broadcast_to(n: _Nodes, call: relax.Call, args: list, _s: dict) -> list:
+    return n.add("Expand", [args[0], n.const(np.array(_shape_of(call), "int64"))])
+
+
+def _stack(n: _Nodes, call: relax.Call, args: list, _s: dict) -> list:
+    axis = int(call.attrs.axis)
+    axes = n.const(np.array([axis], "int64"))
+    parts = [n.add("Unsqueeze", [field, axes]) for field in args[0][1]]
+    return n.add("Concat", parts, {"axis": axis})
+
+
+def _clip(n: _Nodes, call: relax.Call, args: list, _s: dict) -> list:
+    low, high = (float(a[1].value.value) if a[0] == "x" else None for a in args[1:3])
+    dtype = _tensor_info(call.ty)["dtype"]
+    return n.add("Clip", [args[0], n.const(np.array(low, dtype)), n.const(np.array(high, dtype))])
+
+
+def _gelu(n: _Nodes, call: relax.Call, args: list, _s: dict) -> list:
+    return n.add("Gelu", [args[0]], domain="com.microsoft")
+
+
+def _astype(n: _Nodes, call: relax.Call, args: list, _s: dict) -> list:
+    from onnx import helper
+
+    return n.add("Cast", [args[0]], {"to": helper.np_dtype_to_tensor_dtype(np.dtype(str(call.attrs.dtype)))})
+
+
+def _qdq(op: str) -> Callable:
+    def export(n: _Nodes, call: relax.Call, args: list, _s: dict) -> list:
+        return n.add(op, [args[0], args[1], args[2]], {"axis": int(call.attrs.axis)})
+    return export
+
+
+def _take(n: _Nodes, call: relax.Call, args: list, _s: dict) -> list:
+    return n.add("Gather", [args[0], args[1]], {"axis": int(call.attrs.axis or 0)})
+
+
+#: Relax op -> ``exporter(nodes, call, args, scalars) -> ref``.
+EXPORTERS: dict[str, Callable] = {
+    "relax.nn.conv2d": _conv2d,
+    "relax.nn.max_pool2d": _pool2d("MaxPool"),
+    "relax.nn.avg_pool2d": _pool2d("AveragePool"),
+    "relax.add": _binary("Add"),
+    "relax.subtract": _binary("Sub"),
+    "relax.multiply": _binary("Mul"),
+    "relax.divide": _binary("Div"),
+    "relax.power": _binary("Pow"),
+    "relax.matmul": _binary("MatMul"),
+    "relax.nn.relu": _unary("Relu"),
+    "relax.sigmoid": _unary("Sigmoid"),
+    "relax.tanh": _unary("Tanh"),
+    "relax.sqrt": _unary("Sqrt"),
+    "relax.exp": _unary("Exp"),
+    "relax.erf": _unary("Erf"),
+    "relax.negative": _unary("Neg"),
+    "relax.nn.gelu": _gelu,
+    "relax.clip": _clip,
+    "relax.reshape": _reshape_like_output,
+    "relax.permute_dims": _permute,
+    "relax.concat": _concat,
+    "relax.mean": _reduce("ReduceMean", axes_as_input=False),
+    "relax.sum": _reduce("ReduceSum", axes_as_input=True),
+    "relax.max": _reduce("ReduceMax", axes_as_input=False),
+    "relax.nn.softmax": _softmax,
+    "relax.nn.layer_norm": _layer_norm,
+    "relax.expand_dims": _expand_dims,
+    "relax.squeeze": _squeeze,
+    "relax.broadcast_to": _broadcast_to,
+    "relax.stack": _stack,
+    "relax.astype": _astype,
+    "relax.quantize": _qdq("QuantizeLinear"),
+    "relax.dequantize": _qdq("DequantizeLinear"),
+    "relax.take": _take,
+}
+
+
+def describe_lrn(composite: relax.Function, scalars: dict[str, float]) -> dict:
+    """An LRN composite (the frontends' decomposition, matched whole) as one ONNX LRN."""
+    nodes = _Nodes()
+    pool = next(b.value for blk in composite.body.blocks for b in blk.bindings
+                if isinstance(b.value, relax.Call) and getattr(b.value.op, "name", "") == "relax.nn.avg_pool3d")
+    size = int(pool.attrs.pool_size[0])
+    out = nodes.add("LRN", [["p", 0]], {"size": size, "alpha": float(scalars["alpha"]),
+                                        "beta": float(scalars["beta"]), "bias": float(scalars["k"])})
+    return {"nodes": nodes.nodes, "consts": nodes.consts, "out": out,
+            "params": [_tensor_info(p.ty) for p in composite.params], **_tensor_info(composite.ret_ty)}
+
+
+# ---- assembling a region ------------------------------------------------------------------------
+def assemble(spec: dict, weights: dict[int, np.ndarray], name: str) -> tuple[bytes, list[int], str]:
+    """One ONNX model for a region ``spec`` (one step, or a block's ``steps``). ``weights`` maps the
+    region's input positions to their values, which become initializers. Returns the serialized
+    model, the input positions that stay graph inputs (bound at run time, named ``in<position>``),
+    and the name of the model's one output, the region's value."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    steps = spec["steps"] if spec.get("op") == "block" else [{**spec, "args": list(range(len(spec["params"])))}]
+    num_inputs = int(spec["num_inputs"]) if spec.get("op") == "block" else len(spec["params"])
+    input_info: dict[int, dict] = {}
+    for step in steps:
+        for k, arg in enumerate(step["args"]):
+            if arg < num_inputs:
+                input_info.setdefault(arg, step["params"][k])
+    graph_nodes, initializers, graph_inputs, bound = [], [], [], []
+    for position in range(num_inputs):
+        info = input_info[position]
+        if position in weights:
+            initializers.append(numpy_helper.from_array(np.asarray(weights[position]).astype(info["dtype"]),
+                                                        f"in{position}"))
+        else:
+            graph_inputs.append(helper.make_tensor_value_info(
+                f"in{position}", helper.np_dtype_to_tensor_dtype(np.dtype(info["dtype"])), info["shape"]))
+            bound.append(position)
+    step_out: list[str] = []
+    for s, step in enumerate(steps):
+        params = [f"in{a}" if a < num_inputs else step_out[a - num_inputs] for a in step["args"]]
+        for c, const in enumerate(step["consts"]):
+            initializers.append(numpy_helper.from_array(
+                np.array(const["data"], const["dtype"]).reshape(const["shape"]), f"s{s}_c{c}"))
+
+        def resolve(ref: list, s: int = s, params: list = params) -> str:
+            kind, index = ref
+            return params[index] if kind == "p" else f"s{s}_c{index}" if kind == "c" else f"s{s}_v{index}"
+
+        for k, node in enumerate(step["nodes"]):
+            inputs = []
+            for ref in node["inputs"]:
+                inputs.extend(resolve(r) for r in ref[1]) if ref[0] == "t" else inputs.append(resolve(ref))
+            graph_nodes.append(helper.make_node(node["op"], inputs, [f"s{s}_v{k}"], name=f"s{s}_n{k}",
+                                                domain=node.get("domain", ""), **node["attrs"]))
+        step_out.append(resolve(step["out"]))
+    last = steps[-1]
+    output = helper.make_tensor_value_info(step_out[-1], helper.np_dtype_to_tensor_dtype(np.dtype(last["dtype"])),
+                                           last["shape"])
+    graph = helper.make_graph(graph_nodes, name, graph_inputs, [output], initializers)
+    opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets, ir_version=IR_VERSION, producer_name="tvm-hetero")
+    onnx.checker.check_model(model)
+    return model.SerializeToString(), bound, step_out[-1]
+
+
+def spec_text(spec: dict) -> str:
+    """A region spec as compact JSON (for hashing and the module document)."""
+    return json.dumps(spec, sort_keys=True, separators=(",", ":"))

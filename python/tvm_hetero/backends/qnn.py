@@ -1,0 +1,304 @@
+"""The ``qnn`` backend: regions of Relax ops that a Qualcomm HTP runs, as QNN graphs.
+
+Capability is asked of QNN itself, never guessed: after ``prepare`` (batch norms folded, no-ops
+dropped, as for oneDNN), every op call of the entry function that has an ONNX form
+(:mod:`.onnx_export`) is built alone as an ONNX model, its weights included, and handed to ONNX
+Runtime's QNN EP with CPU fallback disabled (:func:`tvm_hetero.qnn_ep.accepts`); the answer and
+QNN's reason are cached by the op's description (``~/.cache/tvm-hetero/qnn_capability.json``).
+The patterns then take exactly the accepted ops (one region each; the ONNX LRN as one region), and
+consecutive regions join into blocks (:mod:`.merge_regions`): one block is one QNN graph, one
+graph execution per inference. Codegen exports each block as one ONNX model and finalizes it once,
+at build, into an EP-context model (the QNN context binary), kept in the kernel library by the
+``tvm_hetero_qnn`` module (src/backends/qnn_region_module.cc).
+
+A region QNN refuses at finalize raises :class:`RegionRefused` naming its ops; the build then
+keeps them on the CPU (``exclude``) and builds again, as it does for regions that verification
+rejects (docs/qnn.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.relax.dpl import is_op, is_tuple, wildcard
+from tvm.relax.transform import FusionPattern
+
+from .. import qnn_ep
+from ..devices import KINDS
+from .base import Backend, Region, WeightPredicate
+from .dnnl import DropNoOps, FoldChannelAffine, FoldConvAffine, SimplifyStackSum, _lrn_pattern
+from .onnx_export import EXPORTERS, Unexportable, assemble, describe, describe_lrn, spec_text
+
+_FORMAT = "tvm-hetero-qnn/1"
+#: Arity of each exported op's pattern (concat and stack take tuples, matched per size).
+_ARITY = {"relax.nn.conv2d": 2, "relax.add": 2, "relax.subtract": 2, "relax.multiply": 2, "relax.divide": 2,
+          "relax.power": 2, "relax.matmul": 2, "relax.nn.layer_norm": 3, "relax.take": 2,
+          "relax.quantize": 3, "relax.dequantize": 3, "relax.reshape": 2, "relax.broadcast_to": 2}
+_TUPLE_OPS = ("relax.concat", "relax.stack")
+_MAX_TUPLE = 64
+_LRN_ATTR = "tvm_hetero.lrn"
+
+
+class RegionRefused(RuntimeError):
+    """QNN refused to finalize a region (its graph as a whole)."""
+
+    def __init__(self, region: Region, reason: str) -> None:
+        super().__init__(f"QNN refused region {region.name} ({len(region.ops)} ops) at finalize: {reason}")
+        self.region = region
+        self.reason = reason
+        #: The entry function's bindings the region covers.
+        self.bindings = region_bindings(region)
+
+
+def region_bindings(region: Region) -> list[str]:
+    """The keys (``index:name``) of the entry function's op bindings a region covers."""
+    steps = region.spec["steps"] if region.spec.get("op") == "block" else [region.spec]
+    return [key for step in steps for key in step.get("bindings", [])]
+
+
+class QnnBackend(Backend):
+    """Offload to a QNN HTP: regions on device ``device`` (the HTP's position)."""
+
+    name = "qnn"
+
+    def __init__(self, device: int | None = 0, options: dict | None = None, exclude: dict[str, str] | None = None,
+                 devices: Any = None, min_flops: float = 0.0, cache_path: str | os.PathLike | None = None) -> None:
+        super().__init__(device, min_flops, devices, merge=True)
+        #: The HTP's options (soc_model, htp_arch, precision).
+        self.options = {**KINDS["qnn-htp"].default_options, **(options or {})}
+        #: Bindings kept off the HTP, with the reason (verification, a refused finalize).
+        self.exclude: dict[str, str] = dict(exclude or {})
+        #: The last prepare's answers: binding key -> (op, accepted, reason).
+        self.answers: dict[str, tuple[str, bool, str]] = {}
+        self._accepted: set[relax.Var] = set()
+        self._key_of: dict[relax.Var, str] = {}
+        self._weights: dict[str, dict[int, np.ndarray]] = {}
+        #: Per region name: the plain ONNX model (the CPU reference verification runs).
+        self.reference_models: dict[str, bytes] = {}
+        self._cache_path = Path(cache_path) if cache_path else _default_cache_path()
+
+    def available(self) -> bool:
+        return qnn_ep.available()
+
+    # -- capability --
+    def prepare(self, mod: tvm.IRModule, entry: str) -> tvm.IRModule:
+        qnn_ep.require()  # one clear error, naming the extra, when onnxruntime-qnn is missing
+        mod = SimplifyStackSum(entry)(mod)
+        mod = DropNoOps(entry)(mod)
+        mod = FoldConvAffine(entry)(mod)
+        mod = FoldChannelAffine(entry)(mod)
+        self._ask_qnn(mod[entry])
+        return mod
+
+    def _ask_qnn(self, func: relax.Function) -> None:
+        cache = _load_cache(self._cache_path)
+        fresh = False
+        self._accepted, self._key_of, self.answers = set(), {}, {}
+        index = 0
+        for block in func.body.blocks:
+            for binding in block.bindings:
+                value = binding.value
+                key = f"{index}:{binding.var.name}"
+                index += 1
+                if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
+                    continue
+                self._key_of[binding.var] = key
+                op = value.op.name
+                if key in self.exclude:
+                    self.answers[key] = (op, False, self.exclude[key])
+                    continue
+                try:
+                    spec, weights = _single_op_spec(value, binding.var)
+                except Unexportable as err:
+                    self.answers[key] = (op, False, f"no ONNX form: {err}")
+                    continue
+                cache_key = self._cache_key(spec, weights)
+                if cache_key not in cache:
+                    model, _bound, _out = assemble(spec, weights, "probe")
+                    cache[cache_key] = list(qnn_ep.accepts(model, self.options))
+                    fresh = True
+                ok, reason = cache[cache_key]
+                self.answers[key] = (op, bool(ok), reason)
+                if ok:
+                    self._accepted.add(binding.var)
+        if fresh:
+            _save_cache(self._cache_path, cache)
+
+    def _cache_key(self, spec: dict, weights: dict[int, np.ndarray]) -> str:
+        from onnxruntime_qnn import __version__ as qnn_version
+
+        text = spec_text({"spec": spec, "weights": sorted(weights), "options": self.options, "qnn": qnn_version})
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def _accepts_lrn(self, ctx: Any) -> bool:
+        ann = ctx.annotated_expr
+        members = [ctx.value_to_bound_var.get(e) for e in ctx.matched_bindings] if hasattr(ctx, "matched_bindings") else []
+        if any(self._key_of.get(v) in self.exclude for v in members if v is not None):
+            return False
+        data_ty = ann["data"].ty
+        if not isinstance(data_ty, relax.TensorType) or not isinstance(data_ty.shape, relax.ShapeExpr):
+            return False
+        scalars = {n: float(ann[n].value.numpy()) for n in ("alpha", "beta", "k")}
+        size = int(ann["pool"].attrs.pool_size[0])
+        shape = [int(d) for d in data_ty.shape.values]
+        spec = {"nodes": [{"op": "LRN", "inputs": [["p", 0]], "attrs": {"size": size, "alpha": scalars["alpha"],
+                                                                       "beta": scalars["beta"], "bias": scalars["k"]},
+                           "domain": ""}],
+                "consts": [], "out": ["v", 0], "params": [{"shape": shape, "dtype": str(data_ty.dtype)}],
+                "shape": shape, "dtype": str(data_ty.dtype)}
+        cache = _load_cache(self._cache_path)
+        key = self._cache_key(spec, {})
+        if key not in cache:
+            cache[key] = list(qnn_ep.accepts(assemble(spec, {}, "probe")[0], self.options))
+            _save_cache(self._cache_path, cache)
+        return bool(cache[key][0])
+
+    # -- patterns --
+    def patterns(self, is_weight: WeightPredicate) -> list[FusionPattern]:
+        def accepted(ctx: Any) -> bool:
+            var = ctx.value_to_bound_var.get(ctx.annotated_expr["anchor"])
+            return var is not None and var in self._accepted
+
+        lrn = _lrn_pattern()
+        out = [FusionPattern("qnn.lrn", lrn.pattern, lrn.annotation_patterns, self._accepts_lrn, lrn.attrs_getter)]
+        for op in EXPORTERS:
+            if op in _TUPLE_OPS:
+                for n in range(2, _MAX_TUPLE + 1):
+                    call = is_op(op)(is_tuple([wildcard() for _ in range(n)]))
+                    out.append(FusionPattern(f"qnn.{op.removeprefix('relax.')}{n}", call, {"anchor": call}, accepted))
+                continue
+            call = is_op(op)(*[wildcard() for _ in range(_ARITY.get(op, 1))])
+            out.append(FusionPattern(f"qnn.{op.removeprefix('relax.')}", call, {"anchor": call}, accepted))
+        return out
+
+    def describe(self, composite: relax.Function, pattern: str) -> dict:
+        if pattern == "qnn.lrn":
+            scalars = json.loads(str(composite.attrs[_LRN_ATTR]))
+            return describe_lrn(composite, scalars)
+        return describe(composite)
+
+    def unique_regions(self) -> bool:
+        return True  # each site's weights are compiled into its QNN graph
+
+    def bind_call_sites(self, func: relax.Function, regions: dict[str, Region], weight_values: dict[str, Any]) -> None:
+        """Record, per call site, the bindings it covers and its weights' values (compiled into
+        the QNN graph as constants)."""
+        keys_by_name = {var.name: key for var, key in self._key_of.items()}
+        seen: set[str] = set()
+        for block in func.body.blocks:
+            for binding in block.bindings:
+                value = binding.value
+                if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.GlobalVar)):
+                    continue
+                region = regions.get(value.op.name_hint)
+                if region is None:
+                    continue
+                if region.name in seen:
+                    raise RuntimeError(f"qnn: region {region.name} is called twice; its weights would be shared")
+                seen.add(region.name)
+                site = f"{region.name}@{binding.var.name}"
+                weights = {}
+                for i, arg in enumerate(value.args):
+                    if isinstance(arg, tvm.ir.Constant):
+                        weights[i] = arg.value.numpy()
+                    elif isinstance(arg, relax.Var) and arg.name in weight_values:
+                        weights[i] = np.asarray(weight_values[arg.name])
+                self._weights[site] = weights
+                region.spec["site"] = site
+                region.spec["weights"] = sorted(weights)
+                key = keys_by_name.get(binding.var.name)
+                region.spec["bindings"] = [key] if key is not None else []
+
+    # -- codegen --
+    def codegen(self, regions: list[Region]) -> tvm.runtime.Module:
+        entries, blobs, offset = [], [], 0
+        for region in regions:
+            model, bound, output = assemble(region.spec, self._region_weights(region), region.name)
+            self.reference_models[region.name] = model
+            try:
+                context = qnn_ep.finalize(model, self.options)
+            except qnn_ep.QnnUnavailable:
+                raise
+            except Exception as err:  # noqa: BLE001 (ONNX Runtime's own error types)
+                raise RegionRefused(region, str(err).strip().splitlines()[-1] if str(err).strip() else repr(err)) from None
+            num_inputs = int(region.spec["num_inputs"]) if region.spec.get("op") == "block" else len(region.spec["params"])
+            last = region.spec["steps"][-1] if region.spec.get("op") == "block" else region.spec
+            meta = {"inputs": bound, "num_args": num_inputs + 1, "output": output, "shape": last["shape"],
+                    "dtype": last["dtype"], "options": self.options, "ops": len(region.ops), "device": region.device}
+            entries.append({"name": region.name, "offset": offset, "size": len(context), "meta": json.dumps(meta)})
+            blobs.append(context)
+            offset += len(context)
+        header = json.dumps({"format": _FORMAT, "regions": entries}).encode()
+        document = struct.pack("<Q", len(header)) + header + b"".join(blobs)
+        return tvm.get_global_func("tvm_hetero.qnn.create_module")(document)
+
+    def _region_weights(self, region: Region) -> dict[int, np.ndarray]:
+        """The region's inputs that are weights, by input position."""
+        spec = region.spec
+        if spec.get("op") != "block":
+            return self._weights.get(spec.get("site", ""), {})
+        out: dict[int, np.ndarray] = {}
+        num_inputs = int(spec["num_inputs"])
+        for step in spec["steps"]:
+            values = self._weights.get(step.get("site", ""), {})
+            for k, arg in enumerate(step["args"]):
+                if arg < num_inputs and k in values:
+                    out[arg] = values[k]
+        return out
+
+
+def _single_op_spec(call: relax.Call, var: relax.Var) -> tuple[dict, dict[int, np.ndarray]]:
+    """One op call as a region of its own (tensor operands as parameters, constants as weights)."""
+    params, args, weights = [], [], {}
+
+    def param_for(expr: Any) -> Any:
+        ty = getattr(expr, "ty", None)
+        if not isinstance(ty, relax.TensorType):
+            raise Unexportable(f"an operand of type {ty}")
+        p = relax.Var(f"p{len(params)}", ty)
+        if isinstance(expr, tvm.ir.Constant):
+            weights[len(params)] = expr.value.numpy()
+        params.append(p)
+        return p
+
+    for arg in call.args:
+        if isinstance(arg, relax.Tuple):
+            args.append(relax.Tuple([param_for(f) for f in arg.fields]))
+        elif isinstance(arg, (relax.Var, tvm.ir.Constant)):
+            args.append(param_for(arg))
+        else:  # a shape, a scalar or a string: part of the op, not an operand
+            args.append(arg)
+    out = relax.Var("out", var.ty)
+    body = relax.SeqExpr([relax.BindingBlock([relax.VarBinding(out, relax.Call(call.op, args, call.attrs,
+                                                                                   call.ty_args))])], out)
+    return describe(relax.Function(params, body, var.ty, True)), weights
+
+
+def _default_cache_path() -> Path:
+    root = Path(os.environ.get("TVM_HETERO_CACHE", Path.home() / ".cache" / "tvm-hetero"))
+    return root / "qnn_capability.json"
+
+
+def _load_cache(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _save_cache(path: Path, cache: dict) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(cache))
+        tmp.replace(path)
+    except OSError:
+        pass  # a cache that cannot be written only costs a probe next time

@@ -1,0 +1,168 @@
+"""The way into a Qualcomm HTP: ONNX Runtime's QNN execution provider (``onnxruntime-qnn``).
+
+QNN's own headers are proprietary, so every HTP graph is an ONNX model handed to the QNN EP: the
+compiler asks it what it accepts (:func:`accepts`) and finalizes each region into an EP-context
+model (a QNN context binary inside ONNX, :func:`finalize`); the runtime opens those without
+finalizing again (:func:`htp_session`). On x86 the wheel's ``libQnnHtp.so`` emulates the HTP.
+
+Sessions are created with ``session.disable_cpu_ep_fallback=1``: a graph the HTP does not take
+whole is an error, never a quiet run on ONNX Runtime's CPU EP. QNN states its reasons on the native
+stderr only; :func:`captured_stderr` collects them around a session's creation.
+
+Below the compiler and the runtime: it imports neither.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import tempfile
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+#: The ONNX IR version regions are written in (ONNX Runtime 1.31 refuses newer ones).
+IR_VERSION = 9
+#: The ONNX opset of exported regions (LayerNormalization is 17).
+OPSET = 17
+
+_lock = threading.Lock()
+_registered = False
+
+
+class QnnUnavailable(RuntimeError):
+    """onnxruntime-qnn is not installed (or its HTP library cannot be loaded)."""
+
+
+def require() -> Any:
+    """``(onnxruntime, onnxruntime_qnn)``, registering the QNN EP once per process."""
+    global _registered
+    try:
+        import onnxruntime
+        import onnxruntime_qnn
+    except ImportError as err:
+        raise QnnUnavailable(
+            "the qnn-htp device needs ONNX Runtime's QNN execution provider, which is not installed: "
+            "pip install 'tvm-hetero[qnn]' (onnxruntime==1.31.1, onnxruntime-qnn==2.7.0)"
+        ) from err
+    with _lock:
+        if not _registered:
+            onnxruntime.register_execution_provider_library("QNNExecutionProvider",
+                                                            onnxruntime_qnn.get_library_path())
+            _registered = True
+    return onnxruntime, onnxruntime_qnn
+
+
+def available() -> bool:
+    try:
+        require()
+    except (QnnUnavailable, RuntimeError, OSError):
+        return False
+    return True
+
+
+def provider_options(options: dict) -> dict[str, str]:
+    """The QNN EP's options for a device's ``{"soc_model", "htp_arch", "precision"}``. fp16 is
+    set explicitly (its default differs between the docs and the code), and on x86 Linux it is
+    refused unless ``soc_model`` is set, which it always is here."""
+    _ort, qnn = require()
+    precision = str(options.get("precision", "fp16"))
+    if precision not in ("fp16", "quantized"):
+        raise ValueError(f"qnn-htp precision {precision!r}: expected 'fp16' or 'quantized'")
+    out = {
+        "backend_path": qnn.get_qnn_htp_path(),
+        "soc_model": str(int(options.get("soc_model", 60))),
+        "htp_arch": str(int(options.get("htp_arch", 73))),
+        "enable_htp_fp16_precision": "1" if precision == "fp16" else "0",
+    }
+    for key in ("profiling_level", "profiling_file_path", "htp_performance_mode"):
+        if key in options:
+            out[key] = str(options[key])
+    return out
+
+
+def _session_options(options: dict, extra: dict[str, str] | None = None, threads: int | None = None) -> Any:
+    ort, _qnn = require()
+    so = ort.SessionOptions()
+    so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+    for key, value in (extra or {}).items():
+        so.add_session_config_entry(key, value)
+    so.log_severity_level = 3  # QNN's warnings are collected from stderr where they matter
+    if threads is not None:
+        so.intra_op_num_threads = threads
+    devices = [d for d in ort.get_ep_devices() if d.ep_name == "QNNExecutionProvider"]
+    if not devices:
+        raise QnnUnavailable("ONNX Runtime lists no QNN EP device (onnxruntime-qnn failed to load)")
+    so.add_provider_for_devices(devices, provider_options(options))
+    return so
+
+
+def htp_session(model: bytes, options: dict) -> Any:
+    """An ONNX Runtime session running all of ``model`` on the HTP (an error if it cannot)."""
+    ort, _qnn = require()
+    return ort.InferenceSession(model, _session_options(options))
+
+
+def cpu_session(model: bytes, threads: int = 1) -> Any:
+    """The same model on ONNX Runtime's CPU EP in fp32: the reference an HTP region is checked against."""
+    ort, _qnn = require()
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.log_severity_level = 3
+    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+
+
+@contextlib.contextmanager
+def captured_stderr() -> Iterator[list[str]]:
+    """Collect what native code writes to file descriptor 2 meanwhile (QNN's reasons)."""
+    lines: list[str] = []
+    with tempfile.TemporaryFile(mode="w+b") as sink:
+        saved = os.dup(2)
+        try:
+            os.dup2(sink.fileno(), 2)
+            yield lines
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            text = sink.read().decode("utf-8", "replace")
+            lines.extend(_ANSI.sub("", line) for line in text.splitlines() if line.strip())
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_REASON = re.compile(r"(backendValidateOpConfig\(\) failed.*|Unsupported.*|not supported.*|.*is not supported.*)",
+                     re.IGNORECASE)
+
+
+def accepts(model: bytes, options: dict) -> tuple[bool, str]:
+    """Whether QNN takes every node of ``model`` on the HTP, and else QNN's reason."""
+    with captured_stderr() as lines:
+        try:
+            htp_session(model, options)
+            ok, error = True, ""
+        except QnnUnavailable:
+            raise
+        except Exception as err:  # noqa: BLE001 (ONNX Runtime raises its own Fail/InvalidArgument types)
+            ok, error = False, str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+    if ok:
+        return True, ""
+    reasons = [m.group(1).strip() for line in lines if (m := _REASON.search(line))]
+    if reasons:
+        return False, "; ".join(dict.fromkeys(reasons))
+    if "fallback to CPU EP has been explicitly disabled" in error:
+        return False, "no QNN op builder for it (the QNN EP does not claim the node)"
+    return False, error
+
+
+def finalize(model: bytes, options: dict) -> bytes:
+    """The EP-context model of ``model``: the QNN context binary (the finalized HTP graph)
+    embedded in an ONNX model, which :func:`htp_session` opens without finalizing again."""
+    with tempfile.TemporaryDirectory(prefix="tvm_hetero_qnn_") as tmp:
+        path = os.path.join(tmp, "region_ctx.onnx")
+        extra = {"ep.context_enable": "1", "ep.context_embed_mode": "1", "ep.context_file_path": path}
+        ort, _qnn = require()
+        with captured_stderr():
+            ort.InferenceSession(model, _session_options(options, extra))
+        with open(path, "rb") as f:
+            return f.read()

@@ -1,0 +1,139 @@
+"""Running HTP regions: the function the graph runtime calls for a QNN region.
+
+The kernel library's ``tvm_hetero_qnn`` module (src/backends/qnn_region_module.cc) asks the global
+``tvm_hetero.qnn.make_region_runner`` registered here for each region it serves. A runner opens the
+region's EP-context model (the graph QNN finalized at build, so no finalization happens here) once,
+and each call binds the runtime's own buffers to the graph's inputs and output in place
+(``IOBinding`` on raw pointers: no copy in or out) and executes the graph once. The runtime calls it
+from the HTP device's executor thread; the GIL is released around ONNX Runtime's execution, so host
+executors keep running meanwhile.
+
+Verification (:func:`verifying`): while active, every runner also runs its region's plain ONNX
+model on ONNX Runtime's CPU EP in fp32 on the same inputs, records the HTP's error against it,
+and passes the CPU result on, so that a bad region does not spoil the regions after it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import tvm_ffi
+
+from .. import qnn_ep
+
+
+@dataclass
+class RegionCheck:
+    """One region's result under verification: the HTP's error against the CPU reference."""
+
+    region: str
+    ops: int
+    max_abs_error: float = 0.0
+    reference_scale: float = 0.0
+    finite: bool = True
+    calls: int = 0
+
+    @property
+    def relative_error(self) -> float:
+        return self.max_abs_error / max(self.reference_scale, 1e-30)
+
+
+@dataclass
+class _Verification:
+    references: dict[str, bytes]
+    results: dict[str, RegionCheck] = field(default_factory=dict)
+    sessions: dict[str, Any] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+_verification: _Verification | None = None
+#: Test hook: region names whose next execution raises (an HTP failure mid-run).
+FAIL_NEXT: set[str] = set()
+
+
+@contextlib.contextmanager
+def verifying(references: dict[str, bytes]) -> Iterator[dict[str, RegionCheck]]:
+    """Runners created or called meanwhile check their region against ``references`` (region name ->
+    plain ONNX model); yields the results by region name."""
+    global _verification
+    state = _Verification(references)
+    _verification = state
+    try:
+        yield state.results
+    finally:
+        _verification = None
+
+
+class RegionRunner:
+    """One region's QNN graph, bound to the runtime's buffers at each call."""
+
+    def __init__(self, name: str, model: bytes, meta: dict) -> None:
+        self.name = name
+        self.meta = meta
+        self.inputs: list[int] = [int(p) for p in meta["inputs"]]
+        self.output_position = int(meta["num_args"]) - 1
+        self.output_name = str(meta["output"])
+        self.session = qnn_ep.htp_session(model, meta["options"])
+        self.executions = 0
+
+    def __call__(self, *args: Any) -> None:
+        if len(args) != self.output_position + 1:
+            raise ValueError(f"HTP region {self.name}: called with {len(args)} tensors, expected "
+                             f"{self.output_position + 1}")
+        if self.name in FAIL_NEXT:
+            FAIL_NEXT.discard(self.name)
+            raise RuntimeError(f"HTP region {self.name}: graph execution failed (injected failure)")
+        out = args[self.output_position]
+        binding = self.session.io_binding()
+        for position in self.inputs:
+            t = args[position]
+            binding.bind_input(f"in{position}", "cpu", 0, _np_dtype(t), tuple(t.shape), t.data_ptr())
+        binding.bind_output(self.output_name, "cpu", 0, _np_dtype(out), tuple(out.shape), out.data_ptr())
+        try:
+            self.session.run_with_iobinding(binding)
+        except Exception as err:  # noqa: BLE001 (ONNX Runtime's own error types)
+            raise RuntimeError(f"HTP region {self.name}: QNN graph execution failed: {err}") from None
+        self.executions += 1
+        if _verification is not None:
+            self._check(args, _verification)
+
+    def _check(self, args: tuple, state: _Verification) -> None:
+        reference = state.references.get(self.name)
+        if reference is None:
+            return
+        with state.lock:
+            session = state.sessions.get(self.name)
+            if session is None:
+                session = state.sessions[self.name] = qnn_ep.cpu_session(reference)
+        feeds = {f"in{p}": np.from_dlpack(args[p]).copy() for p in self.inputs}
+        expected = session.run([self.output_name], feeds)[0]
+        got = np.from_dlpack(args[self.output_position])
+        check = state.results.setdefault(self.name, RegionCheck(self.name, int(self.meta.get("ops", 0))))
+        check.calls += 1
+        finite = bool(np.isfinite(got).all())
+        check.finite = check.finite and (finite or not np.isfinite(expected).all())
+        if expected.size:
+            diff = np.abs(got.astype("float64") - expected.astype("float64"))
+            diff = np.where(np.isfinite(diff), diff, np.inf)
+            check.max_abs_error = max(check.max_abs_error, float(diff.max()))
+            check.reference_scale = max(check.reference_scale, float(np.abs(expected).max()))
+        np.copyto(got, expected)  # the regions after it see the CPU's values
+
+
+def _np_dtype(tensor: Any) -> np.dtype:
+    return np.dtype(str(tensor.dtype))
+
+
+def make_region_runner(name: str, model: bytes, meta_json: str) -> Any:
+    """The global the ``tvm_hetero_qnn`` module calls: a packed function running region ``name``."""
+    runner = RegionRunner(str(name), bytes(model), json.loads(str(meta_json)))
+    return tvm_ffi.convert(runner)
+
+
+tvm_ffi.register_global_func("tvm_hetero.qnn.make_region_runner", make_region_runner, override=True)
