@@ -682,7 +682,13 @@ void GraphRuntime::ShareParams(const GraphRuntime& other, const std::string& par
 std::string GraphRuntime::StatsJSON() const {
   namespace json = ffi::json;
   int copies = 0;
-  for (const OpExec& step : steps_->op_execs) copies += step.kind == OpExec::Kind::kCopy;
+  // Graph executions of devices driven through a vendor runtime (a QNN HTP): one per kernel step there.
+  int64_t vendor_graphs = 0;
+  for (const OpExec& step : steps_->op_execs) {
+    copies += step.kind == OpExec::Kind::kCopy;
+    vendor_graphs += step.kind == OpExec::Kind::kKernel &&
+                     !support::TraitsOf(devices_[node_device_[step.node_id]]).runs_tvm_kernels;
+  }
   int64_t carried = 0;  // copies travelling inside a remote group's call
   for (const OffloadSegment& segment : steps_->segments) {
     if (segment.runner.has_value()) carried += static_cast<int64_t>(segment.inputs.size() + segment.outputs.size());
@@ -712,6 +718,7 @@ std::string GraphRuntime::StatsJSON() const {
       {ffi::String("implicit_copies"), int64_t(implicit_copies_.size())},
       {ffi::String("bytes_copied"), bytes_copied_per_run_},
       {ffi::String("cross_device_waits"), int64_t(concurrency_->num_waits)},
+      {ffi::String("qnn_graph_executions"), vendor_graphs},
   };
   return std::string(json::Stringify(stats));
 }

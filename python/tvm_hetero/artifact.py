@@ -332,6 +332,14 @@ def load(path: str | os.PathLike) -> Artifact:
 @functools.wraps(compiler_build.build)
 def build(mod: Any, targets: Any, placement: Any = None, *args: Any, **kwargs: Any) -> Artifact:
     auto = isinstance(placement, str) and placement == "auto"
+    from .htp_build import build_verified, has_htp
+
+    if has_htp(targets):
+        if auto:
+            raise ValueError("placement='auto' with a qnn-htp device: not supported yet (HTP costs must come "
+                             "from a device cost table, never from the emulator's wall time); give placement=None "
+                             "(every op QNN accepts goes to the HTP) or a hand placement")
+        return build_verified(mod, targets, placement, args, kwargs)
     if auto and kwargs.get("measurer") is None:  # automatic placement times kernels on this runtime
         from .runtime.autoplace_measure import RuntimeMeasurer
 

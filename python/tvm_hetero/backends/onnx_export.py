@@ -248,6 +248,7 @@ EXPORTERS: dict[str, Callable] = {
     "relax.sqrt": _unary("Sqrt"),
     "relax.exp": _unary("Exp"),
     "relax.erf": _unary("Erf"),
+    "relax.asin": _unary("Asin"),
     "relax.negative": _unary("Neg"),
     "relax.nn.gelu": _gelu,
     "relax.clip": _clip,

@@ -45,6 +45,8 @@ _ARITY = {"relax.nn.conv2d": 2, "relax.add": 2, "relax.subtract": 2, "relax.mult
 _TUPLE_OPS = ("relax.concat", "relax.stack")
 _MAX_TUPLE = 64
 _LRN_ATTR = "tvm_hetero.lrn"
+#: The answer for an op of constants only: the build folds it, it runs on no device.
+FOLDED = "constant inputs only: folded at build"
 
 
 class RegionRefused(RuntimeError):
@@ -114,6 +116,9 @@ class QnnBackend(Backend):
                 op = value.op.name
                 if key in self.exclude:
                     self.answers[key] = (op, False, self.exclude[key])
+                    continue
+                if all(isinstance(a, tvm.ir.Constant) or not isinstance(a, relax.Var | relax.Tuple) for a in value.args):
+                    self.answers[key] = (op, False, FOLDED)  # computed once at build, on no device
                     continue
                 try:
                     spec, weights = _single_op_spec(value, binding.var)

@@ -70,6 +70,8 @@ class BuildReport:
     autoplace: dict | None = None
     # why a default backend did not run (e.g. the library was built without it)
     backend_notes: list[str] = field(default_factory=list)
+    # a QNN HTP among the devices: what QNN refused and why, its graphs, their verification
+    htp: dict | None = None
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -110,6 +112,10 @@ class BuildReport:
             lines.extend(f"    {f}" for f in self.fallbacks)
         else:
             lines.append("  fallbacks: none")
+        if self.htp:
+            from .htp_report import explain_htp
+
+            lines.extend(explain_htp(self.htp, self.devices))
         if self.autoplace:
             from .autoplace.report import explain
 
@@ -129,6 +135,8 @@ class CompiledGraph:
     build_report: BuildReport | None = None
     # Devices whose target is another architecture than this machine's: their own kernel libraries.
     device_libs: dict[int, DeviceLibrary] = field(default_factory=dict)
+    # Per HTP region: its plain ONNX model, the CPU reference verification runs (not exported).
+    htp_references: dict[str, bytes] = field(default_factory=dict)
 
 
 def build(
@@ -234,6 +242,11 @@ def build(
     report = _make_report(lowered, graph, plan, devices, target_list, switches)
     report.compile_seconds = time.perf_counter() - start
     report.backend_notes = notes
+    references = {}
+    for backend in backends:
+        if backend.name == "qnn":
+            report.htp = htp_summary(backend, lowered)
+            references.update(backend.reference_models)
     compiled = CompiledGraph(
         graph_json=graph.to_json(plan.storage_ids, plan.storage_offsets),
         lib=lib,
@@ -242,6 +255,7 @@ def build(
         input_names=list(lowered.input_names),
         build_report=report,
         device_libs=device_libs,
+        htp_references=references,
     )
     if auto is not None:
         report.autoplace = auto.explanation  # the artifact layer adds the built graph's measured latency
@@ -291,6 +305,22 @@ def lower_as_built(mod: tvm.IRModule, placement: Any, devices: Sequence[tvm.runt
     switches_reordered = graph.device_switches()
     graph = insert_copies(graph, output_device, shares_memory_between(devices, targets))
     return lowered, graph, (switches_original, switches_reordered)
+
+
+def htp_summary(backend: Any, lowered: LoweredGraph) -> dict:
+    """What the report says of an HTP: each op QNN refused and why, each graph (region) it runs."""
+    from ..backends.qnn import region_bindings
+
+    refused = [{"binding": key, "op": op, "reason": reason}
+               for key, (op, ok, reason) in backend.answers.items() if not ok]
+    regions = [{"name": r.name, "ops": len(r.ops), "device": r.device, "bindings": region_bindings(r)}
+               for r in lowered.regions.values() if r.backend == "qnn"]
+    executions = sum(1 for node in lowered.graph.nodes if node.func_name in {r["name"] for r in regions})
+    return {"options": dict(backend.options), "asked": len(backend.answers),
+            "accepted": sum(1 for _op, ok, _r in backend.answers.values() if ok), "refused": refused,
+            "regions": regions, "graph_executions": executions, "excluded": dict(backend.exclude),
+            "steps": {r.name: [step.get("bindings", []) for step in r.spec["steps"]]
+                      for r in lowered.regions.values() if r.backend == "qnn" and r.spec.get("op") == "block"}}
 
 
 def with_htp_backends(backends: Any, specs: Sequence[DeviceSpec], placement: Any,
@@ -376,7 +406,7 @@ def _make_report(
     num_copies, bytes_copied = copy_stats(graph)
     return BuildReport(
         devices=[device_name(d) for d in devices],
-        targets=[str(t.kind.name) for t in targets],
+        targets=[str(t.kind.name) if runs_tvm_kernels(d) else "qnn" for d, t in zip(devices, targets)],
         ops_per_device=ops,
         kernels_per_device=kernels,
         groups=[(dev, len(ids)) for dev, ids in graph.groups()],

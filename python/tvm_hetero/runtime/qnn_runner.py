@@ -16,6 +16,7 @@ and passes the CPU result on, so that a bad region does not spoil the regions af
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import threading
 from collections.abc import Iterator
@@ -38,6 +39,8 @@ class RegionCheck:
     reference_scale: float = 0.0
     finite: bool = True
     calls: int = 0
+    #: The inputs of its last call, by graph input name (to localize a bad step).
+    feeds: dict = field(default_factory=dict, repr=False)
 
     @property
     def relative_error(self) -> float:
@@ -111,11 +114,12 @@ class RegionRunner:
             session = state.sessions.get(self.name)
             if session is None:
                 session = state.sessions[self.name] = qnn_ep.cpu_session(reference)
-        feeds = {f"in{p}": np.from_dlpack(args[p]).copy() for p in self.inputs}
+        feeds = {f"in{p}": _host_view(args[p]).copy() for p in self.inputs}
         expected = session.run([self.output_name], feeds)[0]
-        got = np.from_dlpack(args[self.output_position])
+        got = _host_view(args[self.output_position])
         check = state.results.setdefault(self.name, RegionCheck(self.name, int(self.meta.get("ops", 0))))
         check.calls += 1
+        check.feeds = feeds
         finite = bool(np.isfinite(got).all())
         check.finite = check.finite and (finite or not np.isfinite(expected).all())
         if expected.size:
@@ -128,6 +132,16 @@ class RegionRunner:
 
 def _np_dtype(tensor: Any) -> np.dtype:
     return np.dtype(str(tensor.dtype))
+
+
+def _host_view(tensor: Any) -> np.ndarray:
+    """A numpy view of a runtime buffer in host memory (the runtime passes non-owning views, which
+    DLPack cannot export)."""
+    dtype = _np_dtype(tensor)
+    shape = tuple(int(d) for d in tensor.shape)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = (ctypes.c_char * max(nbytes, 1)).from_address(tensor.data_ptr())
+    return np.frombuffer(raw, dtype=dtype, count=nbytes // dtype.itemsize).reshape(shape)
 
 
 def make_region_runner(name: str, model: bytes, meta_json: str) -> Any:

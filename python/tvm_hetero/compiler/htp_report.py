@@ -1,0 +1,43 @@
+"""The build report's HTP section: loud about everything a user of an NPU needs to know.
+
+Every op QNN refused, with QNN's reason; every QNN graph (group) and the ops in it; the graph
+executions per inference; each region's verification against the CPU; every op moved back to the
+CPU and why. Latencies for the HTP, where shown, are labelled *modeled*: the emulator's wall time
+is never a cost.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from ..backends.qnn import FOLDED
+
+
+def explain_htp(htp: dict, devices: list[str]) -> list[str]:
+    lines = []
+    options = htp.get("options", {})
+    lines.append(f"  HTP (QNN; soc {options.get('soc_model')}, v{options.get('htp_arch')}, "
+                 f"{options.get('precision')}): {htp['accepted']} of {htp['asked']} Relax ops accepted by QNN; "
+                 f"{len(htp['regions'])} QNN graphs, {htp['graph_executions']} graph executions per inference")
+    for region in htp["regions"]:
+        lines.append(f"    graph {region['name']} on {devices[region['device']]}: {region['ops']} ops")
+    refused = [r for r in htp["refused"] if r["binding"] not in htp.get("excluded", {}) and r["reason"] != FOLDED]
+    if refused:
+        lines.append(f"  HTP: {len(refused)} ops refused by QNN, run on the CPU:")
+        grouped = Counter((r["op"], r["reason"]) for r in refused)
+        for (op, reason), count in sorted(grouped.items()):
+            lines.append(f"    {count} x {op}: {reason}")
+    excluded = htp.get("excluded", {})
+    if excluded:
+        lines.append(f"  HTP: {len(excluded)} ops moved back to the CPU:")
+        for reason, count in sorted(Counter(excluded.values()).items()):
+            lines.append(f"    {count} ops: {reason}")
+    verification = htp.get("verification")
+    if verification:
+        lines.append(f"  HTP verification ({verification['inputs']}, tolerance {verification['tolerance']:g} "
+                     f"relative to the largest CPU value, {verification['rounds']} build round(s)):")
+        for check in verification["regions"]:
+            verdict = "ok" if check["ok"] else "MOVED BACK"
+            lines.append(f"    {check['region']} ({check['ops']} ops): relative error {check['relative_error']:.2e}"
+                         f"{'' if check['finite'] else ', non-finite values (fp16 overflow)'}: {verdict}")
+    return lines

@@ -1,0 +1,182 @@
+"""Verified offload to a QNN HTP: no HTP region reaches a user without being checked.
+
+Algorithm (each round builds once):
+1. Build. If QNN refuses a region when finalizing its graph, that region's ops are kept off the HTP
+   (with QNN's reason) and the round ends.
+2. Run the artifact once on sample inputs (the user's ``calibration`` data, else seeded random
+   values) with every HTP region checked against ONNX Runtime's CPU EP in fp32 on the very inputs
+   it received (runtime/qnn_runner.py). A region is bad when its error relative to the largest
+   reference value exceeds the tolerance, or when it yields non-finite values where the CPU does not
+   (fp16 overflow beyond 65504).
+3. A bad region of several steps is localized: its graph is run once more with every intermediate
+   value as an output, on the HTP and on the CPU, and the first step whose value is off is kept off
+   the HTP, so the rest of the region stays; when that cannot tell (or after ``LOCALIZED_ROUNDS``
+   rounds) the whole region is kept off. Then the next round.
+
+Guarantee: every round keeps at least one more op off the HTP, so the loop ends; the artifact
+returned has every HTP region verified on the sample inputs in its last round, and the report
+names each region's error, each op moved back and why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from . import qnn_ep
+from .artifact import Artifact
+from .compiler import build as compiler_build
+
+#: Relative tolerance of an fp16 region (to the largest reference value).
+FP16_TOLERANCE = 1e-2
+#: ... and of a quantized one (int8 steps compound across a graph: a few steps of 1/256).
+QUANTIZED_TOLERANCE = 5e-2
+LOCALIZED_ROUNDS = 3
+
+
+def has_htp(targets: Any) -> bool:
+    """Whether a build's ``targets`` name a QNN HTP."""
+    from .devices import parse_spec, runs_tvm_kernels
+
+    if isinstance(targets, str):
+        return False
+    try:
+        return any(not runs_tvm_kernels(parse_spec(t).device) for t in targets)
+    except (TypeError, ValueError):
+        return False  # the build itself reports malformed targets
+
+
+def build_verified(mod: Any, targets: Any, placement: Any, args: tuple, kwargs: dict) -> Artifact:
+    """``tvm_hetero.build`` for targets with an HTP (see the module's algorithm)."""
+    calibration = kwargs.pop("calibration", None)
+    tolerance = kwargs.pop("htp_tolerance", None)
+    verify = kwargs.pop("verify_htp", True)
+    say: Callable[[str], None] = kwargs.get("progress") or (lambda _msg: None)
+    exclude: dict[str, str] = dict(kwargs.pop("qnn_exclude", None) or {})
+    from .backends.qnn import RegionRefused
+
+    rounds = 0
+    while True:
+        rounds += 1
+        try:
+            compiled = compiler_build.build(mod, targets, placement, *args, qnn_exclude=exclude, **kwargs)
+        except RegionRefused as refused:
+            say(f"QNN refused graph {refused.region.name} at finalize; its ops stay on the CPU")
+            for key in refused.bindings or []:
+                exclude[key] = f"QNN refused its graph at finalize: {refused.reason}"
+            if not refused.bindings:
+                raise
+            continue
+        artifact = Artifact.of(compiled)
+        htp = artifact.build_report.htp if artifact.build_report else None
+        if not verify or not htp or not htp["regions"]:
+            return artifact
+        tol = tolerance if tolerance is not None else (
+            FP16_TOLERANCE if htp["options"].get("precision") == "fp16" and not _quantized(htp) else QUANTIZED_TOLERANCE)
+        inputs = _sample_inputs(artifact, calibration)
+        say(f"verifying {len(htp['regions'])} HTP graph(s) against the CPU")
+        checks = _verify(artifact, inputs)
+        results = []
+        bad = []
+        for region in htp["regions"]:
+            check = checks.get(region["name"])
+            ok = check is not None and check.finite and check.relative_error <= tol
+            results.append({"region": region["name"], "ops": region["ops"], "ok": ok,
+                            "relative_error": float(check.relative_error) if check else float("nan"),
+                            "finite": bool(check.finite) if check else False})
+            if not ok:
+                bad.append((region, check))
+        htp["verification"] = {"tolerance": tol, "rounds": rounds, "regions": results,
+                               "inputs": "calibration data" if calibration is not None else "seeded random inputs"}
+        if not bad:
+            return artifact
+        for region, check in bad:
+            reason = (f"verification: relative error {check.relative_error:.2e} > {tol:g}" if check and check.finite
+                      else "verification: non-finite values on the HTP (fp16 overflow)" if check
+                      else "verification: the region did not run")
+            keys = region["bindings"]
+            if rounds <= LOCALIZED_ROUNDS and check is not None and len(keys) > 1:
+                step = _first_bad_step(artifact.htp_references.get(region["name"]), check.feeds,
+                                       htp["options"], tol)
+                steps = _steps_of(artifact, region["name"])
+                if step is not None and steps and step < len(steps):
+                    keys = steps[step]
+            for key in keys:
+                exclude[key] = reason
+            say(f"HTP graph {region['name']} failed verification ({reason}); {len(keys)} op(s) move back to the CPU")
+
+
+def _quantized(htp: dict) -> bool:
+    return any(r["op"] in ("relax.quantize", "relax.dequantize") for r in htp.get("refused", [])) or any(
+        "quantize" in key for region in htp["regions"] for key in region.get("bindings", []))
+
+
+def _steps_of(artifact: Artifact, region: str) -> list[list[str]] | None:
+    """Per step of an HTP block, the bindings it covers (None when unknown)."""
+    steps = artifact.build_report.htp.get("steps", {}).get(region) if artifact.build_report.htp else None
+    return steps
+
+
+def _sample_inputs(artifact: Artifact, calibration: Any) -> dict[str, np.ndarray]:
+    if calibration is not None:
+        first = calibration[0] if isinstance(calibration, (list, tuple)) else calibration
+        return {k: np.asarray(v) for k, v in first.items()}
+    graph = artifact.graph
+    shapes, dtypes = graph["attrs"]["shape"][1], graph["attrs"]["dltype"][1]
+    row = graph["node_row_ptr"]
+    rng = np.random.default_rng(0)
+    out = {}
+    for nid, node in enumerate(graph["nodes"]):
+        if node["op"] != "null" or node["name"] not in artifact.input_names or node["name"] in artifact.params:
+            continue
+        shape, dtype = shapes[row[nid]], dtypes[row[nid]]
+        if dtype.startswith("float"):
+            out[node["name"]] = rng.standard_normal(shape).astype(dtype)
+        else:
+            out[node["name"]] = rng.integers(0, 8, size=shape).astype(dtype)
+    return out
+
+
+def _verify(artifact: Artifact, inputs: dict[str, np.ndarray]) -> dict:
+    from .runtime.qnn_runner import verifying
+
+    with verifying(artifact.htp_references) as results:
+        runtime = artifact.create(execution="serial")
+        try:
+            for name, value in inputs.items():
+                runtime.set_input(name, value)
+            runtime.run()
+        finally:
+            runtime.close()
+    return dict(results)
+
+
+def _first_bad_step(model: bytes | None, feeds: dict | None, options: dict, tol: float) -> int | None:
+    """The first step of a region's graph whose value is off on the HTP (every intermediate value
+    compared with the CPU's), or None when that cannot be told."""
+    if model is None or not feeds:
+        return None
+    try:
+        import onnx
+
+        proto = onnx.shape_inference.infer_shapes(onnx.load_from_string(model))
+        known = {v.name for v in proto.graph.output}
+        for info in proto.graph.value_info:
+            if info.name not in known:
+                proto.graph.output.append(info)
+        debug = proto.SerializeToString()
+        names = [o.name for o in proto.graph.output]
+        cpu = qnn_ep.cpu_session(debug).run(names, feeds)
+        htp = qnn_ep.htp_session(debug, options).run(names, feeds)
+    except Exception:  # noqa: BLE001 (a graph QNN will not take with extra outputs: no localization)
+        return None
+    step_of = {node.output[0]: int(node.name.split("_")[0][1:]) for node in proto.graph.node
+               if node.name.startswith("s") and node.output}
+    for name, expected, got in sorted(zip(names, cpu, htp), key=lambda t: step_of.get(t[0], 1 << 30)):
+        scale = max(float(np.abs(expected).max()) if expected.size else 0.0, 1e-30)
+        finite = np.isfinite(got).all() or not np.isfinite(expected).all()
+        if not finite or float(np.abs(got.astype("float64") - expected).max()) / scale > tol:
+            return step_of.get(name)
+    return None
