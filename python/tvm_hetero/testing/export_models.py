@@ -4,7 +4,7 @@
   head, 1000 logits) on a small 1x3x96x96 input.
 - :func:`small_bert_onnx`: a two-layer BERT (``transformers.BertConfig``: hidden 64, 4 heads,
   sequence 16) fed ``input_ids`` (int64) and ``attention_mask`` (int64), ending in the last hidden
-  state.
+  state. Biases and layer-norm scales are randomized too (BERT starts them at zeros and ones).
 
 Both are exported with the TorchScript exporter (``torch.onnx.export(..., dynamo=False)``, so no
 ``onnxscript`` is needed) at opset 17 with static shapes, and stamped ``ir_version`` 9 (ONNX Runtime
@@ -56,6 +56,7 @@ def small_bert_onnx(seed: int = 0, sequence: int = BERT_SEQUENCE):
                         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     bert = BertModel(config, add_pooling_layer=False)
     bert.config._attn_implementation = "eager"  # plain MatMul/Softmax attention, no SDPA op
+    _randomize_constant_parameters(torch, bert, seed)
     bert.eval()
 
     class LastHidden(torch.nn.Module):
@@ -132,6 +133,19 @@ def _randomize_batch_norms(torch, model, seed: int) -> None:
                 module.running_var.copy_(torch.rand(n, generator=generator) + 0.5)
                 module.weight.copy_(torch.rand(n, generator=generator) + 0.5)
                 module.bias.copy_((torch.rand(n, generator=generator) - 0.5) * 0.4)
+
+
+def _randomize_constant_parameters(torch, model, seed: int) -> None:
+    """Biases and layer-norm scales start as zeros and ones; give them seeded values (biases
+    N(0, 0.1), scales in [0.5, 1.5]) so they matter, and so that no two are equal (the exporter
+    turns equal initializers into Identity nodes of one another)."""
+    generator = torch.Generator().manual_seed(seed + 2)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("LayerNorm.weight"):
+                parameter.copy_(torch.rand(parameter.shape, generator=generator) + 0.5)
+            elif name.endswith("bias"):
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.1)
 
 
 def _mobilenet_v2(torch):
