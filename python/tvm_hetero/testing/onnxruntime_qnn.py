@@ -61,7 +61,7 @@ _registered = False
 class PeerResult:
     """What one peer run did."""
 
-    ran: bool  #: the session was created and every timed run finished
+    ran: bool  #: the session was created and every run finished (``error`` may still report a check)
     outputs: list[np.ndarray] = field(default_factory=list)  #: outputs of the last run
     seconds: float = float("nan")  #: median wall time per inference
     times: list[float] = field(default_factory=list)  #: every timed run, seconds
@@ -80,8 +80,9 @@ class PeerResult:
         """One line: ran or why not, partitions, node split, time."""
         if not self.ran:
             return f"did not run: {self.error}"
-        return (f"{self.partitions} QNN partition(s), {self.nodes_qnn} nodes on QNN, {self.nodes_cpu} on CPU, "
+        line = (f"{self.partitions} QNN partition(s), {self.nodes_qnn} nodes on QNN, {self.nodes_cpu} on CPU, "
                 f"{self.seconds * 1e3:.1f} ms/inference")
+        return f"{line}; {self.error}" if self.error else line
 
 
 def available() -> bool:
@@ -143,13 +144,14 @@ def htp_session(model: Any, options: dict[str, str] | None = None, disable_cpu_f
 
 
 @contextlib.contextmanager
-def _captured_stderr():
-    """Redirect file descriptor 2 (where ORT and QNN log natively) to a temporary file; yields a
-    list that holds the captured text once the block exits."""
+def _captured_stderr(path: Path | None = None):
+    """Redirect file descriptor 2 (where ORT and QNN log natively) to ``path`` (a temporary file
+    when None); yields a list that holds the captured text once the block exits. A named file
+    outlives a crash of this process, for the parent of an isolated run to read."""
     captured: list[str] = []
     sys.stderr.flush()
     saved = os.dup(2)
-    with tempfile.TemporaryFile() as sink:
+    with open(path, "w+b") if path is not None else tempfile.TemporaryFile() as sink:
         os.dup2(sink.fileno(), 2)
         try:
             yield captured
@@ -203,13 +205,14 @@ def _check_against_log(result: PeerResult, log: str) -> None:
 
 
 def _run_here(model: Any, inputs: dict[str, np.ndarray], options: dict[str, str] | None, repeat: int,
-              warmup: int, disable_cpu_fallback: bool, threads: int | None) -> PeerResult:
+              warmup: int, disable_cpu_fallback: bool, threads: int | None,
+              log_path: Path | None = None) -> PeerResult:
     """Create the session at verbose log level, then time ``repeat`` runs after ``warmup``, all with
     the native log captured. The plugin logs through the session's logger, so the runs log at
     verbose level too (a few lines per partition into the sink: microseconds against the
     emulator's milliseconds)."""
     result = PeerResult(ran=False)
-    with _captured_stderr() as captured:
+    with _captured_stderr(log_path) as captured:
         _create_and_run(model, inputs, options, repeat, warmup, disable_cpu_fallback, threads, result)
     log = captured[0]
     result.refusals = _refusals(log)
@@ -217,7 +220,6 @@ def _run_here(model: Any, inputs: dict[str, np.ndarray], options: dict[str, str]
         _check_against_log(result, log)
     if result.error is not None:
         result.log_tail = log[-4000:]
-    result.ran = result.error is None
     return result
 
 
@@ -239,7 +241,8 @@ def _create_and_run(model: Any, inputs: dict[str, np.ndarray], options: dict[str
             result.outputs = session.run(None, inputs, run_options)
             result.times.append(time.perf_counter() - start)
         result.seconds = statistics.median(result.times)
-    except Exception as exc:  # reported, not raised: the caller compares peers, it does not debug them
+        result.ran = True
+    except Exception as exc:  # noqa: BLE001 (reported, not raised: whatever ORT or the plugin raised)
         result.error = f"{type(exc).__name__}: {exc}"
 
 
@@ -301,18 +304,19 @@ def _run_isolated(model: Any, inputs: dict[str, np.ndarray], options: dict[str, 
             # own name would hide the onnxruntime_qnn package.
             launcher = f"import runpy; runpy.run_path({str(Path(__file__).resolve())!r}, run_name='__main__')"
             child = subprocess.run([sys.executable, "-c", launcher, "--child", str(work)], cwd=work,
-                                   capture_output=True, text=True, timeout=timeout)
+                                   capture_output=True, text=True, timeout=timeout, check=False)
         except subprocess.TimeoutExpired as exc:
             tail = (exc.stderr or b"")[-4000:]
             return PeerResult(ran=False, error=f"timed out after {timeout} s",
                               log_tail=tail.decode(errors="replace") if isinstance(tail, bytes) else tail)
-        if child.returncode < 0:
-            number = -child.returncode
-            return PeerResult(ran=False, exit_signal=number, log_tail=child.stderr[-4000:],
-                              error=f"peer process killed by {signal.Signals(number).name}")
         if child.returncode != 0 or not (work / "result.json").is_file():
-            return PeerResult(ran=False, log_tail=child.stderr[-4000:],
-                              error=f"peer process exited with status {child.returncode}")
+            native = work / "native.log"
+            tail = child.stderr[-2000:] + (native.read_text(errors="replace")[-4000:] if native.is_file() else "")
+            if child.returncode < 0:
+                number = -child.returncode
+                return PeerResult(ran=False, exit_signal=number, log_tail=tail,
+                                  error=f"peer process killed by {signal.Signals(number).name}")
+            return PeerResult(ran=False, log_tail=tail, error=f"peer process exited with status {child.returncode}")
         fields = json.loads((work / "result.json").read_text())
         with np.load(work / "outputs.npz") as outputs:
             fields["outputs"] = [outputs[f"out{i}"] for i in range(len(outputs.files))]
@@ -327,7 +331,7 @@ def _child_main(work: Path) -> int:
     if request["fault"] == "abort":
         os.abort()
     result = _run_here(work / "model.onnx", inputs, request["options"], request["repeat"], request["warmup"],
-                       request["disable_cpu_fallback"], request["threads"])
+                       request["disable_cpu_fallback"], request["threads"], log_path=work / "native.log")
     np.savez(work / "outputs.npz", **{f"out{i}": out for i, out in enumerate(result.outputs)})
     fields = asdict(result)
     del fields["outputs"]
