@@ -54,6 +54,9 @@ _NODE = re.compile(r"Operator type: (?P<op>\S+) Node name: (?P<name>.*?) Node in
 _BACKEND_FAILED = re.compile(r"(backendValidateOpConfig\(\) failed.*|Failed to (?:validate|finalize|compose).*)")
 _PLACED_ON_QNN = re.compile(r"Node\(s\) placed on \[QNNExecutionProvider\]\. Number of nodes: (\d+)")
 
+# The PeerResult fields known once the session exists (written by an isolated child before it runs).
+_PLACEMENT = ("session_seconds", "partitions", "nodes_qnn", "nodes_cpu", "cpu_ops", "partition_sizes")
+
 _registered = False
 
 
@@ -206,14 +209,16 @@ def _check_against_log(result: PeerResult, log: str) -> None:
 
 def _run_here(model: Any, inputs: dict[str, np.ndarray], options: dict[str, str] | None, repeat: int,
               warmup: int, disable_cpu_fallback: bool, threads: int | None,
-              log_path: Path | None = None) -> PeerResult:
+              work: Path | None = None) -> PeerResult:
     """Create the session at verbose log level, then time ``repeat`` runs after ``warmup``, all with
     the native log captured. The plugin logs through the session's logger, so the runs log at
     verbose level too (a few lines per partition into the sink: microseconds against the
-    emulator's milliseconds)."""
+    emulator's milliseconds). With ``work`` (an isolated child's folder), the log goes to
+    ``work/native.log`` and the placement to ``work/placement.json`` as soon as it is known, so
+    that both outlive a crash in the runs."""
     result = PeerResult(ran=False)
-    with _captured_stderr(log_path) as captured:
-        _create_and_run(model, inputs, options, repeat, warmup, disable_cpu_fallback, threads, result)
+    with _captured_stderr(work / "native.log" if work else None) as captured:
+        _create_and_run(model, inputs, options, repeat, warmup, disable_cpu_fallback, threads, result, work)
     log = captured[0]
     result.refusals = _refusals(log)
     if result.partitions or result.nodes_cpu:
@@ -224,7 +229,8 @@ def _run_here(model: Any, inputs: dict[str, np.ndarray], options: dict[str, str]
 
 
 def _create_and_run(model: Any, inputs: dict[str, np.ndarray], options: dict[str, str] | None, repeat: int,
-                    warmup: int, disable_cpu_fallback: bool, threads: int | None, result: PeerResult) -> None:
+                    warmup: int, disable_cpu_fallback: bool, threads: int | None, result: PeerResult,
+                    work: Path | None) -> None:
     """Fill ``result``; failures (session refused, run failed) go to ``result.error``."""
     import onnxruntime as ort
 
@@ -233,6 +239,8 @@ def _create_and_run(model: Any, inputs: dict[str, np.ndarray], options: dict[str
         session = htp_session(model, options, disable_cpu_fallback, log_severity=0, threads=threads)
         result.session_seconds = time.perf_counter() - start
         _assignment(session, result)
+        if work is not None:
+            (work / "placement.json").write_text(json.dumps({k: getattr(result, k) for k in _PLACEMENT}))
         run_options = ort.RunOptions()
         for _ in range(warmup):
             session.run(None, inputs, run_options)
@@ -312,11 +320,15 @@ def _run_isolated(model: Any, inputs: dict[str, np.ndarray], options: dict[str, 
         if child.returncode != 0 or not (work / "result.json").is_file():
             native = work / "native.log"
             tail = child.stderr[-2000:] + (native.read_text(errors="replace")[-4000:] if native.is_file() else "")
+            placement = work / "placement.json"
+            known = json.loads(placement.read_text()) if placement.is_file() else {}
             if child.returncode < 0:
                 number = -child.returncode
-                return PeerResult(ran=False, exit_signal=number, log_tail=tail,
-                                  error=f"peer process killed by {signal.Signals(number).name}")
-            return PeerResult(ran=False, log_tail=tail, error=f"peer process exited with status {child.returncode}")
+                where = "running" if known else "creating the session"
+                return PeerResult(ran=False, exit_signal=number, log_tail=tail, **known,
+                                  error=f"peer process killed by {signal.Signals(number).name} while {where}")
+            return PeerResult(ran=False, log_tail=tail, **known,
+                              error=f"peer process exited with status {child.returncode}")
         fields = json.loads((work / "result.json").read_text())
         with np.load(work / "outputs.npz") as outputs:
             fields["outputs"] = [outputs[f"out{i}"] for i in range(len(outputs.files))]
@@ -331,7 +343,7 @@ def _child_main(work: Path) -> int:
     if request["fault"] == "abort":
         os.abort()
     result = _run_here(work / "model.onnx", inputs, request["options"], request["repeat"], request["warmup"],
-                       request["disable_cpu_fallback"], request["threads"], log_path=work / "native.log")
+                       request["disable_cpu_fallback"], request["threads"], work)
     np.savez(work / "outputs.npz", **{f"out{i}": out for i, out in enumerate(result.outputs)})
     fields = asdict(result)
     del fields["outputs"]
