@@ -13,7 +13,8 @@ models). :func:`run_peer` runs a model there and reports what the peer did:
   where the verbose log's "Node(s) placed on [QNNExecutionProvider]. Number of nodes: N" line is
   present it must agree, and a mismatch is reported as an error in the result;
 - why nodes were refused: the native log at verbose level (captured by redirecting file descriptor 2
-  around session creation), its "Validation FAILED" reasons and any QNN backend validation failures;
+  around session creation and the runs), its "Validation FAILED" reasons and any QNN backend
+  validation failures (``backendValidateOpConfig() failed ... error code 3110``);
 - outputs and the median wall time per inference (the emulator's wall time says nothing about a
   real HTP; it is what the peer costs on this machine).
 
