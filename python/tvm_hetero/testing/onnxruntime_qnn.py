@@ -320,9 +320,11 @@ def _run_isolated(model: Any, inputs: dict[str, np.ndarray], options: dict[str, 
                               log_tail=tail.decode(errors="replace") if isinstance(tail, bytes) else tail)
         if child.returncode != 0 or not (work / "result.json").is_file():
             native = work / "native.log"
-            tail = child.stderr[-2000:] + (native.read_text(errors="replace")[-4000:] if native.is_file() else "")
+            log = native.read_text(errors="replace") if native.is_file() else ""
+            tail = child.stderr[-2000:] + log[-4000:]
             placement = work / "placement.json"
             known = json.loads(placement.read_text()) if placement.is_file() else {}
+            known["refusals"] = _refusals(log)
             if child.returncode < 0:
                 number = -child.returncode
                 where = "running" if known else "creating the session"
