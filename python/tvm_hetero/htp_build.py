@@ -92,6 +92,7 @@ def build_verified(mod: Any, targets: Any, placement: Any, args: tuple, kwargs: 
                                "inputs": "calibration data" if calibration is not None else "seeded random inputs"}
         if not bad:
             return artifact
+        before = len(exclude)
         for region, check in bad:
             reason = (f"verification: relative error {check.relative_error:.2e} > {tol:g}" if check and check.finite
                       else "verification: non-finite values on the HTP (fp16 overflow)" if check
@@ -103,9 +104,14 @@ def build_verified(mod: Any, targets: Any, placement: Any, args: tuple, kwargs: 
                 steps = _steps_of(artifact, region["name"])
                 if step is not None and steps and step < len(steps):
                     keys = steps[step]
+            if not set(keys) - set(exclude):  # the localized step is off already: the whole region
+                keys = region["bindings"]
             for key in keys:
                 exclude[key] = reason
             say(f"HTP graph {region['name']} failed verification ({reason}); {len(keys)} op(s) move back to the CPU")
+        if len(exclude) == before:  # nothing more can move: never loop, never return an unverified region
+            raise RuntimeError(f"HTP verification failed for {[r['name'] for r, _c in bad]} and their ops cannot be "
+                               "moved back to the CPU (their bindings are unknown)")
 
 
 def _quantized(htp: dict) -> bool:
@@ -175,8 +181,11 @@ def _first_bad_step(model: bytes | None, feeds: dict | None, options: dict, tol:
     step_of = {node.output[0]: int(node.name.split("_")[0][1:]) for node in proto.graph.node
                if node.name.startswith("s") and node.output}
     for name, expected, got in sorted(zip(names, cpu, htp), key=lambda t: step_of.get(t[0], 1 << 30)):
-        scale = max(float(np.abs(expected).max()) if expected.size else 0.0, 1e-30)
-        finite = np.isfinite(got).all() or not np.isfinite(expected).all()
-        if not finite or float(np.abs(got.astype("float64") - expected).max()) / scale > tol:
+        where = np.isfinite(expected)
+        if not where.any():
+            continue
+        scale = max(float(np.abs(expected[where]).max()), 1e-30)
+        diff = np.abs(got[where].astype("float64") - expected[where])
+        if not np.isfinite(diff).all() or float(diff.max()) / scale > tol:
             return step_of.get(name)
     return None

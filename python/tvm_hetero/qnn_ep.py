@@ -82,13 +82,14 @@ def provider_options(options: dict) -> dict[str, str]:
     return out
 
 
-def _session_options(options: dict, extra: dict[str, str] | None = None, threads: int | None = None) -> Any:
+def _session_options(options: dict, extra: dict[str, str] | None = None, threads: int | None = None,
+                     log_level: int = 3) -> Any:
     ort, _qnn = require()
     so = ort.SessionOptions()
     so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
     for key, value in (extra or {}).items():
         so.add_session_config_entry(key, value)
-    so.log_severity_level = 3  # QNN's warnings are collected from stderr where they matter
+    so.log_severity_level = log_level  # QNN's warnings are collected from stderr where they matter
     if threads is not None:
         so.intra_op_num_threads = threads
     devices = [d for d in ort.get_ep_devices() if d.ep_name == "QNNExecutionProvider"]
@@ -98,10 +99,10 @@ def _session_options(options: dict, extra: dict[str, str] | None = None, threads
     return so
 
 
-def htp_session(model: bytes, options: dict) -> Any:
+def htp_session(model: bytes, options: dict, log_level: int = 3) -> Any:
     """An ONNX Runtime session running all of ``model`` on the HTP (an error if it cannot)."""
     ort, _qnn = require()
-    return ort.InferenceSession(model, _session_options(options))
+    return ort.InferenceSession(model, _session_options(options, log_level=log_level))
 
 
 def cpu_session(model: bytes, threads: int = 1) -> Any:
@@ -139,7 +140,7 @@ def accepts(model: bytes, options: dict) -> tuple[bool, str]:
     """Whether QNN takes every node of ``model`` on the HTP, and else QNN's reason."""
     with captured_stderr() as lines:
         try:
-            htp_session(model, options)
+            htp_session(model, options, log_level=2)  # warnings carry QNN's validation verdicts
             ok, error = True, ""
         except QnnUnavailable:
             raise

@@ -68,6 +68,14 @@ class Backend:
         """Whether the backend can run here (e.g. the library was built with it)."""
         return True
 
+    def require_available(self) -> None:
+        """Raise an error that says what is missing when the backend cannot run here."""
+        if not self.available():
+            raise RuntimeError(
+                f"backend {self.name!r} is not available: libtvm_hetero was built without it "
+                "(for dnnl: apt-get install libdnnl-dev, then rebuild)"
+            )
+
     def follows_placement(self) -> bool:
         """Whether each region goes where the placement puts its anchor op (``device=None``)."""
         return self.device is None

@@ -60,11 +60,7 @@ def partition_for_backends(
     """
     regions: dict[str, Region] = {}
     for backend in backends:
-        if not backend.available():
-            raise RuntimeError(
-                f"backend {backend.name!r} is not available: libtvm_hetero was built without it "
-                "(for dnnl: apt-get install libdnnl-dev, then rebuild)"
-            )
+        backend.require_available()
         mod = backend.prepare(mod, entry)
         patterns = backend.patterns(lambda expr: _is_weight(expr, weights))
         device_of = None

@@ -45,6 +45,8 @@ _ARITY = {"relax.nn.conv2d": 2, "relax.add": 2, "relax.subtract": 2, "relax.mult
 _TUPLE_OPS = ("relax.concat", "relax.stack")
 _MAX_TUPLE = 64
 _LRN_ATTR = "tvm_hetero.lrn"
+#: Attribute of a composite: the keys of the entry's bindings it took (comma-separated).
+_BINDINGS_ATTR = "tvm_hetero.bindings"
 #: The answer for an op of constants only: the build folds it, it runs on no device.
 FOLDED = "constant inputs only: folded at build"
 
@@ -89,6 +91,9 @@ class QnnBackend(Backend):
 
     def available(self) -> bool:
         return qnn_ep.available()
+
+    def require_available(self) -> None:
+        qnn_ep.require()  # names the extra to install
 
     # -- capability --
     def prepare(self, mod: tvm.IRModule, entry: str) -> tvm.IRModule:
@@ -168,27 +173,50 @@ class QnnBackend(Backend):
 
     # -- patterns --
     def patterns(self, is_weight: WeightPredicate) -> list[FusionPattern]:
+        # Each match records the entry's bindings it takes (keys), stamped on its composite function
+        # (matching hands the check and the attributes the same anchor expression).
+        sites: dict[Any, str] = {}
+
+        def remember(ctx: Any) -> None:
+            keys = [self._key_of[v] for v in ctx.matched_bindings if v in self._key_of]
+            sites[ctx.annotated_expr["anchor"]] = ",".join(keys)
+
         def accepted(ctx: Any) -> bool:
             var = ctx.value_to_bound_var.get(ctx.annotated_expr["anchor"])
-            return var is not None and var in self._accepted
+            if var is None or var not in self._accepted:
+                return False
+            remember(ctx)
+            return True
+
+        def bindings(annotated: dict) -> dict[str, str]:
+            return {_BINDINGS_ATTR: sites.get(annotated["anchor"], "")}
+
+        def lrn_accepted(ctx: Any) -> bool:
+            if not self._accepts_lrn(ctx):
+                return False
+            remember(ctx)
+            return True
 
         lrn = _lrn_pattern()
-        out = [FusionPattern("qnn.lrn", lrn.pattern, lrn.annotation_patterns, self._accepts_lrn, lrn.attrs_getter)]
+        out = [FusionPattern("qnn.lrn", lrn.pattern, lrn.annotation_patterns, lrn_accepted,
+                             lambda annotated: {**lrn.attrs_getter(annotated), **bindings(annotated)})]
         for op in EXPORTERS:
             if op in _TUPLE_OPS:
                 for n in range(2, _MAX_TUPLE + 1):
                     call = is_op(op)(is_tuple([wildcard() for _ in range(n)]))
-                    out.append(FusionPattern(f"qnn.{op.removeprefix('relax.')}{n}", call, {"anchor": call}, accepted))
+                    out.append(FusionPattern(f"qnn.{op.removeprefix('relax.')}{n}", call, {"anchor": call}, accepted,
+                                             bindings))
                 continue
             call = is_op(op)(*[wildcard() for _ in range(_ARITY.get(op, 1))])
-            out.append(FusionPattern(f"qnn.{op.removeprefix('relax.')}", call, {"anchor": call}, accepted))
+            out.append(FusionPattern(f"qnn.{op.removeprefix('relax.')}", call, {"anchor": call}, accepted, bindings))
         return out
 
     def describe(self, composite: relax.Function, pattern: str) -> dict:
+        keys = str(composite.attrs[_BINDINGS_ATTR]) if _BINDINGS_ATTR in composite.attrs else ""
         if pattern == "qnn.lrn":
             scalars = json.loads(str(composite.attrs[_LRN_ATTR]))
-            return describe_lrn(composite, scalars)
-        return describe(composite)
+            return {"op": "onnx", "bindings": keys.split(",") if keys else [], **describe_lrn(composite, scalars)}
+        return {"op": "onnx", "bindings": keys.split(",") if keys else [], **describe(composite)}
 
     def unique_regions(self) -> bool:
         return True  # each site's weights are compiled into its QNN graph
@@ -196,7 +224,6 @@ class QnnBackend(Backend):
     def bind_call_sites(self, func: relax.Function, regions: dict[str, Region], weight_values: dict[str, Any]) -> None:
         """Record, per call site, the bindings it covers and its weights' values (compiled into
         the QNN graph as constants)."""
-        keys_by_name = {var.name: key for var, key in self._key_of.items()}
         seen: set[str] = set()
         for block in func.body.blocks:
             for binding in block.bindings:
@@ -219,8 +246,6 @@ class QnnBackend(Backend):
                 self._weights[site] = weights
                 region.spec["site"] = site
                 region.spec["weights"] = sorted(weights)
-                key = keys_by_name.get(binding.var.name)
-                region.spec["bindings"] = [key] if key is not None else []
 
     # -- codegen --
     def codegen(self, regions: list[Region]) -> tvm.runtime.Module:

@@ -58,7 +58,6 @@ _PLACED_ON_QNN = re.compile(r"Node\(s\) placed on \[QNNExecutionProvider\]\. Num
 # The PeerResult fields known once the session exists (written by an isolated child before it runs).
 _PLACEMENT = ("session_seconds", "partitions", "nodes_qnn", "nodes_cpu", "cpu_ops", "partition_sizes")
 
-_registered = False
 
 
 @dataclass
@@ -101,13 +100,9 @@ def available() -> bool:
 
 def _register() -> list:
     """Register the QNN plugin with ONNX Runtime (once per process); its EP devices."""
-    global _registered
-    import onnxruntime as ort
-    import onnxruntime_qnn
+    from tvm_hetero import qnn_ep
 
-    if not _registered:
-        ort.register_execution_provider_library(QNN_EP, onnxruntime_qnn.get_library_path())
-        _registered = True
+    ort, _qnn = qnn_ep.require()  # one registration per process, shared with the product
     devices = [d for d in ort.get_ep_devices() if d.ep_name == QNN_EP]
     if not devices:
         raise RuntimeError("the QNN plugin registered no EP device")

@@ -1,0 +1,214 @@
+"""A Qualcomm HTP through QNN (emulated by onnxruntime-qnn's x86 libQnnHtp.so): capability asked of
+QNN, verified offload, QDQ units, concurrency, export/load, and the failures a user meets."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+import pytest
+import tvm
+import tvm_hetero
+from tvm_hetero import qnn_ep
+
+pytestmark = pytest.mark.skipif(not qnn_ep.available(),
+                                reason="onnxruntime-qnn is not installed (pip install 'tvm-hetero[qnn]')")
+
+CPU = (tvm.cpu(0), "llvm")
+
+
+def _onnx_model(nodes, inputs, outputs, initializers=()):
+    from onnx import helper
+
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(initializers))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+def _tensor(name, shape):
+    from onnx import TensorProto, helper
+
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+
+def _conv_weight(name, cout, cin, seed):
+    from onnx import numpy_helper
+
+    rng = np.random.default_rng(seed)
+    return numpy_helper.from_array((rng.standard_normal((cout, cin, 3, 3)) * 0.2).astype("float32"), name)
+
+
+def conv_unary_conv(unary: str):
+    """conv -> relu -> UNARY -> conv: QNN may refuse the middle op, which then splits the HTP graphs."""
+    from onnx import helper
+
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node(unary, ["r1"], ["u"]),
+             helper.make_node("Conv", ["u", "w2"], ["y"], pads=[1, 1, 1, 1])]
+    return _onnx_model(nodes, [_tensor("x", [1, 4, 8, 8])], [_tensor("y", None)],
+                       [_conv_weight("w1", 8, 4, 1), _conv_weight("w2", 4, 8, 2)])
+
+
+def _relax(model):
+    from tvm.relax.frontend.onnx import from_onnx
+
+    return from_onnx(model, keep_params_in_input=False)
+
+
+def _reference(model, inputs):
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, inputs)[0]
+
+
+def _run(art, inputs, **kw):
+    rt = art.create(**kw)
+    for name, value in inputs.items():
+        rt.set_input(name, value)
+    rt.run()
+    out = rt.get_output(0).numpy()
+    return rt, out
+
+
+X = {"x": np.random.default_rng(3).standard_normal((1, 4, 8, 8)).astype("float32")}
+
+
+def test_capability_is_asked_of_qnn_and_refused_ops_split_the_graphs() -> None:
+    model = conv_unary_conv("Asin")
+    art = tvm_hetero.build(_relax(model), [CPU, "qnn-htp"])
+    htp = art.build_report.htp
+    refused = {r["op"]: r["reason"] for r in htp["refused"]}
+    # QNN's own validation said no (the exporter has an ONNX Asin): the reason is QNN's.
+    assert "relax.asin" in refused and "backendValidateOpConfig" in refused["relax.asin"], refused
+    assert len(htp["regions"]) == 2 and htp["graph_executions"] == 2
+    report = art.report()
+    assert "relax.asin" in report and "QNN graphs" in report
+    rt, y = _run(art, {"x": X["x"] * 0.3})
+    assert rt.stats()["qnn_graph_executions"] == 2
+    ref = _reference(model, {"x": X["x"] * 0.3})
+    assert np.abs(y - ref).max() <= 1e-2 * np.abs(ref).max()
+
+
+def test_whole_model_is_one_qnn_graph_within_fp16_error() -> None:
+    model = conv_unary_conv("Relu")
+    art = tvm_hetero.build(_relax(model), [CPU, "qnn-htp"])
+    assert art.build_report.htp["graph_executions"] == 1
+    assert art.build_report.htp["verification"]["regions"][0]["ok"]
+    _rt, y = _run(art, X)
+    ref = _reference(model, X)
+    assert np.abs(y - ref).max() <= 1e-2 * np.abs(ref).max()
+
+
+def test_verification_moves_an_overflowing_region_back_to_the_cpu() -> None:
+    """conv(x)**4 overflows fp16 (65504) on the HTP; the CPU computes it in fp32."""
+    from onnx import helper, numpy_helper
+
+    weight = _conv_weight("w1", 4, 4, 5)
+    weight = numpy_helper.from_array(numpy_helper.to_array(weight) * 60, "w1")
+    small = numpy_helper.from_array(np.array(1e-6, "float32"), "small")
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Mul", ["c1", "c1"], ["m1"]), helper.make_node("Mul", ["m1", "m1"], ["m2"]),
+             helper.make_node("Mul", ["m2", "small"], ["y"])]
+    model = _onnx_model(nodes, [_tensor("x", [1, 4, 8, 8])], [_tensor("y", None)], [weight, small])
+    art = tvm_hetero.build(_relax(model), [CPU, "qnn-htp"])
+    htp = art.build_report.htp
+    assert htp["excluded"], "the bad region was not moved back"
+    assert any("verification" in reason for reason in htp["excluded"].values())
+    assert "moved back" in art.report()
+    _rt, y = _run(art, X)
+    ref = _reference(model, X)
+    assert np.isfinite(y).all() and np.abs(y - ref).max() <= 1e-3 * np.abs(ref).max()
+
+
+def test_concurrent_execution_is_bit_identical_to_serial() -> None:
+    """An HTP branch (convs) beside a host branch (an op QNN refuses), joined by an add."""
+    from onnx import helper
+
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["a1"], ["a2"]),
+             helper.make_node("Conv", ["a2", "w2"], ["a3"], pads=[1, 1, 1, 1]),
+             helper.make_node("Sin", ["x"], ["b1"]), helper.make_node("Cos", ["b1"], ["b2"]),
+             helper.make_node("Add", ["a3", "b2"], ["y"])]
+    model = _onnx_model(nodes, [_tensor("x", [1, 4, 8, 8])], [_tensor("y", None)],
+                        [_conv_weight("w1", 8, 4, 7), _conv_weight("w2", 4, 8, 8)])
+    art = tvm_hetero.build(_relax(model), [CPU, "qnn-htp"])
+    _rt, serial = _run(art, X, execution="serial")
+    rt, concurrent = _run(art, X, execution="concurrent")
+    for _ in range(3):
+        rt.run()
+        assert np.array_equal(rt.get_output(0).numpy(), serial)
+    assert np.array_equal(concurrent, serial)
+
+
+def test_export_and_load_skip_graph_finalization(tmp_path) -> None:
+    model = conv_unary_conv("Relu")
+    start = time.perf_counter()
+    art = tvm_hetero.build(_relax(model), [CPU, "qnn-htp"])
+    build_seconds = time.perf_counter() - start
+    _rt, y = _run(art, X)
+    art.export(tmp_path / "a")
+    start = time.perf_counter()
+    loaded = tvm_hetero.load(tmp_path / "a")
+    _rt2, y2 = _run(loaded, X)
+    load_seconds = time.perf_counter() - start
+    assert np.array_equal(y, y2)
+    assert loaded.build_report.htp["graph_executions"] == 1
+    assert load_seconds < build_seconds
+
+
+def test_an_htp_error_mid_run_names_the_region_and_device_and_the_runtime_recovers() -> None:
+    from tvm_hetero.runtime import qnn_runner
+
+    model = conv_unary_conv("Sin")
+    art = tvm_hetero.build(_relax(model), [CPU, "qnn-htp"])
+    rt, first = _run(art, X)
+    region = art.build_report.htp["regions"][0]["name"]
+    qnn_runner.FAIL_NEXT.add(region)
+    with pytest.raises(Exception, match=r"qnn-htp:0.*" + region + "|" + region + r".*qnn-htp:0") as err:
+        rt.run()
+    assert "graph execution failed" in str(err.value)
+    rt.run()  # usable again
+    assert np.array_equal(rt.get_output(0).numpy(), first)
+
+
+def test_missing_onnxruntime_qnn_is_one_clear_error(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "onnxruntime_qnn", None)
+    with pytest.raises(qnn_ep.QnnUnavailable, match=r"pip install 'tvm-hetero\[qnn\]'"):
+        tvm_hetero.build(_relax(conv_unary_conv("Relu")), [CPU, "qnn-htp"])
+
+
+def test_qdq_units_run_quantized_within_the_quantization_step() -> None:
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    model = conv_unary_conv("Relu")
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            rng = np.random.default_rng(11)
+            self.batches = iter([{"x": rng.standard_normal((1, 4, 8, 8)).astype("float32")} for _ in range(4)])
+
+        def get_next(self):
+            return next(self.batches, None)
+
+    import tempfile
+    from pathlib import Path
+
+    import onnx
+
+    with tempfile.TemporaryDirectory() as tmp:
+        src, dst = Path(tmp) / "f.onnx", Path(tmp) / "q.onnx"
+        onnx.save(model, src)
+        quantize_static(str(src), str(dst), Reader(), quant_format=QuantFormat.QDQ,
+                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+        qdq = onnx.load(dst)
+    qdq.ir_version = 9
+    art = tvm_hetero.build(_relax(qdq), [CPU, "qnn-htp"])
+    htp = art.build_report.htp
+    ops = {r["op"] for r in htp["refused"]}
+    assert "relax.nn.conv2d" not in ops and htp["graph_executions"] >= 1
+    _rt, y = _run(art, X)
+    ref = _reference(qdq, X)
+    step = np.abs(ref).max() / 127  # one output quantization step, at most
+    assert np.abs(y - ref).max() <= 2 * step
