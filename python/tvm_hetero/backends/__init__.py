@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .base import Backend, Region
+from .base import Backend, MovedOp, Region
 from .dnnl import DnnlBackend
 
 #: The one place backends are registered: name -> class.
@@ -48,4 +48,4 @@ def default_backends(cpu_devices: Sequence[int]) -> tuple[list[Backend], list[st
     return [dnnl], []
 
 
-__all__ = ["BACKENDS", "Backend", "DnnlBackend", "Region", "default_backends", "resolve_backends"]
+__all__ = ["BACKENDS", "Backend", "DnnlBackend", "MovedOp", "Region", "default_backends", "resolve_backends"]
