@@ -120,10 +120,10 @@ def branch_placement(mod, params, backends):
 
 
 def pin(cores: list[int], threads: int) -> None:
+    """The calling thread as a device executor sets itself up: cores, TVM pool and OpenMP team."""
     import tvm_ffi
 
-    tvm_ffi.get_global_func("runtime.config_threadpool")(-2, threads, [str(c) for c in cores])
-    os.sched_setaffinity(0, cores)
+    tvm_ffi.get_global_func("tvm_hetero.support.configure_current_thread")(cores, threads, False)
 
 
 def in_thread(fn, cores: list[int], threads: int):

@@ -102,6 +102,16 @@ def test_pinned_clusters_give_the_serial_result():
         np.testing.assert_array_equal(clusters.get_output(0).numpy(), serial.get_output(0).numpy())
 
 
+def test_a_measuring_thread_gets_the_openmp_team_it_asks_for():
+    # Pipeline stages are timed in such a thread (runtime/measure.py); oneDNN runs in its OpenMP team.
+    from tvm_hetero.backends import dnnl
+    from tvm_hetero.runtime.measure import run_in_thread
+
+    if not dnnl.DnnlBackend().available():
+        pytest.skip("libtvm_hetero built without oneDNN")
+    assert [run_in_thread(lambda: dnnl.info()["threads"], num_threads=n) for n in (1, 2)] == [1, 2]
+
+
 def failing_graph() -> Graph:
     """checked_add on cpu:1 fails when A[0] < 0; cpu:0 waits for its result."""
     return Graph(
