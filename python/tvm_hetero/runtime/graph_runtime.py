@@ -93,10 +93,13 @@ def create(
         uploads (an artifact's lib.so); None, or a None answer, exports ``lib`` on the fly.
     execution : ``"concurrent"`` (default): each device runs its own steps on its own executor and
         waits only for what it reads from other devices (results bit-identical to serial);
-        ``"serial"``: devices run one after another on the calling thread.
+        ``"serial"``: devices run one after another in graph order, on the calling thread except
+        for devices with ``device_options`` (each runs its steps on its own executor, still one
+        device at a time).
     device_options : one entry per device (None for none): ``{"cores": [0], "num_threads": 1}``
-        pins that device's executor to those cores with its own TVM thread pool of that size (a
-        CPU cluster); a device with options gets its own thread even when it is the primary one.
+        pins that device's executor to those cores with its own TVM thread pool and OpenMP team
+        (oneDNN) of that size (a CPU cluster), in both execution modes; a device with options gets
+        its own thread even when it is the primary one.
     device_libs : ``Artifact.device_libs``: per device position, the kernel library of a device whose
         architecture differs from this machine's (uploaded to its session; the device must be remote).
     """
