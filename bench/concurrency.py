@@ -40,7 +40,7 @@ TOWER_WIDTH = 512
 def two_tower():
     """Two independent chains of equal cost (6 x matmul TOWER_WIDTH + relu each) joined by an add."""
     import numpy as np
-    from tvm_hetero import models
+    from tvm_hetero.testing import models
 
     mod, params = models.two_towers(batch=64, width=TOWER_WIDTH, depth=6, weight_scale=float(TOWER_WIDTH) ** 0.5)
     inputs = {"x": np.random.default_rng(0).standard_normal((64, TOWER_WIDTH)).astype("float32")}

@@ -93,7 +93,7 @@ def main() -> int:
     import onnxruntime as ort
     import tvm
     import tvm_hetero
-    from tvm_hetero import models
+    from tvm_hetero.testing import models
     from tvm_hetero.backends import DnnlBackend, dnnl
 
     if dnnl.info().get("available"):

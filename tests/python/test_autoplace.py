@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import tvm
 import tvm_hetero
-from tvm_hetero import cli, models
+from tvm_hetero import cli
+from tvm_hetero.testing import models
 from tvm_hetero.compiler import build as build_module
 from tvm_hetero.compiler.autoplace.cost_cache import CostCache, settings_key
 from tvm_hetero.compiler.autoplace.measured import choose_placement

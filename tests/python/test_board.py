@@ -16,7 +16,7 @@ import pytest
 import tvm
 import tvm_hetero
 from tvm_hetero import graph_runtime
-from tvm_hetero.models import small_cnn
+from tvm_hetero.testing.models import small_cnn
 from tvm_hetero.rpc import connect
 from tvm_hetero.testing.board import (
     AARCH64_TARGET,

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import tvm
 import tvm_hetero
-from tvm_hetero import models, pipeline
+from tvm_hetero import pipeline
+from tvm_hetero.testing import models
 from tvm_hetero.backends import DnnlBackend
 
 MLP, PARAMS = models.mlp()

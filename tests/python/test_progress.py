@@ -6,7 +6,7 @@ import io
 
 import tvm
 import tvm_hetero
-from tvm_hetero import models
+from tvm_hetero.testing import models
 from tvm_hetero.progress import WIDTH, Progress
 
 

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 import tvm
 import tvm_hetero
-from tvm_hetero import models, rpc
+from tvm_hetero import rpc
+from tvm_hetero.testing import models
 
 MLP, PARAMS = models.mlp()
 TWO_CPUS = [("cpu:0", "llvm"), ("cpu:1", "llvm")]

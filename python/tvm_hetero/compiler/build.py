@@ -208,7 +208,7 @@ def build(
     """
     say = progress or (lambda _msg: None)
     if not isinstance(mod, tvm.IRModule):
-        hint = " (import ONNX first: tvm.relax.frontend.onnx.from_onnx(model))" if type(mod).__name__ == "ModelProto" else ""
+        hint = " (import ONNX first: tvm_hetero.importers.from_onnx(model))" if type(mod).__name__ == "ModelProto" else ""
         raise TypeError(f"build: mod must be a Relax tvm.IRModule, got {type(mod).__name__}{hint}")
     if isinstance(targets, str) and targets == "auto":
         from ..device_discovery import devices as discover

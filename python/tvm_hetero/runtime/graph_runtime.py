@@ -11,6 +11,7 @@ import tvm
 import tvm_ffi
 
 from . import library  # noqa: F401  (registers tvm_hetero.graph_runtime.create)
+from .offload import create_mixed
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -124,10 +125,9 @@ def create(
     if all(remote):
         module = _create_remote(graph_json, lib, devices, device_index_kind)
     elif any(remote):
-        from .offload import create_mixed
-
-        module = create_mixed(graph_json, lib, devices, device_index_kind, offload, remote_timeout, remote_library,
-                              device_libs)
+        mixed = create_mixed(graph_json, lib, devices, remote, device_index_kind, offload, remote_timeout,
+                             remote_library, device_libs)
+        module = GraphModule(mixed.module, devices[0], keep_alive=mixed.keep_alive, watchdog=mixed.watchdog)
     else:
         fcreate = tvm_ffi.get_global_func("tvm_hetero.graph_runtime.create")
         module = GraphModule(fcreate(graph_json, lib, device_index_kind, *devices), devices[0])
