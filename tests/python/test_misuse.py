@@ -11,8 +11,8 @@ import pytest
 import tvm
 import tvm_hetero
 from tvm_hetero import pipeline
-from tvm_hetero.testing import models
 from tvm_hetero.backends import DnnlBackend
+from tvm_hetero.testing import models
 
 MLP, PARAMS = models.mlp()
 TWO_CPUS = [("cpu:0", "llvm"), ("cpu:1", "llvm")]

@@ -14,6 +14,7 @@ import tvm_ffi
 
 from . import graph_runtime
 
+
 def configure_thread(cores: Sequence[int] = (), num_threads: int = 0) -> None:
     """Pin the calling thread to ``cores`` and size its TVM thread pool and OpenMP team (oneDNN),
     as a pipeline stage's worker: the C++ worker's own function (support/thread_pinning.cc, every
