@@ -609,10 +609,13 @@ def test_a_pinned_backend_reports_every_op_it_moves_from_the_placement():
     text = art.report()
     assert "MOVED by backend (6 ops" in text
     assert "lv2 (relax.matmul): device 1 (cpu:1) -> device 0 (cpu:0), backend dnnl" in text
-    # Following the placement moves nothing, and says nothing.
+    # Following the placement moves nothing, and says nothing; nor does the default placement
+    # (everything on device 0) that a backend pinned elsewhere overrides as asked.
     follow = tvm_hetero.build(mod, targets, placement=place, params=params, backends=[("dnnl", None)])
     assert follow.build_report.moved_by_backend == []
     assert "MOVED by backend" not in follow.report()
+    pinned = tvm_hetero.build(mod, targets, params=params, backends=[("dnnl", 1)])
+    assert pinned.build_report.ops_per_device[1] == 12 and pinned.build_report.moved_by_backend == []
 
 
 # ---- LRN and per-channel scale + shift against onnxruntime ----------------------------------

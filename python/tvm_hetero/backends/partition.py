@@ -57,12 +57,14 @@ def partition_for_backends(
     entry: str = "main",
     weights: frozenset[str] = frozenset(),
     place: PlaceCalls | None = None,
+    report_moves: bool = True,
 ) -> tuple[tvm.IRModule, dict[str, Region]]:
     """Partition ``entry`` for ``backends``; returns the module and its regions by symbol.
 
     ``weights`` names the function parameters whose values are given at build time; they and
     constants are what a backend may treat as weights. ``place`` is needed by backends that
-    follow the placement (``device=None``).
+    follow the placement (``device=None``); with ``report_moves`` (and ``place``) the regions of a
+    pinned backend record the ops they take from the device ``place`` gives them.
     """
     regions: dict[str, Region] = {}
     for backend in backends:
@@ -81,7 +83,7 @@ def partition_for_backends(
                 )
             device_of = place(mod[entry])
             patterns = [_on_placed_device(p, backend, device_of) for p in patterns]
-        elif place is not None:
+        elif place is not None and report_moves:
             patterns = [_recording_moves(p, backend, place(mod[entry])) for p in patterns]
         mod = relax.transform.FuseOpsByPattern(
             patterns, bind_constants=False, annotate_codegen=True, entry_functions=[entry]
