@@ -24,7 +24,8 @@ import numpy as np
 import tvm
 import tvm_hetero
 from timing import median_run_seconds
-from tvm_hetero import graph_runtime, models
+from tvm_hetero import graph_runtime
+from tvm_hetero.testing import models
 from tvm_hetero.testing.board import AARCH64_TARGET, connect_board
 
 BOARD_OPS = {"conv2d", "max_pool2d", "avg_pool2d", "add", "multiply", "subtract", "divide", "relu", "clip",

@@ -40,7 +40,7 @@ TOWER_WIDTH = 512
 def two_tower():
     """Two independent chains of equal cost (6 x matmul TOWER_WIDTH + relu each) joined by an add."""
     import numpy as np
-    from tvm_hetero import models
+    from tvm_hetero.testing import models
 
     mod, params = models.two_towers(batch=64, width=TOWER_WIDTH, depth=6, weight_scale=float(TOWER_WIDTH) ** 0.5)
     inputs = {"x": np.random.default_rng(0).standard_normal((64, TOWER_WIDTH)).astype("float32")}
@@ -120,10 +120,10 @@ def branch_placement(mod, params, backends):
 
 
 def pin(cores: list[int], threads: int) -> None:
+    """The calling thread as a device executor sets itself up: cores, TVM pool and OpenMP team."""
     import tvm_ffi
 
-    tvm_ffi.get_global_func("runtime.config_threadpool")(-2, threads, [str(c) for c in cores])
-    os.sched_setaffinity(0, cores)
+    tvm_ffi.get_global_func("tvm_hetero.support.configure_current_thread")(cores, threads, False)
 
 
 def in_thread(fn, cores: list[int], threads: int):

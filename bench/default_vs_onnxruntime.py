@@ -93,8 +93,8 @@ def main() -> int:
     import onnxruntime as ort
     import tvm
     import tvm_hetero
-    from tvm_hetero import models
     from tvm_hetero.backends import DnnlBackend, dnnl
+    from tvm_hetero.testing import models
 
     if dnnl.info().get("available"):
         dnnl.set_num_threads(args.threads)

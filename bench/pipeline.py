@@ -36,7 +36,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--model", default="squeezenet", help="a light ONNX model (tvm_hetero.models)")
+    parser.add_argument("--model", default="squeezenet", help="a light ONNX model (tvm_hetero.testing.models)")
     parser.add_argument("--backend", default="none", choices=["none", "dnnl"])
     parser.add_argument("--inferences", type=int, default=0, help="timed outputs per run (0: ~3 s worth)")
     parser.add_argument("--warmup", type=int, default=2)
@@ -50,7 +50,8 @@ def main() -> int:
     os.environ["TVM_NUM_THREADS"] = "1"
 
     import numpy as np
-    from tvm_hetero import models, pipeline
+    from tvm_hetero import pipeline
+    from tvm_hetero.testing import models
 
     if len(os.sched_getaffinity(0)) < 2:
         print("needs two CPU cores", file=sys.stderr)

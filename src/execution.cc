@@ -18,6 +18,13 @@ ExecutionMode ParseExecutionMode(const std::string& name) {
   TVM_FFI_THROW(ValueError) << "execution must be 'concurrent' or 'serial', got '" << name << "'";
 }
 
+bool HasExecutorOptions(const std::vector<ExecutorOptions>& options) {
+  for (const ExecutorOptions& o : options) {
+    if (!o.empty()) return true;
+  }
+  return false;
+}
+
 std::vector<ExecutorOptions> ParseExecutorOptions(const std::string& text, int num_devices) {
   namespace json = ffi::json;
   std::vector<ExecutorOptions> options(num_devices);

@@ -320,7 +320,9 @@ void GraphRuntime::SetupExecution() {
   Concurrency& c = *concurrency_;
   c.executors.Stop();
   c.num_waits = 0;
-  if (execution_ != ExecutionMode::kConcurrent) return;
+  // Serial execution without options is the flat loop on the caller; with options, each device's
+  // steps run on its configured executor, one device at a time (SerialStepSchedule).
+  if (execution_ != ExecutionMode::kConcurrent && !HasExecutorOptions(executor_options_)) return;
   // An offloaded segment is one call at its first step, on its device's executor: that step touches
   // all the segment's steps and carried outputs touch.
   std::vector<StepAccess> access = c.access;
@@ -337,7 +339,9 @@ void GraphRuntime::SetupExecution() {
     for (uint32_t i = segment.begin + 1; i < segment.end; ++i) absorb(i);
     for (uint32_t i : segment.outputs) absorb(i);
   }
-  StepSchedule schedule = DeriveStepSchedule(access, static_cast<int>(devices_.size()));
+  const int num_devices = static_cast<int>(devices_.size());
+  StepSchedule schedule = execution_ == ExecutionMode::kConcurrent ? DeriveStepSchedule(access, num_devices)
+                                                                   : SerialStepSchedule(access, num_devices);
   c.num_waits = schedule.NumWaits();
   c.sync_before_publish.assign(steps_->op_execs.size(), std::nullopt);
   for (uint32_t i = 0; i < steps_->op_execs.size(); ++i) {

@@ -1,10 +1,12 @@
 /*!
  * \file storage_plan.cc
- * \brief Pool slots from storage ids and offsets; rejects a storage id shared across devices.
+ * \brief Pool slots from storage ids and offsets; rejects a storage id shared across devices and,
+ *        re-checking the finished pool, two live entries sharing bytes.
  */
 #include <tvm/ffi/error.h>
 #include <tvm_hetero/storage_plan.h>
 
+#include <algorithm>
 #include <limits>
 #include <map>
 #include <utility>
@@ -65,7 +67,54 @@ StoragePlan PlanStorage(const Graph& graph, const std::vector<int>& node_device,
       plan.entry_device[eid] = device;
     }
   }
+  VerifyStoragePlan(graph, plan);
   return plan;
+}
+
+void VerifyStoragePlan(const Graph& graph, const StoragePlan& plan) {
+  const uint32_t num_nodes = static_cast<uint32_t>(graph.nodes.size());
+  // The last node at which each entry is live (num_nodes: a graph output; past it: an input).
+  std::vector<uint32_t> last_use(graph.num_entries());
+  for (uint32_t nid = 0; nid < num_nodes; ++nid) {
+    for (uint32_t k = 0; k < graph.nodes[nid].num_outputs; ++k) {
+      last_use[graph.entry_id(nid, k)] = graph.nodes[nid].is_input() ? num_nodes + 1 : nid;
+    }
+    for (const EntryRef& e : graph.nodes[nid].inputs) {
+      uint32_t& last = last_use[graph.entry_id(e)];
+      last = std::max(last, nid);
+    }
+  }
+  for (const EntryRef& e : graph.heads) {
+    uint32_t& last = last_use[graph.entry_id(e)];
+    last = std::max(last, num_nodes);
+  }
+  struct Live {
+    uint32_t last_use;
+    size_t begin, end;
+    uint32_t nid;
+  };
+  std::vector<std::vector<Live>> live(plan.slots.size());  // per slot, the entries not yet dead
+  for (uint32_t nid = 0; nid < num_nodes; ++nid) {
+    if (graph.nodes[nid].func_name == "__nop") continue;  // its outputs are never written
+    for (uint32_t k = 0; k < graph.nodes[nid].num_outputs; ++k) {
+      uint32_t eid = graph.entry_id(nid, k);
+      size_t begin = plan.entry_offset[eid];
+      size_t end = begin + EntryBytes(graph.shapes[eid], graph.dtypes[eid]);
+      if (end == begin) continue;
+      std::vector<Live>& others = live[plan.entry_slot[eid]];
+      others.erase(std::remove_if(others.begin(), others.end(), [&](const Live& o) { return o.last_use < nid; }),
+                   others.end());
+      for (const Live& o : others) {
+        if (o.begin < end && begin < o.end) {
+          TVM_FFI_THROW(ValueError) << "storage_id " << graph.storage_ids[eid] << ": "
+                                    << graph.describe_node(o.nid) << " (bytes [" << o.begin << ", " << o.end
+                                    << ")) and " << graph.describe_node(nid) << " (bytes [" << begin << ", "
+                                    << end << ")) are live at once but share bytes";
+        }
+      }
+      others.push_back(Live{last_use[eid], begin, end, nid});
+    }
+  }
 }
 
 }  // namespace tvm_hetero

@@ -12,7 +12,9 @@
 namespace tvm_hetero {
 
 enum class ExecutionMode {
-  /*! \brief Devices run one after another in graph order, on the calling thread. */
+  /*! \brief Devices run one after another in graph order: on the calling thread, except that a
+   *         device with ExecutorOptions runs its steps on its own executor (its cores and thread
+   *         counts hold in both modes). */
   kSerial,
   /*! \brief Each device runs its own steps on its own executor; cross-device waits keep the
    *         serial result (src/concurrency/step_schedule.h). */
@@ -23,11 +25,15 @@ enum class ExecutionMode {
 struct ExecutorOptions {
   /*! \brief Cores the executor thread (and its thread pool) may run on; empty: no pinning. */
   std::vector<int> cores;
-  /*! \brief TVM thread-pool threads for kernels run by this executor; 0: TVM's default. */
+  /*! \brief TVM thread-pool threads, and the OpenMP team (oneDNN), for kernels run by this
+   *         executor; 0: the defaults. */
   int num_threads = 0;
 
   bool empty() const { return cores.empty() && num_threads == 0; }
 };
+
+/*! \brief Whether any device has options (so that its steps need an executor of their own). */
+bool HasExecutorOptions(const std::vector<ExecutorOptions>& options);
 
 /*! \brief "serial" or "concurrent"; throws naming the value otherwise. */
 ExecutionMode ParseExecutionMode(const std::string& name);

@@ -5,25 +5,24 @@ Importing the package loads the runtime library (libtvm_hetero.so).
 
 Layers (arrows point down): ``artifact`` (and ``pipeline``, its pipeline face) joins
 ``compiler/`` (Relax module -> graph JSON, kernels, params; never imports the runtime) and
-``runtime/`` (graph and pipeline runtimes, offload, rpc, library loading). ``testing/`` holds
-model fixtures and test oracles; ``cli`` the command line.
+``runtime/`` (graph and pipeline runtimes, offload, rpc, library loading); ``importers`` brings
+ONNX and PyTorch models in. ``testing/`` (model fixtures and test oracles: import
+``tvm_hetero.testing.models`` yourself; the package never loads it) and ``cli`` sit on top.
 """
 
 from __future__ import annotations
 
 import sys
 
-from . import devices, pipeline
+from . import devices, importers, pipeline
 from .artifact import Artifact, PipelineArtifact, build, load
 from .compiler.build import BuildReport
 from .compiler.placement import Capabilities, OpInfo
 from .progress import Progress
 from .runtime import graph_runtime, offload, pipeline_runtime, rpc, timeline
-from .testing import models
 
-# The names these modules had before the package was layered (``import tvm_hetero.rpc``,
-# ``from tvm_hetero.models import mlp``) keep working.
-for _module in (graph_runtime, offload, pipeline_runtime, rpc, timeline, models):
+# The names these modules had before the package was layered (``import tvm_hetero.rpc``) keep working.
+for _module in (graph_runtime, offload, pipeline_runtime, rpc, timeline):
     sys.modules.setdefault(f"{__name__}.{_module.__name__.rsplit('.', 1)[1]}", _module)
 del _module
 
@@ -37,8 +36,8 @@ __all__ = [
     "build",
     "devices",
     "graph_runtime",
+    "importers",
     "load",
-    "models",
     "pipeline",
     "pipeline_runtime",
     "rpc",

@@ -30,7 +30,8 @@ import numpy as np
 import tvm
 import tvm_ffi
 
-from . import native  # noqa: F401  (registers tvm_hetero.read_params)
+import tvm_hetero.native  # noqa: F401  (registers tvm_hetero.read_params)
+
 from .compiler import build as compiler_build
 from .compiler.build import BuildReport, CompiledGraph, device_name, format_size
 from .compiler.graph import COPY_FUNC
@@ -339,7 +340,7 @@ def build(mod: Any, targets: Any, placement: Any = None, *args: Any, **kwargs: A
             raise ValueError("placement='auto' with a qnn-htp device: not supported yet (HTP costs must come "
                              "from a device cost table, never from the emulator's wall time); give placement=None "
                              "(every op QNN accepts goes to the HTP) or a hand placement")
-        return build_verified(mod, targets, placement, args, kwargs)
+        return build_verified(mod, targets, placement, args, kwargs, Artifact.of)
     if auto and kwargs.get("measurer") is None:  # automatic placement times kernels on this runtime
         from .runtime.autoplace_measure import RuntimeMeasurer
 

@@ -112,6 +112,7 @@ def default_devices() -> list[tuple[str, str]]:
 # ---- commands ---------------------------------------------------------------------------------
 def cmd_demo(args: argparse.Namespace) -> int:
     import tvm_hetero
+    from tvm_hetero.importers import from_onnx
     from tvm_hetero.testing import models
 
     start = time.perf_counter()
@@ -121,7 +122,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
           f"{', '.join(d for d, _ in devices)}")
     say(f"loading {args.model}")
     model = models.light_model(args.model)
-    mod = models.relax_module(model)
+    mod = from_onnx(model)
     num_ops = count_ops(mod)
     if not args.place and args.split is None:
         args.place = ["auto"]  # the demo's default: every op's device and backend by measured cost
@@ -210,7 +211,7 @@ def _print_comparison(mod, devices, model, inputs, ours: float, repeat: int, say
     """Latency of our run against the model on one device alone (each cluster in turn, with the
     same settings, when the devices are CPU clusters) and onnxruntime."""
     import tvm_hetero
-    from tvm_hetero import models
+    from tvm_hetero.testing import models
 
     say(f"building the model for {devices[0][0]} alone, for comparison")
     single_art = tvm_hetero.build(mod, devices[:1])
@@ -243,26 +244,16 @@ def _timed(fn) -> float:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    import onnx
-
     import tvm_hetero
-    from tvm_hetero.testing import models
+    from tvm_hetero.importers import from_onnx
 
     start = time.perf_counter()
     say = _progress(start)
     devices = parse_device_specs(args.device) if args.device else default_devices()
-    say(f"importing {args.model}")
-    if not Path(args.model).is_file():
-        raise FileNotFoundError(f"model {args.model}: no such file")
-    if Path(args.model).stat().st_size == 0:
-        raise ValueError(f"model {args.model}: the file is empty")
     if Path(args.output).exists() and not Path(args.output).is_dir():
         raise FileExistsError(f"-o {args.output}: exists and is not a directory")
-    try:
-        model = onnx.load(args.model)
-    except Exception as err:  # noqa: BLE001 (protobuf raises several kinds for a file that is not ONNX)
-        raise ValueError(f"model {args.model}: not an ONNX model ({error_line(err)})") from None
-    mod = models.relax_module(model)
+    say(f"importing {args.model}")
+    mod = from_onnx(args.model)
     placement = parse_placement(args.place, args.split, len(devices), count_ops(mod) if args.split else None)
     artifact = tvm_hetero.build(mod, devices, placement=placement, progress=say,
                                 backends=parse_backends(args.backend), **auto_options(args, len(devices)))

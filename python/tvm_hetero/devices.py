@@ -27,7 +27,7 @@ from typing import Any
 import tvm
 import tvm_ffi
 
-from . import native  # noqa: F401  (registers the C++ records)
+import tvm_hetero.native  # noqa: F401  (registers the C++ records)
 
 SYS_CPU = Path("/sys/devices/system/cpu")
 

@@ -25,9 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from . import qnn_ep
-from .artifact import Artifact
 from .compiler import build as compiler_build
+from .qnn_ep import cpu_session, htp_session
 
 #: Relative tolerance of an fp16 region (to the largest reference value).
 FP16_TOLERANCE = 1e-2
@@ -48,8 +47,10 @@ def has_htp(targets: Any) -> bool:
         return False  # the build itself reports malformed targets
 
 
-def build_verified(mod: Any, targets: Any, placement: Any, args: tuple, kwargs: dict) -> Artifact:
-    """``tvm_hetero.build`` for targets with an HTP (see the module's algorithm)."""
+def build_verified(mod: Any, targets: Any, placement: Any, args: tuple, kwargs: dict,
+                   wrap: Callable[[Any], Any]) -> Any:
+    """``tvm_hetero.build`` for targets with an HTP (see the module's algorithm); ``wrap`` makes the
+    artifact of what the compiler built (``Artifact.of``: the artifact layer calls this one)."""
     calibration = kwargs.pop("calibration", None)
     tolerance = kwargs.pop("htp_tolerance", None)
     verify = kwargs.pop("verify_htp", True)
@@ -69,7 +70,7 @@ def build_verified(mod: Any, targets: Any, placement: Any, args: tuple, kwargs: 
             if not refused.bindings:
                 raise
             continue
-        artifact = Artifact.of(compiled)
+        artifact = wrap(compiled)
         htp = artifact.build_report.htp if artifact.build_report else None
         if not verify or not htp or not htp["regions"]:
             return artifact
@@ -119,13 +120,13 @@ def _quantized(htp: dict) -> bool:
         "quantize" in key for region in htp["regions"] for key in region.get("bindings", []))
 
 
-def _steps_of(artifact: Artifact, region: str) -> list[list[str]] | None:
+def _steps_of(artifact: Any, region: str) -> list[list[str]] | None:
     """Per step of an HTP block, the bindings it covers (None when unknown)."""
     steps = artifact.build_report.htp.get("steps", {}).get(region) if artifact.build_report.htp else None
     return steps
 
 
-def _sample_inputs(artifact: Artifact, calibration: Any) -> dict[str, np.ndarray]:
+def _sample_inputs(artifact: Any, calibration: Any) -> dict[str, np.ndarray]:
     if calibration is not None:
         first = calibration[0] if isinstance(calibration, (list, tuple)) else calibration
         return {k: np.asarray(v) for k, v in first.items()}
@@ -145,7 +146,7 @@ def _sample_inputs(artifact: Artifact, calibration: Any) -> dict[str, np.ndarray
     return out
 
 
-def _verify(artifact: Artifact, inputs: dict[str, np.ndarray]) -> dict:
+def _verify(artifact: Any, inputs: dict[str, np.ndarray]) -> dict:
     from .runtime.qnn_runner import verifying
 
     with verifying(artifact.htp_references) as results:
@@ -174,8 +175,8 @@ def _first_bad_step(model: bytes | None, feeds: dict | None, options: dict, tol:
                 proto.graph.output.append(info)
         debug = proto.SerializeToString()
         names = [o.name for o in proto.graph.output]
-        cpu = qnn_ep.cpu_session(debug).run(names, feeds)
-        htp = qnn_ep.htp_session(debug, options).run(names, feeds)
+        cpu = cpu_session(debug).run(names, feeds)
+        htp = htp_session(debug, options).run(names, feeds)
     except Exception:  # noqa: BLE001 (a graph QNN will not take with extra outputs: no localization)
         return None
     step_of = {node.output[0]: int(node.name.split("_")[0][1:]) for node in proto.graph.node

@@ -1,6 +1,7 @@
 /*!
  * \file concurrency/step_schedule.cc
- * \brief DeriveStepSchedule: conflicts per storage slot, reduced to the waits that order them.
+ * \brief DeriveStepSchedule: conflicts per storage slot, reduced to the waits that order them;
+ *        SerialStepSchedule: every device switch of the serial list is a wait.
  */
 #include "step_schedule.h"
 
@@ -76,6 +77,25 @@ StepSchedule DeriveStepSchedule(const std::vector<StepAccess>& steps, int num_de
     }
     for (const MemoryRegion& r : step.reads) live[r.slot].push_back({s, r.begin, r.end, false});
     for (const MemoryRegion& r : step.writes) live[r.slot].push_back({s, r.begin, r.end, true});
+  }
+  return schedule;
+}
+
+StepSchedule SerialStepSchedule(const std::vector<StepAccess>& steps, int num_devices) {
+  StepSchedule schedule;
+  schedule.device_steps.resize(num_devices);
+  schedule.waits.resize(steps.size());
+  schedule.awaited.assign(steps.size(), false);
+  for (uint32_t s = 0; s < steps.size(); ++s) {
+    const int device = steps[s].device;
+    if (device < 0 || device >= num_devices) {
+      TVM_FFI_THROW(InternalError) << "step " << s << " is on device " << device << " of " << num_devices;
+    }
+    schedule.device_steps[device].push_back(s);
+    if (s > 0 && steps[s - 1].device != device) {
+      schedule.waits[s].push_back(s - 1);
+      schedule.awaited[s - 1] = true;
+    }
   }
   return schedule;
 }

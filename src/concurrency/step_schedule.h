@@ -59,6 +59,15 @@ struct StepSchedule {
 /*! \brief Derive the schedule (see the file comment for the rule and guarantees). */
 StepSchedule DeriveStepSchedule(const std::vector<StepAccess>& steps, int num_devices);
 
+/*!
+ * \brief The schedule of serial execution on device executors: each device's steps as above, and
+ *        every step waits for the step before it in the serial list when that one is on another
+ *        device. Guarantee: a step starts only after every earlier step has finished (by induction:
+ *        the step before it finished, directly awaited or earlier on the same executor), so one
+ *        device runs at a time, in serial order, each on its own executor (its cores and threads).
+ */
+StepSchedule SerialStepSchedule(const std::vector<StepAccess>& steps, int num_devices);
+
 }  // namespace tvm_hetero
 
 #endif  // TVM_HETERO_CONCURRENCY_STEP_SCHEDULE_H_

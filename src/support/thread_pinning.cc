@@ -9,7 +9,10 @@
 #include <sched.h>
 #include <tvm/ffi/container/array.h>
 #include <tvm/ffi/function.h>
+#include <tvm/ffi/reflection/registry.h>
 #include <tvm/ffi/string.h>
+
+#include "support/tensor_check.h"
 
 #include <cerrno>
 #include <cstring>
@@ -66,6 +69,33 @@ void ConfigureCurrentThread(const std::vector<int>& cores, int num_threads, Core
     using SetNumThreads = void (*)(int);
     if (auto set = reinterpret_cast<SetNumThreads>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"))) set(num_threads);
   }
+}
+
+int OpenMPMaxThreads() {
+  using GetMaxThreads = int (*)();
+  static const auto get = reinterpret_cast<GetMaxThreads>(dlsym(RTLD_DEFAULT, "omp_get_max_threads"));
+  return get != nullptr ? get() : 0;
+}
+
+TVM_FFI_STATIC_INIT_BLOCK() {
+  namespace refl = tvm::ffi::reflection;
+  // configure_current_thread(cores, num_threads, share_all_cores): ConfigureCurrentThread from Python
+  // (a pipeline stage's measuring thread is set up exactly as the C++ worker).
+  refl::GlobalDef().def("tvm_hetero.support.configure_current_thread",
+                        [](ffi::Array<int64_t> cores, int num_threads, bool share_all_cores) {
+                          std::vector<int> list(cores.begin(), cores.end());
+                          ConfigureCurrentThread(list, num_threads,
+                                                 share_all_cores ? CoreSharing::kShareAllCores : CoreSharing::kOneCorePerThread);
+                        });
+  // record_thread_config(out): out (int32[2]) = the calling thread's OpenMP team size and TVM pool
+  // size. A kernel calls it (T.call_packed) to show the threads a device's steps really run with.
+  refl::GlobalDef().def("tvm_hetero.support.record_thread_config", [](DLTensor* out) {
+    CheckTensor(out, {2}, DLDataType{kDLInt, 32, 1}, "record_thread_config: out");
+    static const ffi::Optional<ffi::Function> pool_size = ffi::Function::GetGlobal("runtime.NumThreads");
+    auto* values = reinterpret_cast<int32_t*>(static_cast<char*>(out->data) + out->byte_offset);
+    values[0] = OpenMPMaxThreads();
+    values[1] = pool_size.has_value() ? (*pool_size)().cast<int32_t>() : 0;
+  });
 }
 
 }  // namespace support

@@ -27,6 +27,12 @@ enum class CoreSharing {
  */
 void ConfigureCurrentThread(const std::vector<int>& cores, int num_threads, CoreSharing sharing);
 
+/*!
+ * \brief The OpenMP team size the calling thread's next parallel region gets (what oneDNN uses
+ *        from this thread); 0 when no OpenMP runtime is loaded in the process.
+ */
+int OpenMPMaxThreads();
+
 }  // namespace support
 }  // namespace tvm_hetero
 

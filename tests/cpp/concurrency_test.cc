@@ -11,6 +11,7 @@
 
 #include "concurrency/device_executors.h"
 #include "concurrency/step_schedule.h"
+#include "support/thread_pinning.h"
 
 namespace tvm_hetero {
 namespace {
@@ -195,6 +196,60 @@ TEST(DeviceExecutors, PinnedPrimaryRunsOnItsOwnThread) {
   executors.Start(DeriveStepSchedule(steps, 2), &Machine::Step, &m, {ExecutorOptions{{0}, 1}});
   EXPECT_EQ(executors.inline_device(), -1);
   executors.Run();
+}
+
+TEST(StepSchedule, SerialScheduleWaitsAtEveryDeviceSwitchOnly) {
+  // Devices 0 0 1 1 0 2: steps 2, 4 and 5 follow a step of another device; no memory is shared.
+  std::vector<StepAccess> steps = {{0, {}, {Slot(0)}}, {0, {}, {Slot(1)}}, {1, {}, {Slot(2)}},
+                                   {1, {}, {Slot(3)}}, {0, {}, {Slot(4)}}, {2, {}, {Slot(5)}}};
+  StepSchedule s = SerialStepSchedule(steps, 3);
+  EXPECT_EQ(s.device_steps[0], std::vector<uint32_t>({0, 1, 4}));
+  EXPECT_EQ(s.device_steps[1], std::vector<uint32_t>({2, 3}));
+  std::vector<std::vector<uint32_t>> waits = {{}, {}, {1}, {}, {3}, {4}};
+  EXPECT_EQ(s.waits, waits);
+  EXPECT_EQ(s.awaited, std::vector<bool>({false, true, false, true, true, false}));
+}
+
+/*! \brief Records the order steps run in, how many ran at once, and each step's OpenMP team. */
+struct SerialProbe {
+  std::vector<uint32_t> order;
+  std::vector<int> openmp_threads;
+  std::atomic<int> running{0};
+  std::atomic<int> most_running{0};
+
+  static void Step(void* self, uint32_t s) {
+    auto* p = static_cast<SerialProbe*>(self);
+    int now = p->running.fetch_add(1) + 1;
+    int seen = p->most_running.load();
+    while (now > seen && !p->most_running.compare_exchange_weak(seen, now)) {
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));  // room for an overlap to show
+    p->order.push_back(s);  // one step at a time (checked by most_running), so no race
+    p->openmp_threads[s] = support::OpenMPMaxThreads();
+    p->running.fetch_sub(1);
+  }
+};
+
+TEST(DeviceExecutors, SerialScheduleRunsOneStepAtATimeInOrderWithEachDevicesThreads) {
+  std::vector<StepAccess> steps;
+  for (int device : {0, 1, 1, 0, 1, 0, 0, 1}) steps.push_back({device, {}, {Slot(static_cast<uint32_t>(steps.size()))}});
+  SerialProbe probe;
+  probe.openmp_threads.assign(steps.size(), -1);
+  DeviceExecutors executors;
+  // Device 0 runs on the caller; device 1 on its executor with one thread.
+  executors.Start(SerialStepSchedule(steps, 2), &SerialProbe::Step, &probe, {ExecutorOptions{}, ExecutorOptions{{}, 1}});
+  for (int run = 0; run < 20; ++run) {
+    probe.order.clear();
+    executors.Run();
+    std::vector<uint32_t> expected(steps.size());
+    for (uint32_t s = 0; s < steps.size(); ++s) expected[s] = s;
+    ASSERT_EQ(probe.order, expected) << "run " << run;
+  }
+  EXPECT_EQ(probe.most_running.load(), 1);
+  if (support::OpenMPMaxThreads() == 0) GTEST_SKIP() << "no OpenMP runtime in this process";
+  for (uint32_t s = 0; s < steps.size(); ++s) {
+    if (steps[s].device == 1) EXPECT_EQ(probe.openmp_threads[s], 1) << "step " << s;
+  }
 }
 
 }  // namespace

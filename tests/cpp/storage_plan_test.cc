@@ -9,6 +9,7 @@
 namespace tvm_hetero {
 namespace {
 
+using testing::ChainJSON;
 using testing::SimplexJSON;
 const std::vector<DLDevice> kTwoCPUs = {{kDLCPU, 0}, {kDLCPU, 1}};
 
@@ -36,16 +37,32 @@ TEST(DeviceAssignment, OutOfRangeNamesTheNode) {
 }
 
 TEST(StoragePlan, OneSlotPerStorageIdSizedByLargestUser) {
-  // A and B share id 0 on device 1; with one float32[4] each the slot is 16 bytes.
-  Graph g = ParseGraphJSON(SimplexJSON("[0, 0, 2, 3, 4, 5]"));
-  g.shapes[1] = {8};  // B is larger: the slot must fit it
-  std::vector<int> devices = AssignDevices(g, kTwoCPUs, DeviceIndexKind::kPosition);
-  StoragePlan plan = PlanStorage(g, devices);
-  EXPECT_EQ(plan.slots.size(), 5u);
-  EXPECT_EQ(plan.entry_slot[0], plan.entry_slot[1]);
-  EXPECT_EQ(plan.slots[plan.entry_slot[0]].nbytes, 32u);
-  EXPECT_EQ(plan.slots[plan.entry_slot[0]].device, 1);
-  EXPECT_EQ(plan.BytesPerDevice(2), (std::vector<size_t>{3 * 16, 32 + 16}));
+  // c reuses a's id (a is dead once b has read it); c is float32[8], so the slot is 32 bytes.
+  Graph g = ParseGraphJSON(ChainJSON("[0, 1, 2, 1]", "[4], [4], [4], [8]"));
+  StoragePlan plan = PlanStorage(g, AssignDevices(g, kTwoCPUs, DeviceIndexKind::kPosition));
+  EXPECT_EQ(plan.slots.size(), 3u);
+  EXPECT_EQ(plan.entry_slot[1], plan.entry_slot[3]);
+  EXPECT_EQ(plan.slots[plan.entry_slot[1]].nbytes, 32u);
+  EXPECT_EQ(plan.BytesPerDevice(2), (std::vector<size_t>{16 + 32 + 16, 0}));
+}
+
+TEST(StoragePlan, EntriesLiveAtOnceSharingBytesAreRejectedNamingBoth) {
+  // b reuses a's id while reading a: the kernel would overwrite its own input.
+  Graph g = ParseGraphJSON(ChainJSON("[0, 1, 1, 2]"));
+  try {
+    PlanStorage(g, AssignDevices(g, kTwoCPUs, DeviceIndexKind::kPosition));
+    FAIL() << "no error";
+  } catch (const tvm::ffi::Error& err) {
+    EXPECT_NE(err.message().find("storage_id 1: node 1 'a' (bytes [0, 16)) and node 2 'b' (bytes [0, 16)) are "
+                                 "live at once but share bytes"),
+              std::string::npos)
+        << err.message();
+  }
+  // An input lives for ever: reusing its id later is rejected too; the output lives to the end.
+  EXPECT_THROW(PlanStorage(ParseGraphJSON(ChainJSON("[0, 1, 2, 0]")), {0, 0, 0, 0}), tvm::ffi::Error);
+  // Disjoint bytes of one id are fine while both live.
+  Graph offsets = ParseGraphJSON(ChainJSON("[0, 1, 1, 2]", "[4], [4], [4], [4]", "[0, 0, 64, 0]"));
+  EXPECT_NO_THROW(PlanStorage(offsets, {0, 0, 0, 0}));
 }
 
 TEST(StoragePlan, OffsetsPlaceEntriesInsideOneSlot) {

@@ -30,6 +30,25 @@ inline std::string SimplexJSON(const std::string& sids = "[0, 1, 2, 3, 4, 5]",
          (offsets.empty() ? "" : R"(, "storage_offset": ["list_int", )" + offsets + "]") + "}}";
 }
 
+/*!
+ * \brief x -> a -> b -> c on device 0 (each node reads the one before; c is the output), float32
+ *        entries of `lengths` elements; `sids` gives the storage ids and a nonempty `offsets` a
+ *        storage_offset column.
+ */
+inline std::string ChainJSON(const std::string& sids, const std::string& lengths = "[4], [4], [4], [4]",
+                             const std::string& offsets = "") {
+  auto op = [](const char* name, int input) {
+    return std::string(R"({"op": "tvm_op", "name": ")") + name + R"(", "inputs": [[)" + std::to_string(input) +
+           R"(, 0, 0]], "attrs": {"func_name": "f", "num_inputs": "1", "num_outputs": "1", "flatten_data": "0"}})";
+  };
+  return R"({"nodes": [{"op": "null", "name": "x", "inputs": []}, )" + op("a", 0) + ", " + op("b", 1) + ", " +
+         op("c", 2) + R"(], "arg_nodes": [0], "node_row_ptr": [0, 1, 2, 3, 4], "heads": [[3, 0, 0]],
+  "attrs": {"shape": ["list_shape", [)" + lengths + R"(]],
+            "dltype": ["list_str", ["float32", "float32", "float32", "float32"]],
+            "storage_id": ["list_int", )" + sids + R"(], "device_index": ["list_int", [0, 0, 0, 0]])" +
+         (offsets.empty() ? "" : R"(, "storage_offset": ["list_int", )" + offsets + "]") + "}}";
+}
+
 }  // namespace tvm_hetero::testing
 
 #endif  // TVM_HETERO_TESTS_TEST_GRAPHS_H_

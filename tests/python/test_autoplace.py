@@ -9,13 +9,14 @@ import numpy as np
 import pytest
 import tvm
 import tvm_hetero
-from tvm_hetero import cli, models
+from tvm_hetero import cli
 from tvm_hetero.compiler import build as build_module
 from tvm_hetero.compiler.autoplace.cost_cache import CostCache, settings_key
 from tvm_hetero.compiler.autoplace.measured import choose_placement
 from tvm_hetero.compiler.build import shares_memory_between
 from tvm_hetero.compiler.lower import lower_to_graph
 from tvm_hetero.devices import cpu_clusters
+from tvm_hetero.testing import models
 
 TWO_CPUS = [(tvm.cpu(0), "llvm"), (tvm.cpu(1), "llvm")]
 ONE_THREAD_EACH = [{"cores": [0], "num_threads": 1}, {"cores": [1], "num_threads": 1}]

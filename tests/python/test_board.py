@@ -16,7 +16,6 @@ import pytest
 import tvm
 import tvm_hetero
 from tvm_hetero import graph_runtime
-from tvm_hetero.models import small_cnn
 from tvm_hetero.rpc import connect
 from tvm_hetero.testing.board import (
     AARCH64_TARGET,
@@ -25,6 +24,7 @@ from tvm_hetero.testing.board import (
     server_pid,
     start_board_server,
 )
+from tvm_hetero.testing.models import small_cnn
 
 pytestmark = pytest.mark.board
 

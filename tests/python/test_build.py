@@ -9,7 +9,8 @@ import pytest
 import tvm
 import tvm_hetero
 from tvm import relax
-from tvm_hetero import cli, models
+from tvm_hetero import cli
+from tvm_hetero.testing import models
 
 TWO_CPUS = [(tvm.cpu(0), "llvm"), (tvm.cpu(1), "llvm")]
 

@@ -590,6 +590,34 @@ def test_a_default_region_never_takes_an_op_placed_on_another_device():
     np.testing.assert_allclose(rt.get_output(0).numpy(), expected, rtol=1e-4, atol=1e-4)
 
 
+@needs_dnnl
+def test_a_pinned_backend_reports_every_op_it_moves_from_the_placement():
+    # Tower b of two towers placed on cpu:1; oneDNN pinned to device 0 wins over that placement,
+    # and the report names each op it took, where it was placed, where it runs and the backend.
+    mod, params = models.two_towers()
+    tower_b = {"lv2", "lv3", "lv6", "lv7", "lv10", "lv11"}  # depth 3: b's matmul and relu of each layer
+    targets = [(tvm.cpu(0), "llvm"), (tvm.cpu(1), "llvm")]
+
+    def place(info):
+        return int(info.name in tower_b)
+
+    art = tvm_hetero.build(mod, targets, placement=place, params=params, backends=["dnnl"])
+    moved = art.build_report.moved_by_backend
+    assert sorted(name for name, *_ in moved) == sorted(tower_b)
+    assert {(src, dst, backend) for _name, _op, src, dst, backend in moved} == {(1, 0, "dnnl")}
+    assert {op for _name, op, *_ in moved} == {"relax.matmul", "relax.nn.relu"}
+    text = art.report()
+    assert "MOVED by backend (6 ops" in text
+    assert "lv2 (relax.matmul): device 1 (cpu:1) -> device 0 (cpu:0), backend dnnl" in text
+    # Following the placement moves nothing, and says nothing; nor does the default placement
+    # (everything on device 0) that a backend pinned elsewhere overrides as asked.
+    follow = tvm_hetero.build(mod, targets, placement=place, params=params, backends=[("dnnl", None)])
+    assert follow.build_report.moved_by_backend == []
+    assert "MOVED by backend" not in follow.report()
+    pinned = tvm_hetero.build(mod, targets, params=params, backends=[("dnnl", 1)])
+    assert pinned.build_report.ops_per_device[1] == 12 and pinned.build_report.moved_by_backend == []
+
+
 # ---- LRN and per-channel scale + shift against onnxruntime ----------------------------------
 def only_regions(art: tvm_hetero.Artifact) -> list[dict]:
     """The region nodes, asserting that no TVM kernel node is left."""

@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tvm_hetero
-from tvm_hetero import cli, models
+from tvm_hetero import cli
+from tvm_hetero.testing import models
 
 MLP, PARAMS = models.mlp()
 

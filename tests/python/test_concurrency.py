@@ -11,8 +11,9 @@ import tvm
 from conftest import SHAPE, elementwise_kernel, inp, op
 from tvm import te
 from tvm.script import tirx as T
-from tvm_hetero import build, graph_runtime, models
+from tvm_hetero import build, graph_runtime
 from tvm_hetero.compiler.graph import Entry, Graph
+from tvm_hetero.testing import models
 
 SLOW_STEPS = 1 << 18
 
@@ -100,6 +101,39 @@ def test_pinned_clusters_give_the_serial_result():
     for _ in range(50):
         clusters.run(x=x)
         np.testing.assert_array_equal(clusters.get_output(0).numpy(), serial.get_output(0).numpy())
+
+
+@T.prim_func
+def thread_config(a: T.Buffer((2,), "int32"), out: T.Buffer((2,), "int32")):
+    T.func_attr({"global_symbol": "thread_config"})
+    T.evaluate(T.call_packed("tvm_hetero.support.record_thread_config", out))
+
+
+@pytest.mark.parametrize("execution", ["serial", "concurrent"])
+def test_a_devices_num_threads_holds_for_its_kernels_in_both_modes(execution):
+    # Each kernel writes the OpenMP team (what oneDNN gets) and the TVM pool size of the thread
+    # running it. Serial execution runs one device at a time, but each with its own settings.
+    lib = tvm.compile(tvm.IRModule({"thread_config": thread_config}), "llvm").mod
+    graph = Graph([inp("A", 0, (2,), "int32"), op("on0", "thread_config", [0], 0, (2,), "int32"),
+                   op("on1", "thread_config", [1], 1, (2,), "int32")], [Entry(1), Entry(2)])
+    rt = graph_runtime.create(graph.to_json(), lib, [tvm.cpu(0), tvm.cpu(1)], execution=execution,
+                              device_options=[{"num_threads": 2}, {"num_threads": 1}])
+    rt.run(A=np.zeros(2, "int32"))
+    (openmp0, pool0), (openmp1, pool1) = rt.get_output(0).numpy(), rt.get_output(1).numpy()
+    if openmp0 == 0:
+        pytest.skip("no OpenMP runtime in this process (libtvm_hetero built without oneDNN)")
+    assert (openmp0, openmp1, pool1) == (2, 1, 1)
+    assert 1 <= pool0 <= 2  # TVM caps its pool at the cores it counts (half the CPUs on x86)
+
+
+def test_a_measuring_thread_gets_the_openmp_team_it_asks_for():
+    # Pipeline stages are timed in such a thread (runtime/measure.py); oneDNN runs in its OpenMP team.
+    from tvm_hetero.backends import dnnl
+    from tvm_hetero.runtime.measure import run_in_thread
+
+    if not dnnl.DnnlBackend().available():
+        pytest.skip("libtvm_hetero built without oneDNN")
+    assert [run_in_thread(lambda: dnnl.info()["threads"], num_threads=n) for n in (1, 2)] == [1, 2]
 
 
 def failing_graph() -> Graph:

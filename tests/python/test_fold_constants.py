@@ -115,3 +115,37 @@ def test_onnx_model_folded_under_random_placements_matches_onnxruntime() -> None
         assert any(v.shape == (100, 5) for v in lowered.params.values())
         assert not any(v.shape == (5, 100) for v in lowered.params.values())
         assert_close(run_lowered(lowered, {"x": x}), expected)
+
+
+@I.ir_module
+class ScalarConstant:
+    """A kernel that reads only a 0-d constant (as ONNX's expanded NLLLoss takes a shape element)."""
+
+    @R.function
+    def main(x: R.Tensor((4,), "int64")) -> R.Tensor((4,), "int64"):
+        with R.dataflow():
+            s = R.negative(R.const(3, "int64"))
+            y = R.add(x, s)
+            R.output(y)
+        return y
+
+
+def test_a_kernel_reading_a_scalar_constant_is_folded_with_its_rank() -> None:
+    # On two devices the fence keeps the negation apart from the add, so it reads only the 0-d
+    # constant; folding must call it with a 0-d tensor, not a (1,) one.
+    lowered = lower_to_graph(ScalarConstant, {"negative": 1, "add": 0}, 2)
+    assert not any("relax.negative" in ops for ops in kernel_ops(lowered))
+    assert [v.shape for v in lowered.params.values()] == [()]
+    module = tvm_hetero.build(ScalarConstant, TWO_CPUS, placement={"negative": 1}).create()
+    module.run(x=np.arange(4, dtype="int64"))
+    np.testing.assert_array_equal(module.get_output(0).numpy(), np.arange(4) - 3)
+
+
+def test_onnx_nllloss_with_weight_builds_under_a_random_split() -> None:
+    pytest.importorskip("onnx")
+    from tvm_hetero.testing.onnx_node_cases import iter_cases, random_placement, run_case_ours
+
+    name = "test_nllloss_NCd1d2_with_weight_reduction_mean_expanded"
+    case = next(iter_cases([name]))
+    result = run_case_ours(case, random_placement(name))
+    assert result.passed, str(result)

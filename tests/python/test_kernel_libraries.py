@@ -12,8 +12,8 @@ import pytest
 import tvm
 import tvm_hetero
 from tvm_hetero.compiler import kernel_libraries
-from tvm_hetero.models import mlp
 from tvm_hetero.testing.board import AARCH64_TARGET
+from tvm_hetero.testing.models import mlp
 
 ON_BOARD = {"add": 1, "relu": 1}  # the matmuls stay on the host
 ELF_MACHINE = {"x86_64": 62, "aarch64": 183}

@@ -1,7 +1,7 @@
 """Real CNNs split over two devices: logits equal ONNX Runtime's, storage never shared across devices.
 
 The ONNX wheel's light models (ResNet-50, ShuffleNet, SqueezeNet, Inception v1) with seeded random
-weights (tvm_hetero.models) are each built twice for two CPU devices: with every conv2d on device 1
+weights (tvm_hetero.testing.models) are each built twice for two CPU devices: with every conv2d on device 1
 (many device switches), and with the first half of the Relax ops on device 1 and the rest on device
 0 (one switch). Each model is imported once and built once per placement.
 """

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import tvm
 import tvm_hetero
-from tvm_hetero import models, pipeline
+from tvm_hetero import pipeline
 from tvm_hetero.backends import DnnlBackend
+from tvm_hetero.testing import models
 
 MLP, PARAMS = models.mlp()
 TWO_CPUS = [("cpu:0", "llvm"), ("cpu:1", "llvm")]

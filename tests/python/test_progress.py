@@ -6,8 +6,8 @@ import io
 
 import tvm
 import tvm_hetero
-from tvm_hetero import models
 from tvm_hetero.progress import WIDTH, Progress
+from tvm_hetero.testing import models
 
 
 def test_progress_bar_counts_to_the_total_and_clamps():

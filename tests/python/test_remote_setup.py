@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 import tvm
 import tvm_hetero
-from tvm_hetero import models, rpc
+from tvm_hetero import rpc
+from tvm_hetero.testing import models
 
 MLP, PARAMS = models.mlp()
 TWO_CPUS = [("cpu:0", "llvm"), ("cpu:1", "llvm")]
@@ -97,13 +98,18 @@ class SilentPort:
         self.listener.close()
 
 
-def test_connect_to_a_port_that_never_answers_is_a_timeout_naming_it():
+@pytest.mark.parametrize("timeout", [1.0, None])
+def test_connect_to_a_port_that_never_answers_is_a_timeout_naming_it(timeout):
+    # None: the default, a few seconds (users expect a connect to fail fast, not after a minute)
+    limit = rpc.DEFAULT_CONNECT_TIMEOUT if timeout is None else timeout
+    assert limit <= 5.0
     port = SilentPort()
     try:
         start = time.monotonic()
-        with pytest.raises(TimeoutError, match=rf"RPC server 127\.0\.0\.1:{port.port} did not complete the handshake"):
-            rpc.connect("127.0.0.1", port.port, connect_timeout=1)
-        assert time.monotonic() - start < 20
+        with pytest.raises(TimeoutError, match=rf"RPC server 127\.0\.0\.1:{port.port} did not complete the handshake "
+                                               rf"within {limit:g} s"):
+            rpc.connect("127.0.0.1", port.port, **({} if timeout is None else {"connect_timeout": timeout}))
+        assert limit <= time.monotonic() - start < limit + 2.0
     finally:
         port.close()
 

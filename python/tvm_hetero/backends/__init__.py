@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .base import Backend, Region
+from .base import Backend, MovedOp, Region
 from .dnnl import DnnlBackend
 from .qnn import QnnBackend
 
@@ -49,4 +49,5 @@ def default_backends(cpu_devices: Sequence[int]) -> tuple[list[Backend], list[st
     return [dnnl], []
 
 
-__all__ = ["BACKENDS", "Backend", "DnnlBackend", "QnnBackend", "Region", "default_backends", "resolve_backends"]
+__all__ = ["BACKENDS", "Backend", "DnnlBackend", "MovedOp", "QnnBackend", "Region", "default_backends",
+           "resolve_backends"]

@@ -23,6 +23,18 @@ import tvm
 WeightPredicate = Callable[[Any], bool]
 
 
+@dataclass(frozen=True)
+class MovedOp:
+    """An op a backend pinned to one device took from the device the placement gave it."""
+
+    #: Name of the variable the op call was bound to.
+    name: str
+    #: Relax op name, e.g. ``"relax.matmul"``.
+    op: str
+    #: The device position the placement gave it.
+    placed: int
+
+
 @dataclass
 class Region:
     """One partitioned region: a call in the entry function to a function run by a backend."""
@@ -39,6 +51,9 @@ class Region:
     ops: list[str]
     #: What the backend's codegen needs (JSON-able), from :meth:`Backend.describe`.
     spec: dict = field(default_factory=dict)
+    #: Ops inside that the placement put on another device: only a backend pinned to a device
+    #: (``device=`` a position) takes such ops; one that follows the placement never does.
+    moved: list[MovedOp] = field(default_factory=list)
 
 
 class Backend:

@@ -194,6 +194,7 @@ def _block(
         pattern="block",
         ops=ops,
         spec={"name": name, "op": "block", "num_inputs": n, "steps": steps},
+        moved=[moved for var in members for moved in calls[var][0].moved],
     )
     return region, inputs, function
 

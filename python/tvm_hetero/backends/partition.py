@@ -11,7 +11,10 @@ consecutive region calls joined into blocks (:mod:`.merge_regions`), one region 
 
 A backend with ``device=None`` follows the placement: after its ``prepare``, ``place`` gives
 every op call of the entry function a device; a match is taken only if its anchor op's device
-can run the backend, and its region runs there.
+can run the backend, and its region runs there. A backend pinned to a device (``device=`` a
+position) wins over the placement: its matches are taken wherever their ops were placed, and each
+region records the ops it took from another device (:attr:`Region.moved`, from the composite's
+``tvm_hetero.moved_ops`` attribute) for the build report.
 
 Guarantee: every region has one output and its intermediate values are used only inside it (the
 backends' pattern checks reject a match that would leak one; a block takes in a region call only
@@ -21,6 +24,7 @@ check_partitioned` verifies that, with every use after its definition, after eac
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -28,7 +32,7 @@ import tvm
 from tvm import relax
 from tvm.relax.transform import FusionPattern
 
-from .base import Backend, Region
+from .base import Backend, MovedOp, Region
 from .merge_regions import merge_regions
 from .region_check import check_partitioned
 
@@ -36,6 +40,9 @@ CODEGEN_ATTR = "Codegen"
 COMPOSITE_ATTR = "Composite"
 #: Attribute of a composite made for a backend that follows the placement: its device position.
 DEVICE_ATTR = "tvm_hetero.device"
+#: Attribute of a composite of a pinned backend: the ops it took from another device (JSON list of
+#: ``[name, op, placed device]``).
+MOVED_ATTR = "tvm_hetero.moved_ops"
 #: The annotation every backend pattern gives its anchor op (the op the placement is asked about).
 ANCHOR = "anchor"
 
@@ -51,12 +58,14 @@ def partition_for_backends(
     weights: frozenset[str] = frozenset(),
     place: PlaceCalls | None = None,
     weight_values: dict[str, Any] | None = None,
+    report_moves: bool = True,
 ) -> tuple[tvm.IRModule, dict[str, Region]]:
     """Partition ``entry`` for ``backends``; returns the module and its regions by symbol.
 
     ``weights`` names the function parameters whose values are given at build time; they and
     constants are what a backend may treat as weights. ``place`` is needed by backends that
-    follow the placement (``device=None``).
+    follow the placement (``device=None``); with ``report_moves`` (and ``place``) the regions of a
+    pinned backend record the ops they take from the device ``place`` gives them.
     """
     regions: dict[str, Region] = {}
     for backend in backends:
@@ -71,6 +80,8 @@ def partition_for_backends(
                 )
             device_of = place(mod[entry])
             patterns = [_on_placed_device(p, backend, device_of) for p in patterns]
+        elif place is not None and report_moves:
+            patterns = [_recording_moves(p, backend, place(mod[entry])) for p in patterns]
         mod = relax.transform.FuseOpsByPattern(
             patterns, bind_constants=False, annotate_codegen=True, entry_functions=[entry]
         )(mod)
@@ -173,6 +184,39 @@ def _on_placed_device(pattern: FusionPattern, backend: Backend, device_of: dict[
     return FusionPattern(pattern.name, pattern.pattern, pattern.annotation_patterns, check, attrs)
 
 
+def _recording_moves(pattern: FusionPattern, backend: Backend, device_of: dict[relax.Var, int]) -> FusionPattern:
+    """``pattern`` of a backend pinned to ``backend.device`` whose composite function records the
+    ops of its match that the placement put on another device (:data:`MOVED_ATTR`). The check
+    notes them per anchor; the attributes are asked only for the matches taken."""
+    inner = pattern.check
+    order = {var: i for i, var in enumerate(device_of)}
+    moved: dict[Any, list[list[Any]]] = {}  # anchor call (as matching sees it) -> [name, op, device]
+
+    def check(ctx: Any) -> bool:
+        if inner is not None and not inner(ctx):
+            return False
+        elsewhere = sorted(
+            (var for var in ctx.matched_bindings if device_of.get(var, backend.device) != backend.device),
+            key=lambda var: order[var],
+        )
+        moved[ctx.annotated_expr.get(ANCHOR)] = [
+            [var.name, _op_name(ctx.matched_bindings[var]), device_of[var]] for var in elsewhere
+        ]
+        return True
+
+    def attrs(annotated: Any) -> dict[str, str]:
+        out = dict(pattern.attrs_getter(annotated)) if pattern.attrs_getter is not None else {}
+        if moved.get(annotated[ANCHOR]):
+            out[MOVED_ATTR] = json.dumps(moved[annotated[ANCHOR]])
+        return out
+
+    return FusionPattern(pattern.name, pattern.pattern, pattern.annotation_patterns, check, attrs)
+
+
+def _op_name(value: Any) -> str:
+    return value.op.name if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) else type(value).__name__
+
+
 def _collect_regions(mod: tvm.IRModule, backend: Backend, known: set[str]) -> dict[str, Region]:
     found: dict[str, Region] = {}
     for gv, func in mod.functions.items():
@@ -184,6 +228,7 @@ def _collect_regions(mod: tvm.IRModule, backend: Backend, known: set[str]) -> di
         composite, pattern = _composite_of(func)
         spec = backend.describe(composite, pattern)
         spec["name"] = name
+        moved = json.loads(str(composite.attrs[MOVED_ATTR])) if MOVED_ATTR in composite.attrs else []
         found[name] = Region(
             name=name,
             backend=backend.name,
@@ -191,6 +236,7 @@ def _collect_regions(mod: tvm.IRModule, backend: Backend, known: set[str]) -> di
             pattern=pattern,
             ops=_ops_of(composite),
             spec=spec,
+            moved=[MovedOp(str(n), str(op), int(d)) for n, op, d in moved],
         )
     return found
 

@@ -3,7 +3,7 @@
 Capability is asked of QNN itself, never guessed: after ``prepare`` (batch norms folded, no-ops
 dropped, as for oneDNN), every op call of the entry function that has an ONNX form
 (:mod:`.onnx_export`) is built alone as an ONNX model, its weights included, and handed to ONNX
-Runtime's QNN EP with CPU fallback disabled (:func:`tvm_hetero.qnn_ep.accepts`); the answer and
+Runtime's QNN EP with CPU fallback disabled (:func:`tvm_hetero.accepts`); the answer and
 QNN's reason are cached by the op's description (``~/.cache/tvm-hetero/qnn_capability.json``).
 The patterns then take exactly the accepted ops (one region each; the ONNX LRN as one region), and
 consecutive regions join into blocks (:mod:`.merge_regions`): one block is one QNN graph, one
@@ -31,8 +31,8 @@ from tvm import relax
 from tvm.relax.dpl import is_op, is_tuple, wildcard
 from tvm.relax.transform import FusionPattern
 
-from .. import qnn_ep
 from ..devices import KINDS
+from ..qnn_ep import QnnUnavailable, accepts, available, finalize, require
 from .base import Backend, Region, WeightPredicate
 from .dnnl import DropNoOps, FoldChannelAffine, FoldConvAffine, SimplifyStackSum, _lrn_pattern
 from .onnx_export import EXPORTERS, Unexportable, assemble, describe, describe_lrn, spec_text
@@ -90,14 +90,14 @@ class QnnBackend(Backend):
         self._cache_path = Path(cache_path) if cache_path else _default_cache_path()
 
     def available(self) -> bool:
-        return qnn_ep.available()
+        return available()
 
     def require_available(self) -> None:
-        qnn_ep.require()  # names the extra to install
+        require()  # names the extra to install
 
     # -- capability --
     def prepare(self, mod: tvm.IRModule, entry: str) -> tvm.IRModule:
-        qnn_ep.require()  # one clear error, naming the extra, when onnxruntime-qnn is missing
+        require()  # one clear error, naming the extra, when onnxruntime-qnn is missing
         mod = SimplifyStackSum(entry)(mod)
         mod = DropNoOps(entry)(mod)
         mod = FoldConvAffine(entry)(mod)
@@ -133,7 +133,7 @@ class QnnBackend(Backend):
                 cache_key = self._cache_key(spec, weights)
                 if cache_key not in cache:
                     model, _bound, _out = assemble(spec, weights, "probe")
-                    cache[cache_key] = list(qnn_ep.accepts(model, self.options))
+                    cache[cache_key] = list(accepts(model, self.options))
                     fresh = True
                 ok, reason = cache[cache_key]
                 self.answers[key] = (op, bool(ok), reason)
@@ -167,7 +167,7 @@ class QnnBackend(Backend):
         cache = _load_cache(self._cache_path)
         key = self._cache_key(spec, {})
         if key not in cache:
-            cache[key] = list(qnn_ep.accepts(assemble(spec, {}, "probe")[0], self.options))
+            cache[key] = list(accepts(assemble(spec, {}, "probe")[0], self.options))
             _save_cache(self._cache_path, cache)
         return bool(cache[key][0])
 
@@ -254,8 +254,8 @@ class QnnBackend(Backend):
             model, bound, output = assemble(region.spec, self._region_weights(region), region.name)
             self.reference_models[region.name] = model
             try:
-                context = qnn_ep.finalize(model, self.options)
-            except qnn_ep.QnnUnavailable:
+                context = finalize(model, self.options)
+            except QnnUnavailable:
                 raise
             except Exception as err:  # noqa: BLE001 (ONNX Runtime's own error types)
                 raise RegionRefused(region, str(err).strip().splitlines()[-1] if str(err).strip() else repr(err)) from None

@@ -72,6 +72,9 @@ class BuildReport:
     backend_notes: list[str] = field(default_factory=list)
     # a QNN HTP among the devices: what QNN refused and why, its graphs, their verification
     htp: dict | None = None
+    # (op name, relax op, placed device, run device, backend) for each op a backend pinned to a
+    # device took from the device the placement gave it
+    moved_by_backend: list[tuple[str, str, int, int, str]] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -95,6 +98,16 @@ class BuildReport:
         if not self.backend_regions:
             lines.append("  backends: none, TVM kernels run every op")
         lines.extend(f"  backend note: {note}" for note in self.backend_notes)
+        if self.moved_by_backend:
+            lines.append(
+                f"  MOVED by backend ({len(self.moved_by_backend)} ops placed on another device run "
+                "where their backend is pinned):"
+            )
+            lines.extend(
+                f"    {name} ({op}): device {src} ({self.devices[src]}) -> device {dst} ({self.devices[dst]}), "
+                f"backend {backend}"
+                for name, op, src, dst, backend in self.moved_by_backend
+            )
         lines.append(
             f"  copies {self.num_copies}, {format_size(self.bytes_copied)} copied per inference; "
             f"{self.shared_edges} tensors read in place by another device (shared memory, no copy)"
@@ -196,7 +209,7 @@ def build(
     """
     say = progress or (lambda _msg: None)
     if not isinstance(mod, tvm.IRModule):
-        hint = " (import ONNX first: tvm.relax.frontend.onnx.from_onnx(model))" if type(mod).__name__ == "ModelProto" else ""
+        hint = " (import ONNX first: tvm_hetero.importers.from_onnx(model))" if type(mod).__name__ == "ModelProto" else ""
         raise TypeError(f"build: mod must be a Relax tvm.IRModule, got {type(mod).__name__}{hint}")
     if isinstance(targets, str) and targets == "auto":
         # An HTP joins only when asked for by name: its graphs are a choice, not a discovery.
@@ -392,10 +405,12 @@ def _make_report(
     for _info, device in lowered.op_placement:
         ops[device] += 1
     per_backend: dict[tuple[str, int], list[int]] = {}
+    moved: dict[str, list[tuple[str, str, int, int, str]]] = {}  # by region symbol
     for node in lowered.graph.nodes:  # per call site: identical regions share one function
         region = lowered.regions.get(node.func_name)
         if region is None:
             continue
+        moved[region.name] = [(m.name, m.op, m.placed, region.device, region.backend) for m in region.moved]
         ops[region.device] += len(region.ops)
         counts = per_backend.setdefault((region.backend, region.device), [0, 0])
         counts[0] += 1
@@ -421,4 +436,5 @@ def _make_report(
         },
         backend_regions=[(name, dev, n, k) for (name, dev), (n, k) in per_backend.items()],
         shared_edges=shared_edges(graph),
+        moved_by_backend=[move for moves in moved.values() for move in moves],
     )

@@ -75,7 +75,9 @@ def fold_constants(
     cpu = tvm.cpu(0)
     for nid in chosen:
         node = graph.nodes[nid]
-        args = [tvm.runtime.tensor(np.ascontiguousarray(values[e.node]), cpu) for e in node.inputs]
+        # np.asarray(order="C"), not np.ascontiguousarray: the latter makes a 0-d value 1-d, and a
+        # kernel reading a scalar constant (an index, a shape element) rejects that rank.
+        args = [tvm.runtime.tensor(np.asarray(values[e.node], order="C"), cpu) for e in node.inputs]
         out = tvm.runtime.empty(node.shapes[0], node.dtypes[0], cpu)
         host[node.func_name](*args, out)
         values[nid] = out.numpy()

@@ -156,8 +156,11 @@ def lower_to_graph(
     regions: dict[str, Region] = {}
     if backend_list:
         place = _call_placer(mod, entry, resolved, annotations=placement is None)
+        # A pinned backend's moves are reported against a placement the user gave (a policy or IR
+        # annotations), not against the default of everything on device 0.
+        explicit = placement is not None or bool(_annotated_devices(mod, entry))
         mod, regions = partition_for_backends(mod, backend_list, entry, frozenset(param_values), place,
-                                              param_values)
+                                              param_values, report_moves=explicit)
         func = mod[entry]
 
     annotated = _annotated_devices(mod, entry) if placement is None else {}

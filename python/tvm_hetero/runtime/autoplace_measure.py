@@ -43,8 +43,7 @@ import numpy as np
 import tvm
 import tvm_ffi
 
-from ..compiler.autoplace.kernel_times import MeasureJob
-from ..compiler.compile_kernels import _build as compile_for_target
+from ..compiler.autoplace.kernel_times import MeasureJob, compile_for_target, compile_jobs
 from ..compiler.graph import Entry, Graph, Node
 from ..devices import is_remote, needs_completion_wait, shares_memory
 from . import graph_runtime
@@ -148,7 +147,7 @@ class RuntimeMeasurer:
     def _together(self, jobs: Sequence[MeasureJob]) -> list[list[float]]:
         total = sum(len(job.calls) for job in jobs)
         self._tick(0, total, jobs, "compiling")
-        lib = self._library(jobs)
+        lib = compile_jobs(jobs)
         self._tick(0, total, jobs, "first pass")
         rough = self._first_pass(jobs, lib)
         short = [[i for i, t in enumerate(times) if t < LONG_SECONDS] for times in rough]
@@ -167,18 +166,6 @@ class RuntimeMeasurer:
                 times[i] = value
             result.append(times)
         return result
-
-    def _library(self, jobs: Sequence[MeasureJob]) -> tvm.runtime.Module:
-        """Every job's kernels (one target) in one library, each backend's regions imported."""
-        funcs = {gv: f for job in jobs for gv, f in job.kernels.functions.items()}
-        lib = compile_for_target(tvm.IRModule(funcs), jobs[0].target)
-        regions: dict[int, tuple[Any, list]] = {}
-        for job in jobs:
-            for backend, job_regions in job.externals:
-                regions.setdefault(id(backend), (backend, []))[1].extend(job_regions)
-        for backend, all_regions in regions.values():  # a fresh module each time: state kept by address
-            lib.import_module(backend.codegen(all_regions))
-        return lib
 
     def _first_pass(self, jobs: Sequence[MeasureJob], lib: tvm.runtime.Module) -> list[list[float]]:
         """Every kernel once after a warm-up run: its time, final for the long ones."""
@@ -258,7 +245,7 @@ class RuntimeMeasurer:
         session = getattr(job.device, "_rpc_sess", None)
         if session is None:
             raise ValueError(f"measuring on {job.device}: a remote device without its RPC session")
-        remote_lib = upload_library(session, self._library([job]), "autoplace_kernels.so")
+        remote_lib = upload_library(session, compile_jobs([job]), "autoplace_kernels.so")
         times = []
         for call in job.calls:
             self._tick(len(times), len(job.calls), [job], "in its own process")

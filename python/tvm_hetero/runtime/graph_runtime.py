@@ -10,9 +10,11 @@ import numpy as np
 import tvm
 import tvm_ffi
 
-from .. import native  # noqa: F401  (registers tvm_hetero.graph_runtime.create)
+import tvm_hetero.native  # noqa: F401  (registers tvm_hetero.graph_runtime.create)
+
 from ..devices import is_remote
 from . import qnn_runner  # noqa: F401  (registers the HTP regions' runner factory)
+from .offload import create_mixed
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -89,10 +91,13 @@ def create(
         uploads (an artifact's lib.so); None, or a None answer, exports ``lib`` on the fly.
     execution : ``"concurrent"`` (default): each device runs its own steps on its own executor and
         waits only for what it reads from other devices (results bit-identical to serial);
-        ``"serial"``: devices run one after another on the calling thread.
+        ``"serial"``: devices run one after another in graph order, on the calling thread except
+        for devices with ``device_options`` (each runs its steps on its own executor, still one
+        device at a time).
     device_options : one entry per device (None for none): ``{"cores": [0], "num_threads": 1}``
-        pins that device's executor to those cores with its own TVM thread pool of that size (a
-        CPU cluster); a device with options gets its own thread even when it is the primary one.
+        pins that device's executor to those cores with its own TVM thread pool and OpenMP team
+        (oneDNN) of that size (a CPU cluster), in both execution modes; a device with options gets
+        its own thread even when it is the primary one.
     device_libs : ``Artifact.device_libs``: per device position, the kernel library of a device whose
         architecture differs from this machine's (uploaded to its session; the device must be remote).
     """
@@ -117,10 +122,9 @@ def create(
     if all(remote):
         module = _create_remote(graph_json, lib, devices, device_index_kind)
     elif any(remote):
-        from .offload import create_mixed
-
-        module = create_mixed(graph_json, lib, devices, device_index_kind, offload, remote_timeout, remote_library,
-                              device_libs)
+        mixed = create_mixed(graph_json, lib, devices, remote, device_index_kind, offload, remote_timeout,
+                             remote_library, device_libs)
+        module = GraphModule(mixed.module, devices[0], keep_alive=mixed.keep_alive, watchdog=mixed.watchdog)
     else:
         fcreate = tvm_ffi.get_global_func("tvm_hetero.graph_runtime.create")
         module = GraphModule(fcreate(graph_json, lib, device_index_kind, *devices), devices[0])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -15,24 +14,15 @@ import tvm_ffi
 
 from . import graph_runtime
 
-_SHARE_ALL_CORES = -3  # runtime.config_threadpool mode: every pool thread shares the listed cores
-
 
 def configure_thread(cores: Sequence[int] = (), num_threads: int = 0) -> None:
-    """Pin the calling thread to ``cores`` and size its TVM thread pool, as a pipeline stage's worker.
-
-    The same calls as the C++ worker (``runtime.config_threadpool`` with mode -3, then
-    ``sched_setaffinity`` of the thread); use it in a thread of your own, never the main thread.
+    """Pin the calling thread to ``cores`` and size its TVM thread pool and OpenMP team (oneDNN),
+    as a pipeline stage's worker: the C++ worker's own function (support/thread_pinning.cc, every
+    pool thread sharing the cores). Use it in a thread of your own, never the main thread.
     """
-    cores, num_threads = [int(c) for c in cores], int(num_threads)
-    if not cores and not num_threads:
-        return
-    cpus = cores or sorted(os.sched_getaffinity(0))
-    tvm_ffi.get_global_func("runtime.config_threadpool")(
-        _SHARE_ALL_CORES, num_threads, [str(c) for c in cpus]
+    tvm_ffi.get_global_func("tvm_hetero.support.configure_current_thread")(
+        [int(c) for c in cores], int(num_threads), True
     )
-    if cores:
-        os.sched_setaffinity(0, cores)
 
 
 def run_in_thread(fn: Callable[[], Any], cores: Sequence[int] = (), num_threads: int = 0) -> Any:

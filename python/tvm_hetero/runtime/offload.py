@@ -13,13 +13,21 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import tvm
 import tvm_ffi
 
-from ..devices import is_remote
-from .graph_runtime import GraphModule
+
+class MixedRuntime(NamedTuple):
+    """What :func:`create_mixed` makes; ``graph_runtime.create`` wraps it in a GraphModule."""
+
+    #: The host's runtime module.
+    module: tvm.runtime.Module
+    #: Sessions, uploaded libraries and runners the module needs alive.
+    keep_alive: tuple
+    #: The RunWatchdog bounding runs (``remote_timeout``), or None.
+    watchdog: Any
 
 
 def _session_of(device: tvm.runtime.Device):
@@ -47,13 +55,15 @@ def create_mixed(
     graph_json: str,
     lib: tvm.runtime.Module,
     devices: Sequence[tvm.runtime.Device],
+    remote: Sequence[bool],
     device_index_kind: str,
     offload: str,
     remote_timeout: float | None = None,
     remote_library: Callable[[tvm.runtime.Device], Any] | None = None,
     device_libs=None,
-) -> GraphModule:
-    """A runtime over local and remote devices; see the module docstring.
+) -> MixedRuntime:
+    """A runtime over local and remote devices (``remote[i]``: whether ``devices[i]`` is an RPC
+    session's); see the module docstring.
 
     With ``remote_timeout`` (seconds), set-up (kernel upload, runtime and runner creation) and every
     run are bounded: past it the connections to the remote servers are closed and TimeoutError names
@@ -61,7 +71,7 @@ def create_mixed(
     the exported library file a remote device uploads (None: ``lib`` exported on the fly);
     ``device_libs[position]`` is the library of a device of another architecture.
     """
-    sessions = list(dict.fromkeys(_session_of(dev) for dev in devices if is_remote(dev)))
+    sessions = list(dict.fromkeys(_session_of(dev) for dev, away in zip(devices, remote) if away))
     watchdog = None
     if remote_timeout is not None:
         from .rpc import RemoteSession, RunWatchdog
@@ -77,7 +87,7 @@ def create_mixed(
             remote_libs: dict = {}
             libs = []
             for position, dev in enumerate(devices):
-                if not is_remote(dev):
+                if not remote[position]:
                     libs.append(lib)
                 elif device_libs and position in device_libs:  # another architecture: its own library
                     libs.append(device_libs[position].upload(_session_of(dev), remote_libs))
@@ -91,7 +101,7 @@ def create_mixed(
             if offload == "group":
                 stage = "creating the remote runners"
                 for position, dev in enumerate(devices):
-                    if is_remote(dev):
+                    if remote[position]:
                         runner = _attach_runner(module, position, _session_of(dev), libs[position])
                         if runner is not None:
                             runners.append(runner)
@@ -107,9 +117,7 @@ def create_mixed(
             f"{servers}: the connection was lost while {stage} (server stopped or gone?): "
             f"{str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__}"
         ) from None
-    return GraphModule(
-        module, devices[0], keep_alive=(tuple(sessions), tuple(libs), tuple(runners)), watchdog=watchdog
-    )
+    return MixedRuntime(module, (tuple(sessions), tuple(libs), tuple(runners)), watchdog)
 
 
 def _connection_lost(err: BaseException) -> bool:
@@ -131,4 +139,4 @@ def _attach_runner(module, position: int, session, remote_lib):
     return runner
 
 
-__all__ = ["create_mixed"]
+__all__ = ["MixedRuntime", "create_mixed"]

@@ -17,7 +17,8 @@ import numpy as np
 import tvm
 import tvm_ffi
 
-from .. import native  # noqa: F401  (registers tvm_hetero.pipeline.create)
+import tvm_hetero.native  # noqa: F401  (registers tvm_hetero.pipeline.create)
+
 from ..devices import is_remote
 from . import graph_runtime
 

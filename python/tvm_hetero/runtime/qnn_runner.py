@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import tvm_ffi
 
-from .. import qnn_ep
+from ..qnn_ep import cpu_session, htp_session
 
 
 @dataclass
@@ -82,7 +82,7 @@ class RegionRunner:
         self.inputs: list[int] = [int(p) for p in meta["inputs"]]
         self.output_position = int(meta["num_args"]) - 1
         self.output_name = str(meta["output"])
-        self.session = qnn_ep.htp_session(model, meta["options"])
+        self.session = htp_session(model, meta["options"])
         self.executions = 0
 
     def __call__(self, *args: Any) -> None:
@@ -113,7 +113,7 @@ class RegionRunner:
         with state.lock:
             session = state.sessions.get(self.name)
             if session is None:
-                session = state.sessions[self.name] = qnn_ep.cpu_session(reference)
+                session = state.sessions[self.name] = cpu_session(reference)
         feeds = {f"in{p}": _host_view(args[p]).copy() for p in self.inputs}
         expected = session.run([self.output_name], feeds)[0]
         got = _host_view(args[self.output_position])

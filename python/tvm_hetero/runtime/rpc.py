@@ -23,8 +23,9 @@ from tvm import rpc as tvm_rpc
 
 from ..native import library_path
 
-#: Seconds :func:`connect` waits for a server's handshake by default (None: forever).
-DEFAULT_CONNECT_TIMEOUT = 60.0
+#: Seconds :func:`connect` waits for a server's handshake by default (None: forever). A server on
+#: a network answers in milliseconds; one that accepts and says nothing should fail fast.
+DEFAULT_CONNECT_TIMEOUT = 5.0
 
 
 def _free_port() -> int:
@@ -134,8 +135,9 @@ def connect(
 ) -> RemoteSession:
     """Connect to an RPC server directly.
 
-    ``connect_timeout`` bounds the handshake: a server that accepts and never answers (or is
-    stopped) gives TimeoutError naming host and port; one that answers junk gives ConnectionError.
+    ``connect_timeout`` (seconds, default :data:`DEFAULT_CONNECT_TIMEOUT`; None: forever) bounds the
+    handshake: a server that accepts and never answers (or is stopped) gives TimeoutError naming
+    host and port; one that answers junk gives ConnectionError.
     """
     address = f"{host}:{port}"
     try:
@@ -152,7 +154,7 @@ def connect(
     except Exception as err:  # noqa: BLE001 (whatever the handshake raised, the connection failed)
         if watchdog is not None and watchdog.fired:
             raise TimeoutError(
-                f"RPC server {address} did not complete the handshake within {connect_timeout} s"
+                f"RPC server {address} did not complete the handshake within {connect_timeout:g} s"
             ) from None
         raise ConnectionError(
             f"RPC server {address}: connection failed (not a TVM RPC server, wrong key, or it closed): "

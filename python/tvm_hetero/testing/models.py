@@ -189,7 +189,7 @@ def onnxruntime_outputs(model, inputs: dict[str, np.ndarray], threads: int = 1) 
 
 
 def relax_module(model):
-    """The ONNX model as a Relax IRModule with weights bound as constants."""
-    from tvm.relax.frontend.onnx import from_onnx
+    """The ONNX model as a Relax IRModule with weights bound as constants (the product's importer)."""
+    from ..importers import from_onnx
 
-    return from_onnx(model, keep_params_in_input=False)
+    return from_onnx(model)

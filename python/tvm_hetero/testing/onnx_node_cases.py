@@ -65,11 +65,11 @@ class NodeCase:
     def relax_module(self):
         """The model imported by TVM's ONNX frontend (imported once, then cached)."""
         if self._module is None:
-            from tvm.relax.frontend.onnx import from_onnx
+            from ..importers import from_onnx
 
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                self._module = from_onnx(self.model, keep_params_in_input=False)
+                self._module = from_onnx(self.model)
         return self._module
 
 

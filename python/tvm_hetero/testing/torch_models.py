@@ -362,13 +362,12 @@ def imported(name: str) -> tuple[Any, list[np.ndarray], np.ndarray]:
     Weights are constants of the module (``from_exported_program``'s default).
     """
     torch = _torch()
-    from tvm.relax.frontend.torch import from_exported_program
+    from ..importers import from_torch
 
     model, args = torch_model(name)
     with torch.no_grad():
         expected = model(*args).numpy()
-        exported = torch.export.export(model, args)
-    return from_exported_program(exported), [a.numpy() for a in args], expected
+    return from_torch(model, args), [a.numpy() for a in args], expected
 
 
 #: Models given an all-ones attention mask: without one (and without a cache) GPT-2 looks for

@@ -135,7 +135,8 @@ def partition_with_ops(
     def everything_on_device_0(func: relax.Function) -> dict[relax.Var, int]:
         return {b.var: 0 for block in func.body.blocks for b in block.bindings}
 
-    module, regions = partition_for_backends(prepared, wrappers, entry, weights, everything_on_device_0)
+    module, regions = partition_for_backends(prepared, wrappers, entry, weights, everything_on_device_0,
+                                             report_moves=False)
     recorded: dict[str, list[Match]] = {}
     for wrapper in wrappers:
         for match in wrapper.matches:

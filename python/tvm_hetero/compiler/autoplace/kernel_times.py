@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import tvm
 
 from ...backends import Backend, Region
+from ..compile_kernels import _build
 from .cost_cache import CostCache, settings_key
 from .units import Part
 
@@ -49,6 +50,26 @@ class MeasureJob:
     target: tvm.target.Target
     options: dict | None
     externals: list[tuple[Backend, list[Region]]] = field(default_factory=list)
+
+
+def compile_for_target(kernels: tvm.IRModule, target: tvm.target.Target) -> tvm.runtime.Module:
+    """``kernels`` compiled for ``target`` as a build compiles a device's kernels (a GPU target
+    gets TVM's default schedule): what a measurer runs."""
+    return _build(kernels, target)
+
+
+def compile_jobs(jobs: Sequence[MeasureJob]) -> tvm.runtime.Module:
+    """Every job's kernels (all of one target) in one library, each backend's regions imported (its
+    codegen run afresh on every call: a backend module keeps state by address)."""
+    funcs = {gv: f for job in jobs for gv, f in job.kernels.functions.items()}
+    lib = compile_for_target(tvm.IRModule(funcs), jobs[0].target)
+    regions: dict[int, tuple[Any, list]] = {}
+    for job in jobs:
+        for backend, job_regions in job.externals:
+            regions.setdefault(id(backend), (backend, []))[1].extend(job_regions)
+    for backend, all_regions in regions.values():
+        lib.import_module(backend.codegen(all_regions))
+    return lib
 
 
 class Measurer(Protocol):
