@@ -20,6 +20,7 @@ def qdq_model(model, per_channel: bool, calibration_batches: int = 4, seed: int 
     points, int8 symmetric weights, per output channel when ``per_channel``), calibrated with the
     min-max method on ``calibration_batches`` seeded batches of :func:`model_inputs`."""
     import onnx
+    import onnx.version_converter
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
     class _Batches(CalibrationDataReader):
@@ -29,6 +30,9 @@ def qdq_model(model, per_channel: bool, calibration_batches: int = 4, seed: int 
         def get_next(self):
             return next(self._batches, None)
 
+    opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
+    if opset < 13:  # per-channel DequantizeLinear (its axis) needs opset 13
+        model = onnx.version_converter.convert_version(model, 13)
     with tempfile.TemporaryDirectory() as tmp:
         src, dst = os.path.join(tmp, "float.onnx"), os.path.join(tmp, "qdq.onnx")
         onnx.save(model, src)
