@@ -29,6 +29,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <sstream>
 
 #ifdef TVM_HETERO_WITH_ONEDNN
@@ -517,7 +518,7 @@ class RegionExec {
 
   /*!
    * \brief a + b of two quantized values of one shape: a binary add with each source's scale,
-   *        then `shift` (their zero points), the ReLU, and the output's zero point as post-ops, in
+   *        then `shift` (their zero points) and the output's zero point, and the ReLU as post-ops, in
    *        the layout `a` has (b is reordered into it if needed).
    */
   void SetupQuantizedAdd(size_t k) {
@@ -527,12 +528,12 @@ class RegionExec {
     if (a.desc.dims() != values_[s.inputs[1]].desc.dims()) Fail(k, "add needs two values of one shape");
     memory::desc b_md = WithType(a.desc, values_[s.inputs[1]].desc.data_type());
     memory::desc y_md = WithType(a.desc, QuantType(q.dst_type));
+    // relu(t) + zp is max(t + zp, zp): one linear post-op, then a clip at the zero point (2.6's
+    // jit binary drops the second of two linear post-ops).
+    float zp = static_cast<float>(q.dst_zero_point);
     dnnl::post_ops ops;
-    if (q.shift != 0.f) ops.append_eltwise(1.f, dnnl::algorithm::eltwise_linear, 1.f, q.shift);
-    if (s.relu) ops.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
-    if (q.dst_zero_point != 0) {
-      ops.append_eltwise(1.f, dnnl::algorithm::eltwise_linear, 1.f, static_cast<float>(q.dst_zero_point));
-    }
+    ops.append_eltwise(1.f, dnnl::algorithm::eltwise_linear, 1.f, q.shift + zp);
+    if (s.relu) ops.append_eltwise(1.f, dnnl::algorithm::eltwise_clip, zp, std::numeric_limits<float>::max());
     dnnl::primitive_attr attr;
     attr.set_scales(DNNL_ARG_SRC_0, 0, {q.scales[0]});
     attr.set_scales(DNNL_ARG_SRC_1, 0, {q.scales[1]});
