@@ -16,7 +16,7 @@ s8) between them, inside its blocks:
   zero point. They let the float oneDNN regions a QDQ model also has (pooling, concat, a global
   mean, a batch norm as scale-shift, LRN, softmax) join the integer ones in one block: such a
   unit runs in float between a dequantize and a quantize *inside* the block (counted as
-  ``float-in-block`` by :func:`int8_summary`).
+  "float inside oneDNN blocks" by :func:`qdq_report`).
 
 What no pattern takes (a per-channel activation scale, an op without a oneDNN region) stays with
 TVM: its dequantize, float op and quantize are TVM kernels (counted as a fallback, per unit).
