@@ -352,7 +352,31 @@ def build(mod: Any, targets: Any, placement: Any = None, *args: Any, **kwargs: A
         report.autoplace["measured_seconds"], report.autoplace["measured_cached"] = _built_graph_latency(
             artifact, measure_latency, kwargs)
         artifact = _one_device_if_faster(artifact, mod, targets, args, kwargs, measure_latency)
+    _note_qdq_units(artifact, mod, kwargs.get("entry", "main"))
     return artifact
+
+
+def _note_qdq_units(artifact: Artifact, mod: Any, entry: str) -> None:
+    """A QDQ model's report says how its units ran (int8, float in a block, TVM fallback)."""
+    from .backends.dnnl_int8 import qdq_report
+
+    report = artifact.build_report
+    if report is None or not isinstance(mod, tvm.IRModule) or entry not in [g.name_hint for g in mod.get_global_vars()]:
+        return
+    docs = [m.inspect_source() for m in _all_imports(artifact.lib) if m.kind == "tvm_hetero_dnnl"]
+    nodes = [n.get("attrs", {}).get("func_name", "") for n in json.loads(artifact.graph_json)["nodes"]]
+    line = qdq_report(mod, docs, nodes, entry)
+    if line is not None:
+        report.backend_notes.append(line)
+
+
+def _all_imports(lib: Any) -> list[Any]:
+    out, todo = [], list(lib.imports)
+    while todo:
+        m = todo.pop()
+        out.append(m)
+        todo.extend(m.imports)
+    return out
 
 
 def _built_graph_latency(artifact: Artifact, measure_latency: Any, kwargs: dict) -> tuple[float, bool]:

@@ -31,6 +31,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <sstream>
 
 #ifdef TVM_HETERO_WITH_ONEDNN
@@ -102,15 +103,36 @@ class Scratch {
 thread_local Scratch scratch;
 
 /*! \brief The plain (row-major) layout of `dims`, rank 1-5. */
-memory::desc Plain(const memory::dims& dims) {
+memory::desc Plain(const memory::dims& dims, dt type = dt::f32) {
   static const tag kPlain[] = {tag::a, tag::ab, tag::abc, tag::abcd, tag::abcde};
   if (dims.empty() || dims.size() > 5) {
     TVM_FFI_THROW(ValueError) << "oneDNN region: tensors of rank 1-5 only, got rank " << dims.size();
   }
-  return memory::desc(dims, dt::f32, kPlain[dims.size() - 1]);
+  return memory::desc(dims, type, kPlain[dims.size() - 1]);
 }
 
-bool IsPlain(const memory::desc& md) { return md == Plain(md.dims()); }
+bool IsPlain(const memory::desc& md) { return md == Plain(md.dims(), md.data_type()); }
+
+/*! \brief `md`'s layout holding another data type (a quantized value and its float twin). */
+memory::desc WithType(const memory::desc& md, dt type) {
+  dnnl_memory_desc_t d = md.data;
+  d.data_type = static_cast<dnnl_data_type_t>(type);
+  d.extra = dnnl_memory_extra_desc_t{};
+  return memory::desc(d);
+}
+
+/*! \brief The oneDNN type of a call argument: float32, uint8, int8 or int32 (-1: none of them). */
+dt TypeOf(const DLTensor* x) {
+  if (x->dtype.lanes != 1) return dt::undef;
+  if (x->dtype.code == kDLFloat && x->dtype.bits == 32) return dt::f32;
+  if (x->dtype.code == kDLUInt && x->dtype.bits == 8) return dt::u8;
+  if (x->dtype.code == kDLInt && x->dtype.bits == 8) return dt::s8;
+  if (x->dtype.code == kDLInt && x->dtype.bits == 32) return dt::s32;
+  return dt::undef;
+}
+
+/*! \brief The document's name of a quantized type. */
+dt QuantType(const std::string& name) { return name == "u8" ? dt::u8 : name == "s8" ? dt::s8 : dt::f32; }
 
 int64_t Elements(const memory::dims& dims) {
   int64_t n = 1;
@@ -188,10 +210,9 @@ class RegionExec {
   void Check(const ffi::PackedArgs& args) const {
     for (int i = 0; i < args.size(); ++i) {
       const DLTensor* x = Arg(args, i);
-      bool f32 = x->dtype.code == kDLFloat && x->dtype.bits == 32 && x->dtype.lanes == 1;
-      if (!f32 || !support::IsHost(x->device) || x->byte_offset != 0) {
+      if (TypeOf(x) == dt::undef || !support::IsHost(x->device) || x->byte_offset != 0) {
         TVM_FFI_THROW(ValueError) << "oneDNN region '" << spec_.name << "': argument " << i
-                                  << " must be a float32 CPU tensor without byte offset";
+                                  << " must be a float32, uint8, int8 or int32 CPU tensor without byte offset";
       }
     }
   }
@@ -204,14 +225,14 @@ class RegionExec {
     values_.assign(n + steps, Value{});
     for (int i = 0; i < n; ++i) {
       memory::dims dims(t[i]->shape, t[i]->shape + t[i]->ndim);
-      values_[i].desc = Plain(dims.empty() ? memory::dims{1} : dims);  // a scalar (e.g. hardswish's 3) as one element
+      values_[i].desc = Plain(dims.empty() ? memory::dims{1} : dims, TypeOf(t[i]));  // a scalar (e.g. hardswish's 3) as one element
       values_[i].arg = i;
       values_[i].mem = Bound(values_[i].desc, i);
     }
     for (int k = 0; k < steps; ++k) {
       const StepSpec& s = spec_.steps[k];
       for (int v : {s.data, s.residual}) {
-        if (v >= 0) values_[v].last_use = k;
+        if (v >= 0 && s.op != "add") values_[v].last_use = k;
       }
       for (int v : s.inputs) values_[v].last_use = k;
     }
@@ -221,7 +242,8 @@ class RegionExec {
       for (k = 0; k < spec_.steps.size(); ++k) SetupStep(k, t);
       const Value& out = values_.back();
       if (out.arg != n) {  // the last value is in the arena: reorder it out to the call's output
-        memory user = Bound(Plain(OutputDims(k - 1, t)), n);
+        memory user = Bound(Plain(OutputDims(k - 1, t), TypeOf(t[n])), n);
+        if (user.get_desc().data_type() != out.desc.data_type()) Fail(k - 1, "the output's data type is not the call's");
         calls_.push_back(Reorder(out.mem, user));
       }
     } catch (const dnnl::error& e) {
@@ -251,6 +273,10 @@ class RegionExec {
       SetupLrn(k);
     } else if (op == "scale_shift") {
       SetupScaleShift(k);
+    } else if (op == "quantize" || op == "dequantize") {
+      SetupRequantize(k);
+    } else if (op == "add") {
+      SetupQuantizedAdd(k);
     } else {
       SetupConcat(k, t);
     }
@@ -298,12 +324,15 @@ class RegionExec {
   memory Input(size_t k, int id, const memory::desc& want) {
     const Value& v = values_[id];
     if (v.desc == want) return v.mem;
+    if (v.desc.data_type() != want.data_type()) {
+      Fail(k, "value " + std::to_string(id) + " has another data type than the step reads");
+    }
     bool same_dims = v.desc.dims() == want.dims();
     if (!same_dims && !(IsPlain(want) && Elements(v.desc.dims()) == Elements(want.dims()))) {
       Fail(k, "value " + std::to_string(id) + " has another shape than the step reads");
     }
     if (!same_dims && IsPlain(v.desc)) return Alias(v, want);
-    memory::desc to = same_dims ? want : Plain(v.desc.dims());
+    memory::desc to = same_dims ? want : Plain(v.desc.dims(), want.data_type());
     int buffer = NewBuffer(to.get_size(), static_cast<int>(k), static_cast<int>(k));
     memory tmp = Placed(to, buffer);
     calls_.push_back(Reorder(v.mem, tmp));
@@ -445,6 +474,81 @@ class RegionExec {
     return attr;
   }
 
+  /*! \brief The data types of a conv2d / matmul step: float32 throughout, or quantized. */
+  struct Types {
+    dt src = dt::f32, weights = dt::f32, bias = dt::f32, dst = dt::f32;
+  };
+  Types StepTypes(size_t k, dt data) const {
+    const QuantSpec& q = spec_.steps[k].quant;
+    if (!q.on) return Types{};
+    if (data != dt::u8 && data != dt::s8) Fail(k, "a quantized step reads uint8 or int8 data");
+    return Types{data, dt::s8, dt::s32, QuantType(q.dst_type)};
+  }
+
+  /*! \brief `attr` with the step's output scales (per output channel: mask on dim 1, the channels
+   *         of conv2d's NCHW and of matmul's rows x N) and zero points, when it is quantized. */
+  dnnl::primitive_attr Quantized(const StepSpec& s, dnnl::primitive_attr attr) const {
+    const QuantSpec& q = s.quant;
+    if (!q.on) return attr;
+    attr.set_output_scales(q.scales.size() > 1 ? 1 << 1 : 0, q.scales);
+    if (q.src_zero_point != 0) attr.set_zero_points(DNNL_ARG_SRC, 0, {q.src_zero_point});
+    if (q.dst_zero_point != 0) attr.set_zero_points(DNNL_ARG_DST, 0, {q.dst_zero_point});
+    return attr;
+  }
+
+  /*! \brief quantize (float32 -> u8/s8: x * scale + zero point, rounded to nearest even and
+   *         saturated) or dequantize ((x - zero point) * scale -> float32): one reorder that keeps
+   *         the layout its input has, so a chain of blocked primitives stays blocked. */
+  void SetupRequantize(size_t k) {
+    const StepSpec& s = spec_.steps[k];
+    const Value& in = values_[s.data];
+    bool quantize = s.op == "quantize";
+    dt from = in.desc.data_type();
+    if (quantize ? from != dt::f32 : (from != dt::u8 && from != dt::s8)) {
+      Fail(k, quantize ? "quantize reads float32" : "dequantize reads uint8 or int8");
+    }
+    dnnl::primitive_attr attr;
+    attr.set_output_scales(0, s.quant.scales);
+    if (s.quant.src_zero_point != 0) attr.set_zero_points(DNNL_ARG_SRC, 0, {s.quant.src_zero_point});
+    if (s.quant.dst_zero_point != 0) attr.set_zero_points(DNNL_ARG_DST, 0, {s.quant.dst_zero_point});
+    memory dst = Output(k, WithType(in.desc, QuantType(s.quant.dst_type)));
+    Call c;
+    c.prim = dnnl::reorder(dnnl::reorder::primitive_desc(in.mem, dst, attr));
+    c.args = {{DNNL_ARG_FROM, in.mem}, {DNNL_ARG_TO, dst}};
+    calls_.push_back(std::move(c));
+  }
+
+  /*!
+   * \brief a + b of two quantized values of one shape: a binary add with each source's scale,
+   *        then `shift` (their zero points) and the output's zero point, and the ReLU as post-ops, in
+   *        the layout `a` has (b is reordered into it if needed).
+   */
+  void SetupQuantizedAdd(size_t k) {
+    const StepSpec& s = spec_.steps[k];
+    const Value& a = values_[s.inputs[0]];
+    const QuantSpec& q = s.quant;
+    if (a.desc.dims() != values_[s.inputs[1]].desc.dims()) Fail(k, "add needs two values of one shape");
+    memory::desc b_md = WithType(a.desc, values_[s.inputs[1]].desc.data_type());
+    memory::desc y_md = WithType(a.desc, QuantType(q.dst_type));
+    // relu(t) + zp is max(t + zp, zp): one linear post-op, then a clip at the zero point (2.6's
+    // jit binary drops the second of two linear post-ops).
+    float zp = static_cast<float>(q.dst_zero_point);
+    dnnl::post_ops ops;
+    ops.append_eltwise(1.f, dnnl::algorithm::eltwise_linear, 1.f, q.shift + zp);
+    if (s.relu) ops.append_eltwise(1.f, dnnl::algorithm::eltwise_clip, zp, std::numeric_limits<float>::max());
+    dnnl::primitive_attr attr;
+    attr.set_scales(DNNL_ARG_SRC_0, 0, {q.scales[0]});
+    attr.set_scales(DNNL_ARG_SRC_1, 0, {q.scales[1]});
+    attr.set_post_ops(ops);
+    dnnl::binary::desc desc(dnnl::algorithm::binary_add, a.desc, b_md, y_md);
+    dnnl::binary::primitive_desc pd(desc, attr, CpuEngine());
+    memory b = Input(k, s.inputs[1], b_md);
+    Call c;
+    c.prim = dnnl::binary(pd);
+    c.args = {{DNNL_ARG_SRC_0, a.mem}, {DNNL_ARG_SRC_1, b}, {DNNL_ARG_DST, Output(k, y_md)}};
+    calls_.push_back(std::move(c));
+  }
+
   /*! \brief oneDNN's algorithm for an activation (checked when parsed); silu is swish with alpha 1. */
   static dnnl::algorithm Activation(const std::string& a) {
     if (a == "clip") return dnnl::algorithm::eltwise_clip;
@@ -465,20 +569,22 @@ class RegionExec {
       Fail(k, "conv2d needs NCHW/OIHW tensors and 2-D strides, dilation and (4) padding");
     }
     int64_t g = s.groups;
+    // Quantized: the source as stored (u8 or s8), s8 weights, an s32 bias, the output's type.
+    Types ty = StepTypes(k, values_[s.data].desc.data_type());
     memory::dims wdims(w->shape, w->shape + 4);
-    memory::desc user_w(wdims, dt::f32, tag::oihw);
+    memory::desc user_w(wdims, ty.weights, tag::oihw);
     if (g > 1) {
       wdims = {g, w->shape[0] / g, w->shape[1], w->shape[2], w->shape[3]};
-      user_w = memory::desc(wdims, dt::f32, tag::goihw);
+      user_w = memory::desc(wdims, ty.weights, tag::goihw);
     }
     memory::dims dilation{s.dilation[0] - 1, s.dilation[1] - 1};
     memory::dims pad_l{s.padding[0], s.padding[1]}, pad_r{s.padding[2], s.padding[3]};
-    memory::desc b_md = s.bias >= 0 ? memory::desc({y[1]}, dt::f32, tag::x) : memory::desc();
+    memory::desc b_md = s.bias >= 0 ? memory::desc({y[1]}, ty.bias, tag::x) : memory::desc();
     dnnl::convolution_forward::desc desc(
-        dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, memory::desc(x, dt::f32, tag::any),
-        memory::desc(wdims, dt::f32, tag::any), b_md, memory::desc(y, dt::f32, tag::any),
+        dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, memory::desc(x, ty.src, tag::any),
+        memory::desc(wdims, ty.weights, tag::any), b_md, memory::desc(y, ty.dst, tag::any),
         memory::dims(s.strides.begin(), s.strides.end()), dilation, pad_l, pad_r);
-    dnnl::convolution_forward::primitive_desc pd(desc, PostOps(s), CpuEngine());
+    dnnl::convolution_forward::primitive_desc pd(desc, Quantized(s, PostOps(s)), CpuEngine());
     memory src = Input(k, s.data, pd.src_desc());
     memory wei = Weights(k, s.weight, user_w, pd.weights_desc());
     memory dst = Output(k, pd.dst_desc());
@@ -498,14 +604,15 @@ class RegionExec {
     if (x.size() < 2 || w->ndim != 2 || y.size() != x.size()) Fail(k, "matmul needs data of rank 2-5 and a 2-D weight");
     // Data of higher rank is contiguous, so it is read as rows x K (and written as rows x N).
     int64_t kk = x.back(), n = y.back(), rows = Elements(x) / kk;
-    memory::desc src_md({rows, kk}, dt::f32, tag::ab), dst_md({rows, n}, dt::f32, tag::ab);
-    memory::desc w_md({kk, n}, dt::f32, s.weight_transposed ? tag::ba : tag::ab);
-    memory::desc b_md = s.bias >= 0 ? memory::desc({1, n}, dt::f32, tag::ab) : memory::desc();
+    Types ty = StepTypes(k, values_[s.data].desc.data_type());
+    memory::desc src_md({rows, kk}, ty.src, tag::ab), dst_md({rows, n}, ty.dst, tag::ab);
+    memory::desc w_md({kk, n}, ty.weights, s.weight_transposed ? tag::ba : tag::ab);
+    memory::desc b_md = s.bias >= 0 ? memory::desc({1, n}, ty.bias, tag::ab) : memory::desc();
     dnnl::matmul::desc desc(src_md, w_md, b_md, dst_md);
-    dnnl::matmul::primitive_desc pd(desc, PostOps(s), CpuEngine());
+    dnnl::matmul::primitive_desc pd(desc, Quantized(s, PostOps(s)), CpuEngine());
     memory src = Input(k, s.data, src_md);
     memory wei = Weights(k, s.weight, w_md, w_md);
-    Output(k, Plain(y));
+    Output(k, Plain(y, ty.dst));
     memory dst = Alias(values_[spec_.num_inputs + k], dst_md);
     Call c;
     c.prim = dnnl::matmul(pd);

@@ -53,7 +53,9 @@ double FloatOr(const json::Object& obj, const char* key, double fallback) {
 
 const char* const kOps[] = {"conv2d",          "matmul",  "max_pool2d", "avg_pool2d",
                             "channel_shuffle", "softmax", "layer_norm", "concat",
-                            "lrn",    "scale_shift", "batch_matmul"};
+                            "lrn",    "scale_shift", "batch_matmul", "quantize",
+                            "dequantize", "add"};
+const char* const kQuantTypes[] = {"u8", "s8", "f32"};
 const char* const kActivations[] = {"clip", "sigmoid", "hardswish", "gelu", "gelu_tanh", "silu"};
 
 std::string OneOf(const json::Object& obj, const char* key, const char* const* known, size_t n,
@@ -68,6 +70,31 @@ std::string OneOf(const json::Object& obj, const char* key, const char* const* k
     if (name == known[i]) return name;
   }
   kReader.Fail(where, std::string("unknown ") + key + " '" + name + "'");
+}
+
+/*! \brief The step's `quant` object (absent: a float32 step). */
+QuantSpec ParseQuant(const json::Object& step, const std::string& where) {
+  QuantSpec q;
+  auto v = support::JsonReader::Find(step, "quant");
+  if (!v) return q;
+  std::string at = where + ".quant";
+  json::Object obj = kReader.Object(*v, at);
+  q.on = true;
+  q.dst_type = OneOf(obj, "dst_type", kQuantTypes, sizeof(kQuantTypes) / sizeof(kQuantTypes[0]), at, false);
+  json::Array scales = kReader.Array(kReader.Require(obj, "scales", at), at + ".scales");
+  for (size_t i = 0; i < scales.size(); ++i) {
+    const ffi::Any& x = scales[i];
+    if (auto f = x.try_cast<double>()) {
+      q.scales.push_back(static_cast<float>(*f));
+    } else {
+      q.scales.push_back(static_cast<float>(kReader.Int(x, at + ".scales")));
+    }
+  }
+  if (q.scales.empty()) kReader.Fail(at, "no scales");
+  q.src_zero_point = static_cast<int32_t>(IntOr(obj, "src_zero_point", 0, at));
+  q.dst_zero_point = static_cast<int32_t>(IntOr(obj, "dst_zero_point", 0, at));
+  q.shift = static_cast<float>(FloatOr(obj, "shift", 0.0));
+  return q;
 }
 
 /*!
@@ -105,6 +132,15 @@ StepSpec ParseStep(const json::Object& obj, const std::vector<int64_t>& args, in
   s.epsilon = static_cast<float>(FloatOr(obj, "epsilon", 1e-5));
   s.local_size = IntOr(obj, "local_size", 1, where);
   s.k = static_cast<float>(FloatOr(obj, "k", 1.0));
+  s.quant = ParseQuant(obj, where);
+  bool requant = s.op == "quantize" || s.op == "dequantize";
+  if (requant && (!s.quant.on || s.quant.scales.size() != 1)) kReader.Fail(where, s.op + " needs quant with one scale");
+  if (s.quant.on && !requant && s.op != "conv2d" && s.op != "matmul" && s.op != "add") {
+    kReader.Fail(where, "only conv2d, matmul and add run in integers, not " + s.op);
+  }
+  if (s.op == "add" && (s.inputs.size() != 2 || !s.quant.on || s.quant.scales.size() != 2)) {
+    kReader.Fail(where, "add needs two inputs and quant with two scales");
+  }
   if (s.op == "lrn") s.beta = static_cast<float>(FloatOr(obj, "beta", 0.75));
   if (s.op == "scale_shift" && (s.weight < 0 || s.bias < 0)) kReader.Fail(where, "scale_shift needs a weight and a bias");
   if (s.op == "batch_matmul" && s.inputs.size() != 2) kReader.Fail(where, "batch_matmul needs two inputs");

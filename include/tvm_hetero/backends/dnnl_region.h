@@ -33,6 +33,27 @@ namespace tvm_hetero {
 namespace dnnl_backend {
 
 /*!
+ * \brief How a step computes in integers (QDQ units, docs/byoc.md "int8"): its source is the data
+ *        type the value it reads has (u8 or s8), weights are s8 and a bias s32 in the accumulator's
+ *        units; the accumulator times `scales` (one, or one per output channel) plus
+ *        `dst_zero_point` is rounded to nearest even and saturated to `dst_type`. A `quantize` step
+ *        is `x * scales[0] + dst_zero_point`, a `dequantize` step `(x - src_zero_point) * scales[0]`.
+ */
+struct QuantSpec {
+  /*! \brief Whether the step is quantized at all (the field was present). */
+  bool on = false;
+  /*! \brief The output's data type: "u8", "s8" or "f32". */
+  std::string dst_type = "f32";
+  /*! \brief Output scales: one for the whole tensor, or one per output channel. */
+  std::vector<float> scales;
+  /*! \brief Zero points of the source (subtracted) and of the output (added). */
+  int32_t src_zero_point = 0, dst_zero_point = 0;
+  /*! \brief add: added to `scales[0] * a + scales[1] * b` before the activation (the sources' zero
+   *         points, folded). */
+  float shift = 0.f;
+};
+
+/*!
  * \brief One oneDNN primitive of a region, with its fused post-ops. Argument roles are value
  *        ids of the region: 0 .. num_inputs-1 are the call's inputs, num_inputs + k is step k's
  *        output (the last step's output is the call's output).
@@ -43,8 +64,12 @@ struct StepSpec {
    *         "concat" (of `inputs` along `axis`, then `relu` if set), "lrn" (across channels:
    *         `local_size`, `alpha`, `beta`, `k`) or "scale_shift" (data * weight + bias per channel
    *         of an NCHW tensor, then the activations) or "batch_matmul" (`inputs` a @ b, rank 3-4,
-   *         equal batch dims). */
+   *         equal batch dims), or "quantize" / "dequantize" (a reorder with `quant`'s scale and
+   *         zero points, in the layout its input has), or "add" (`inputs` a + b, quantized:
+   *         ResNet's residual). */
   std::string op;
+  /*! \brief conv2d / matmul in integers, and the parameters of quantize / dequantize. */
+  QuantSpec quant;
   /*! \brief Value id of the data, the weight, the bias and the residual (-1: none). */
   int data = 0, weight = -1, bias = -1, residual = -1;
   /*! \brief concat: the value ids joined, in order; batch_matmul: its two operands. */

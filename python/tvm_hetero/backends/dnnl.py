@@ -38,6 +38,10 @@ from tvm.relax.dpl import is_const, is_op, is_tuple, is_tuple_get_item, rewrite_
 from tvm.relax.transform import FusionPattern
 
 from .base import Backend, Region, WeightPredicate
+from .dnnl_int8 import (
+    INT8_PATTERNS, describe_int8, fold_param_dequantize, int8_patterns, requantize_patterns,
+    unshare_qdq,
+)
 
 _FORMAT = "tvm-hetero-dnnl/1"
 _F32_MAX = float(np.finfo(np.float32).max)
@@ -63,7 +67,7 @@ class DnnlBackend(Backend):
         return bool(tvm.get_global_func("tvm_hetero.dnnl.available")())
 
     def patterns(self, is_weight: WeightPredicate) -> list[FusionPattern]:
-        out = []
+        out = int8_patterns()  # QDQ units first: they take their dequantizes and quantize
         for bias in (True, False):
             # The residual's two operand orders are separate patterns: when one order's match is
             # rejected (e.g. it would swallow a value read outside), the other is still tried.
@@ -95,16 +99,20 @@ class DnnlBackend(Backend):
             out.append(FusionPattern(f"dnnl.concat{n}_relu", relu, ann, _check_concat))
             ann = {"anchor": concat, "concat": concat}
             out.append(FusionPattern(f"dnnl.concat{n}", concat, ann, _check_concat))
-        return out
+        return out + requantize_patterns()  # last: what QDQ is left around float regions
 
     def prepare(self, mod: tvm.IRModule, entry: str) -> tvm.IRModule:
+        mod = fold_param_dequantize(entry)(mod)  # a QDQ model's batch norm constants as floats
         mod = SimplifyStackSum(entry)(mod)  # before DropNoOps: it matches the broadcasts
         mod = DropNoOps(entry)(mod)
         mod = FoldConvAffine(entry)(mod)
         mod = FoldChannelAffine(entry)(mod)
-        return UnshareConstantReshapes(entry)(mod)
+        mod = UnshareConstantReshapes(entry)(mod)
+        return unshare_qdq(entry)(mod)  # last: the rewrites above merge equal bindings
 
     def describe(self, composite: relax.Function, pattern: str) -> dict:
+        if pattern.startswith(INT8_PATTERNS) or pattern in ("dnnl.quantize", "dnnl.dequantize"):
+            return describe_int8(composite, pattern)
         return _describe(composite, pattern)
 
     def codegen(self, regions: list[Region]) -> tvm.runtime.Module:

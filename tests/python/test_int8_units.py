@@ -1,0 +1,86 @@
+"""QDQ units run as oneDNN int8: each unit kind alone, quantized by onnxruntime's quantize_static,
+per tensor and per channel, is within one quantization step of onnxruntime's own int8 result, and
+the build report says how its units ran."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import tvm
+import tvm_hetero
+from onnx import TensorProto, helper, numpy_helper
+from test_byoc import HAS_DNNL
+from tvm_hetero.testing import models
+from tvm_hetero.testing.quantized import qdq_model, quantization_step, small_qdq_float_model
+
+pytestmark = pytest.mark.skipif(not HAS_DNNL, reason="libtvm_hetero was built without oneDNN")
+logging.getLogger().setLevel(logging.ERROR)  # the quantizer's advice on pre-processing
+
+RNG = np.random.default_rng(0)
+
+
+def _w(name, shape, scale=0.3):
+    return numpy_helper.from_array((RNG.standard_normal(shape) * scale).astype(np.float32), name)
+
+
+def _model(nodes, inits, out_shape, in_shape=(1, 8, 8, 8)):
+    graph = helper.make_graph(nodes, "unit", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(in_shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(out_shape))], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+def _conv():
+    return _model([helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+                   helper.make_node("Relu", ["c"], ["y"])], [_w("w", (16, 8, 3, 3)), _w("b", (16,))], (1, 16, 8, 8))
+
+
+def _depthwise():
+    return _model([helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1], group=8)],
+                  [_w("w", (8, 1, 3, 3)), _w("b", (8,))], (1, 8, 8, 8))
+
+
+def _gemm():
+    return _model([helper.make_node("Gemm", ["x", "w", "b"], ["y"], transB=1)],
+                  [_w("w", (10, 32)), _w("b", (10,))], (4, 10), in_shape=(4, 32))
+
+
+def _add():
+    return _model([helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+                   helper.make_node("Add", ["c", "x"], ["y"])], [_w("w", (8, 8, 3, 3)), _w("b", (8,))], (1, 8, 8, 8))
+
+
+def _pool(op):
+    return lambda: _model([helper.make_node("Conv", ["x", "w", "b"], ["c"]),
+                           helper.make_node(op, ["c"], ["y"], kernel_shape=[2, 2], strides=[2, 2])],
+                          [_w("w", (8, 8, 1, 1)), _w("b", (8,))], (1, 8, 4, 4))
+
+
+def _concat():
+    return _model([helper.make_node("Conv", ["x", "w", "b"], ["c"]),
+                   helper.make_node("Concat", ["c", "x"], ["y"], axis=1)],
+                  [_w("w", (8, 8, 1, 1)), _w("b", (8,))], (1, 16, 8, 8))
+
+
+UNITS = {"conv2d": _conv, "depthwise": _depthwise, "gemm": _gemm, "add": _add, "max_pool2d": _pool("MaxPool"),
+         "avg_pool2d": _pool("AveragePool"), "concat": _concat, "small_model": small_qdq_float_model}
+
+
+@pytest.mark.parametrize("per_channel", [False, True], ids=["per_tensor", "per_channel"])
+@pytest.mark.parametrize("unit", list(UNITS))
+def test_unit_within_one_step_of_onnxruntime(unit, per_channel):
+    model = qdq_model(UNITS[unit](), per_channel=per_channel)
+    inputs = models.model_inputs(model)
+    expected = models.onnxruntime_outputs(model, inputs)[0]
+    art = tvm_hetero.build(models.relax_module(model), [(tvm.cpu(0), "llvm")])
+    runtime = art.create()
+    runtime.run(**inputs)
+    got = runtime.get_output(0).numpy()
+    step = quantization_step(model)
+    assert step > 0
+    assert np.abs(got - expected).max() <= step * 1.001
+    notes = [n for n in art.build_report.backend_notes if n.startswith("QDQ units")]
+    assert notes and "int8 in oneDNN 0 " not in notes[0], notes
