@@ -110,6 +110,55 @@ def default_devices() -> list[tuple[str, str]]:
 
 
 # ---- commands ---------------------------------------------------------------------------------
+def cmd_demo_htp(args: argparse.Namespace) -> int:
+    """A light model over the host CPU and a Qualcomm HTP (emulated here), against ONNX Runtime + QNN."""
+    import numpy as np
+    import tvm
+
+    import tvm_hetero
+    from tvm_hetero.importers import from_onnx
+    from tvm_hetero.testing import models
+    from tvm_hetero.testing import onnxruntime_qnn as peer
+
+    say = _progress(time.perf_counter())
+    print(f"tvm-hetero demo-htp: {args.model} (ONNX light model, seeded random weights) on cpu:0 + qnn-htp "
+          "(Snapdragon X Elite NPU, soc 60 / HTP v73, fp16; emulated by onnxruntime-qnn on this x86 host)")
+    model = models.light_model(args.model)
+    inputs = models.model_inputs(model)
+    t = time.perf_counter()
+    art = tvm_hetero.build(from_onnx(model), [(tvm.cpu(0), "llvm"), "qnn-htp"], progress=say)
+    build_s = time.perf_counter() - t
+    print(art.report())
+    rt = art.create()
+    for name, value in inputs.items():
+        rt.set_input(name, value)
+    rt.run()
+    times = []
+    for _ in range(args.repeat):
+        t = time.perf_counter()
+        rt.run()
+        times.append(time.perf_counter() - t)
+    ours = rt.get_output(0).numpy()
+    reference = peer.cpu_reference(model, inputs)[0]
+    scale = float(np.abs(reference).max())
+    ours_err = float(np.abs(ours - reference).max()) / scale
+    print(f"\nours: {rt.stats()['qnn_graph_executions']} QNN graph execution(s) per inference, "
+          f"{min(times) * 1e3:.0f} ms on the emulator (build {build_s:.1f} s), "
+          f"relative error vs ONNX Runtime CPU fp32 {ours_err:.1e}")
+    rt.close()
+    say("running ONNX Runtime + QNN EP on the same model, emulator and options (in a child process)")
+    result = peer.run_peer(model, inputs, repeat=args.repeat, isolated=True)
+    if result.ran and result.outputs:
+        peer_err = float(np.abs(result.outputs[0] - reference).max()) / scale
+        verdict = "WRONG, without a warning" if peer_err > 1e-2 else "right"
+        print(f"ONNX Runtime + QNN EP: {result.partitions} QNN partition(s), {result.nodes_qnn} nodes on QNN, "
+              f"{result.nodes_cpu} on its CPU EP, {result.seconds * 1e3:.0f} ms, relative error {peer_err:.1e} ({verdict})")
+    else:
+        print(f"ONNX Runtime + QNN EP: did not finish: {result.error}")
+    print("(emulator times are hundreds of times a real HTP's: context only, never a cost)")
+    return 0 if ours_err <= 1e-2 else 1
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     import tvm_hetero
     from tvm_hetero.importers import from_onnx
@@ -450,6 +499,11 @@ def main(argv: list[str] | None = None) -> int:
     placement_flags(demo)
     debug_flag(demo)
     demo.set_defaults(fn=cmd_demo)
+    demo_htp = sub.add_parser("demo-htp", help="a model over the host CPU and a Qualcomm HTP (QNN), against "
+                                               "ONNX Runtime + QNN EP")
+    demo_htp.add_argument("--model", default="squeezenet", help="light ONNX model (squeezenet, inception_v1, ...)")
+    demo_htp.add_argument("--repeat", type=int, default=3)
+    demo_htp.set_defaults(fn=cmd_demo_htp)
 
     comp = sub.add_parser("compile", help="compile an ONNX model to an artifact directory")
     comp.add_argument("model")

@@ -33,6 +33,10 @@ FP16_TOLERANCE = 1e-2
 #: ... and of a quantized one (int8 steps compound across a graph: a few steps of 1/256).
 QUANTIZED_TOLERANCE = 5e-2
 LOCALIZED_ROUNDS = 3
+#: A group of fewer conv/matmul FLOPs than this is not worth a QNN graph call (~0.16 ms fixed cost
+#: per call on phones, ~3 GFLOP/s of host CPU in that time is well above it): it stays on the CPU,
+#: unless it is the build's largest group.
+MIN_GROUP_FLOPS = 10e6
 
 
 def has_htp(targets: Any) -> bool:
@@ -54,6 +58,7 @@ def build_verified(mod: Any, targets: Any, placement: Any, args: tuple, kwargs: 
     calibration = kwargs.pop("calibration", None)
     tolerance = kwargs.pop("htp_tolerance", None)
     verify = kwargs.pop("verify_htp", True)
+    min_group_flops = float(kwargs.pop("htp_min_group_flops", MIN_GROUP_FLOPS))
     say: Callable[[str], None] = kwargs.get("progress") or (lambda _msg: None)
     exclude: dict[str, str] = dict(kwargs.pop("qnn_exclude", None) or {})
     from .backends.qnn import RegionRefused
@@ -74,6 +79,9 @@ def build_verified(mod: Any, targets: Any, placement: Any, args: tuple, kwargs: 
         htp = artifact.build_report.htp if artifact.build_report else None
         if not verify or not htp or not htp["regions"]:
             return artifact
+        if _gate_small_groups(htp, exclude, min_group_flops):
+            say("small HTP groups stay on the CPU; building again")
+            continue
         tol = tolerance if tolerance is not None else (
             FP16_TOLERANCE if htp["options"].get("precision") == "fp16" and not _quantized(htp) else QUANTIZED_TOLERANCE)
         inputs = _sample_inputs(artifact, calibration)
@@ -113,6 +121,23 @@ def build_verified(mod: Any, targets: Any, placement: Any, args: tuple, kwargs: 
         if len(exclude) == before:  # nothing more can move: never loop, never return an unverified region
             raise RuntimeError(f"HTP verification failed for {[r['name'] for r, _c in bad]} and their ops cannot be "
                                "moved back to the CPU (their bindings are unknown)")
+
+
+def _gate_small_groups(htp: dict, exclude: dict[str, str], min_flops: float) -> bool:
+    """Keep groups below ``min_flops`` off the HTP (never the largest); whether any moved."""
+    regions = htp["regions"]
+    if len(regions) < 2:
+        return False
+    largest = max(regions, key=lambda r: (r.get("flops", 0.0), r["ops"]))
+    moved = False
+    for region in regions:
+        if region is largest or region.get("flops", 0.0) >= min_flops:
+            continue
+        for key in region["bindings"]:
+            exclude[key] = (f"gate: a group of {region.get('flops', 0.0) / 1e6:.1f} MFLOP is not worth a QNN graph "
+                            f"call (~0.16 ms fixed cost per call)")
+            moved = True
+    return moved
 
 
 def _quantized(htp: dict) -> bool:

@@ -204,9 +204,9 @@ def test_cpu_clusters_group_cores_by_maximum_frequency(tmp_path):
 
 def test_devices_lists_this_machine_primary_cpu_first():
     found = tvm_hetero.devices()
-    assert found and found[0].device.dlpack_device_type() == 1
-    assert sorted(c for d in found if d.options for c in d.options["cores"]) == sorted(
-        __import__("os").sched_getaffinity(0))
+    assert found and tvm_hetero.devices.is_cpu(found[0].device)
+    clusters = [d for d in found if tvm_hetero.devices.is_cpu(d.device)]
+    assert sorted(c for d in clusters for c in d.options["cores"]) == sorted(__import__("os").sched_getaffinity(0))
 
 
 def test_cli_compile_place_auto(tmp_path, capsys):
@@ -247,7 +247,7 @@ def test_a_split_that_gains_less_than_min_gain_stays_on_one_device():
 def test_targets_auto_builds_for_the_discovered_devices():
     art = tvm_hetero.build(MLP, "auto", placement="auto", params=PARAMS, cost_cache=False,
                            measurer=FakeMeasurer(lambda name, d: 1e-3))
-    found = tvm_hetero.devices()
+    found = [d for d in tvm_hetero.devices() if tvm_hetero.devices.runs_tvm_kernels(d.device)]  # an HTP only by name
     assert [str(d) for d in art.devices] == [str(d.device) for d in found]
     rt = art.create(execution="concurrent", device_options=[d.options for d in found])
     rt.run(x=X)

@@ -77,7 +77,7 @@ X = {"x": np.random.default_rng(3).standard_normal((1, 4, 8, 8)).astype("float32
 
 def test_capability_is_asked_of_qnn_and_refused_ops_split_the_graphs() -> None:
     model = conv_unary_conv("Asin")
-    art = tvm_hetero.build(_relax(model), [CPU, "qnn-htp"])
+    art = tvm_hetero.build(_relax(model), [CPU, "qnn-htp"], htp_min_group_flops=0)
     htp = art.build_report.htp
     refused = {r["op"]: r["reason"] for r in htp["refused"]}
     # QNN's own validation said no (the exporter has an ONNX Asin): the reason is QNN's.
@@ -89,6 +89,14 @@ def test_capability_is_asked_of_qnn_and_refused_ops_split_the_graphs() -> None:
     assert rt.stats()["qnn_graph_executions"] == 2
     ref = _reference(model, {"x": X["x"] * 0.3})
     assert np.abs(y - ref).max() <= 1e-2 * np.abs(ref).max()
+
+
+def test_a_group_too_small_for_a_qnn_call_stays_on_the_cpu() -> None:
+    art = tvm_hetero.build(_relax(conv_unary_conv("Asin")), [CPU, "qnn-htp"])  # two tiny groups
+    htp = art.build_report.htp
+    assert htp["graph_executions"] == 1
+    assert any(reason.startswith("gate:") for reason in htp["excluded"].values())
+    assert "not worth a QNN graph call" in art.report()
 
 
 def test_whole_model_is_one_qnn_graph_within_fp16_error() -> None:

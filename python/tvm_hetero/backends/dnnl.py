@@ -39,7 +39,11 @@ from tvm.relax.transform import FusionPattern
 
 from .base import Backend, Region, WeightPredicate
 from .dnnl_int8 import (
-    INT8_PATTERNS, describe_int8, fold_param_dequantize, int8_patterns, requantize_patterns,
+    INT8_PATTERNS,
+    describe_int8,
+    fold_param_dequantize,
+    int8_patterns,
+    requantize_patterns,
     unshare_qdq,
 )
 

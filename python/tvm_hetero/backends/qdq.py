@@ -350,9 +350,9 @@ def _dtype(expr: relax.Expr) -> str:
 
 def _kind(call: relax.Call, values: dict) -> str:
     op = _op_name(call)
-    if op == "relax.sum" and isinstance(call.args[0], relax.Var):
-        if _op_name(values.get(call.args[0])) == "relax.stack":
-            return "add"  # see _ANCHOR_RANK
+    if (op == "relax.sum" and isinstance(call.args[0], relax.Var)
+            and _op_name(values.get(call.args[0])) == "relax.stack"):
+        return "add"  # see _ANCHOR_RANK
     return op.removeprefix("relax.").removeprefix("nn.")
 
 
@@ -389,4 +389,4 @@ def summarize(units: list[QdqUnit]) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
-__all__ = ["Dequantize", "Quantize", "QdqUnit", "find_qdq_units", "summarize", "DEQUANTIZE", "QUANTIZE"]
+__all__ = ["DEQUANTIZE", "QUANTIZE", "Dequantize", "QdqUnit", "Quantize", "find_qdq_units", "summarize"]

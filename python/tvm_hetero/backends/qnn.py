@@ -2,9 +2,10 @@
 
 Capability is asked of QNN itself, never guessed: after ``prepare`` (batch norms folded, no-ops
 dropped, as for oneDNN), every op call of the entry function that has an ONNX form
-(:mod:`.onnx_export`) is built alone as an ONNX model, its weights included, and handed to ONNX
-Runtime's QNN EP with CPU fallback disabled (:func:`tvm_hetero.accepts`); the answer and
-QNN's reason are cached by the op's description (``~/.cache/tvm-hetero/qnn_capability.json``).
+(:mod:`.onnx_export`) is built alone as an ONNX model, its weights included, handed to ONNX
+Runtime's QNN EP with CPU fallback disabled, run on random inputs and checked against the CPU, in a
+child process where a crash is an answer (:mod:`tvm_hetero.qnn_probe`); the answer and QNN's reason
+are cached by the op's description (``~/.cache/tvm-hetero/qnn_capability.json``).
 The patterns then take exactly the accepted ops (one region each; the ONNX LRN as one region), and
 consecutive regions join into blocks (:mod:`.merge_regions`): one block is one QNN graph, one
 graph execution per inference. Codegen exports each block as one ONNX model and finalizes it once,
@@ -32,10 +33,12 @@ from tvm.relax.dpl import is_op, is_tuple, wildcard
 from tvm.relax.transform import FusionPattern
 
 from ..devices import KINDS
-from ..qnn_ep import QnnUnavailable, accepts, available, finalize, require
+from ..qnn_ep import QnnUnavailable, available, finalize, require
+from ..qnn_probe import probe
 from .base import Backend, Region, WeightPredicate
 from .dnnl import DropNoOps, FoldChannelAffine, FoldConvAffine, SimplifyStackSum, _lrn_pattern
 from .onnx_export import EXPORTERS, Unexportable, assemble, describe, describe_lrn, spec_text
+from .qdq import find_qdq_units
 
 _FORMAT = "tvm-hetero-qnn/1"
 #: Arity of each exported op's pattern (concat and stack take tuples, matched per size).
@@ -47,6 +50,8 @@ _MAX_TUPLE = 64
 _LRN_ATTR = "tvm_hetero.lrn"
 #: Attribute of a composite: the keys of the entry's bindings it took (comma-separated).
 _BINDINGS_ATTR = "tvm_hetero.bindings"
+#: What a cached answer means (bumped when the probe asks more of QNN).
+PROBE_VERSION = 4
 #: The answer for an op of constants only: the build folds it, it runs on no device.
 FOLDED = "constant inputs only: folded at build"
 
@@ -82,6 +87,8 @@ class QnnBackend(Backend):
         self.exclude: dict[str, str] = dict(exclude or {})
         #: The last prepare's answers: binding key -> (op, accepted, reason).
         self.answers: dict[str, tuple[str, bool, str]] = {}
+        #: Multiply-add FLOPs of each conv2d and matmul binding (what "FLOPs on the HTP" counts).
+        self.flops: dict[str, float] = {}
         self._accepted: set[relax.Var] = set()
         self._key_of: dict[relax.Var, str] = {}
         self._weights: dict[str, dict[int, np.ndarray]] = {}
@@ -107,8 +114,16 @@ class QnnBackend(Backend):
 
     def _ask_qnn(self, func: relax.Function) -> None:
         cache = _load_cache(self._cache_path)
-        fresh = False
-        self._accepted, self._key_of, self.answers = set(), {}, {}
+        pending: dict[str, bytes] = {}  # cache key -> probe model, asked of QNN together
+        keyed: dict[str, tuple[relax.Var, str, str]] = {}  # binding key -> (var, op, cache key)
+        self._accepted, self._key_of, self.answers, self.flops = set(), {}, {}, {}
+        binding_of = {b.var: b for block in func.body.blocks for b in block.bindings}
+        order = list(binding_of)
+        unit_of: dict[relax.Var, frozenset] = {}
+        for unit in find_qdq_units(func):
+            members = frozenset(unit.bindings)
+            for var in members:
+                unit_of.setdefault(var, members)  # a shared dequantize is asked with its first unit
         index = 0
         for block in func.body.blocks:
             for binding in block.bindings:
@@ -119,6 +134,8 @@ class QnnBackend(Backend):
                     continue
                 self._key_of[binding.var] = key
                 op = value.op.name
+                if op in ("relax.nn.conv2d", "relax.matmul"):
+                    self.flops[key] = _flops(value, binding.var)
                 if key in self.exclude:
                     self.answers[key] = (op, False, self.exclude[key])
                     continue
@@ -126,26 +143,33 @@ class QnnBackend(Backend):
                     self.answers[key] = (op, False, FOLDED)  # computed once at build, on no device
                     continue
                 try:
-                    spec, weights = _single_op_spec(value, binding.var)
+                    unit = unit_of.get(binding.var)
+                    if unit is not None:  # a QDQ unit is asked about whole: QNN takes DQ -> op -> Q together
+                        spec, weights = _subgraph_spec([binding_of[v] for v in order if v in unit])
+                    else:
+                        spec, weights = _subgraph_spec([binding])
                 except Unexportable as err:
                     self.answers[key] = (op, False, f"no ONNX form: {err}")
                     continue
                 cache_key = self._cache_key(spec, weights)
-                if cache_key not in cache:
-                    model, _bound, _out = assemble(spec, weights, "probe")
-                    cache[cache_key] = list(accepts(model, self.options))
-                    fresh = True
-                ok, reason = cache[cache_key]
-                self.answers[key] = (op, bool(ok), reason)
-                if ok:
-                    self._accepted.add(binding.var)
-        if fresh:
+                if cache_key not in cache and cache_key not in pending:
+                    pending[cache_key] = assemble(spec, weights, "probe")[0]
+                keyed[key] = (binding.var, op, cache_key)
+        if pending:
+            for cache_key, found in zip(pending, probe(list(pending.values()), self.options)):
+                cache[cache_key] = list(found)
             _save_cache(self._cache_path, cache)
+        for key, (var, op, cache_key) in keyed.items():
+            ok, reason = cache[cache_key]
+            self.answers[key] = (op, bool(ok), reason)
+            if ok:
+                self._accepted.add(var)
 
     def _cache_key(self, spec: dict, weights: dict[int, np.ndarray]) -> str:
         from onnxruntime_qnn import __version__ as qnn_version
 
-        text = spec_text({"spec": spec, "weights": sorted(weights), "options": self.options, "qnn": qnn_version})
+        text = spec_text({"spec": spec, "weights": sorted(weights), "options": self.options, "qnn": qnn_version,
+                          "probe": PROBE_VERSION})
         return hashlib.sha256(text.encode()).hexdigest()
 
     def _accepts_lrn(self, ctx: Any) -> bool:
@@ -167,7 +191,7 @@ class QnnBackend(Backend):
         cache = _load_cache(self._cache_path)
         key = self._cache_key(spec, {})
         if key not in cache:
-            cache[key] = list(accepts(assemble(spec, {}, "probe")[0], self.options))
+            cache[key] = list(probe([assemble(spec, {}, "probe")[0]], self.options)[0])
             _save_cache(self._cache_path, cache)
         return bool(cache[key][0])
 
@@ -285,31 +309,51 @@ class QnnBackend(Backend):
         return out
 
 
-def _single_op_spec(call: relax.Call, var: relax.Var) -> tuple[dict, dict[int, np.ndarray]]:
-    """One op call as a region of its own (tensor operands as parameters, constants as weights)."""
-    params, args, weights = [], [], {}
+def _subgraph_spec(bindings: list[relax.VarBinding]) -> tuple[dict, dict[int, np.ndarray]]:
+    """Op bindings (in order) as one region: operands made outside become parameters (constants
+    among them weights, with their values); the last binding's value is the output."""
+    defined = {b.var for b in bindings}
+    params: list[relax.Var] = []
+    weights: dict[int, np.ndarray] = {}
+    remap: dict[Any, Any] = {}
 
-    def param_for(expr: Any) -> Any:
-        ty = getattr(expr, "ty", None)
-        if not isinstance(ty, relax.TensorType):
-            raise Unexportable(f"an operand of type {ty}")
-        p = relax.Var(f"p{len(params)}", ty)
-        if isinstance(expr, tvm.ir.Constant):
-            weights[len(params)] = expr.value.numpy()
-        params.append(p)
-        return p
+    def operand(expr: Any) -> Any:
+        if isinstance(expr, relax.Tuple):
+            return relax.Tuple([operand(f) for f in expr.fields])
+        if expr in remap:
+            return remap[expr]
+        if isinstance(expr, tvm.ir.Constant) or (isinstance(expr, relax.Var) and expr not in defined):
+            if not isinstance(getattr(expr, "ty", None), relax.TensorType):
+                raise Unexportable(f"an operand of type {getattr(expr, 'ty', None)}")
+            p = relax.Var(f"p{len(params)}", expr.ty)
+            if isinstance(expr, tvm.ir.Constant):
+                weights[len(params)] = expr.value.numpy()
+            params.append(p)
+            remap[expr] = p
+            return p
+        return expr  # a shape, a scalar or a string: part of the op, not an operand
 
-    for arg in call.args:
-        if isinstance(arg, relax.Tuple):
-            args.append(relax.Tuple([param_for(f) for f in arg.fields]))
-        elif isinstance(arg, (relax.Var, tvm.ir.Constant)):
-            args.append(param_for(arg))
-        else:  # a shape, a scalar or a string: part of the op, not an operand
-            args.append(arg)
-    out = relax.Var("out", var.ty)
-    body = relax.SeqExpr([relax.BindingBlock([relax.VarBinding(out, relax.Call(call.op, args, call.attrs,
-                                                                                   call.ty_args))])], out)
-    return describe(relax.Function(params, body, var.ty, True)), weights
+    body = []
+    for binding in bindings:
+        call = binding.value
+        var = relax.Var(binding.var.name, binding.var.ty)
+        body.append(relax.VarBinding(var, relax.Call(call.op, [operand(a) for a in call.args], call.attrs,
+                                                     call.ty_args)))
+        remap[binding.var] = var
+    out = body[-1].var
+    return describe(relax.Function(params, relax.SeqExpr([relax.BindingBlock(body)], out), out.ty, True)), weights
+
+
+def _flops(call: relax.Call, var: relax.Var) -> float:
+    """2 x multiply-adds of a conv2d (per output element: input channels / groups x kernel area) or
+    a matmul (per output element: the reduced length)."""
+    out = [int(d) for d in var.ty.shape.values] if isinstance(var.ty.shape, relax.ShapeExpr) else []
+    size = float(np.prod(out)) if out else 0.0
+    if call.op.name == "relax.nn.conv2d":
+        weight = [int(d) for d in call.args[1].ty.shape.values]
+        return 2.0 * size * weight[1] * weight[2] * weight[3]
+    lhs = [int(d) for d in call.args[0].ty.shape.values]
+    return 2.0 * size * lhs[-1]
 
 
 def _default_cache_path() -> Path:

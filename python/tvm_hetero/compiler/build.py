@@ -324,14 +324,20 @@ def htp_summary(backend: Any, lowered: LoweredGraph) -> dict:
     """What the report says of an HTP: each op QNN refused and why, each graph (region) it runs."""
     from ..backends.qnn import region_bindings
 
-    refused = [{"binding": key, "op": op, "reason": reason}
-               for key, (op, ok, reason) in backend.answers.items() if not ok]
     regions = [{"name": r.name, "ops": len(r.ops), "device": r.device, "bindings": region_bindings(r)}
                for r in lowered.regions.values() if r.backend == "qnn"]
+    for region in regions:
+        region["flops"] = sum(backend.flops.get(key, 0.0) for key in region["bindings"])
+    covered = {key for r in regions for key in r["bindings"]}  # e.g. an LRN's ops, refused one by one
+    refused = [{"binding": key, "op": op, "reason": reason}
+               for key, (op, ok, reason) in backend.answers.items() if not ok and key not in covered]
     executions = sum(1 for node in lowered.graph.nodes if node.func_name in {r["name"] for r in regions})
+    on_htp = {key for r in regions for key in r["bindings"]}
     return {"options": dict(backend.options), "asked": len(backend.answers),
             "accepted": sum(1 for _op, ok, _r in backend.answers.values() if ok), "refused": refused,
             "regions": regions, "graph_executions": executions, "excluded": dict(backend.exclude),
+            "flops": sum(backend.flops.values()),
+            "flops_on_htp": sum(f for key, f in backend.flops.items() if key in on_htp),
             "steps": {r.name: [step.get("bindings", []) for step in r.spec["steps"]]
                       for r in lowered.regions.values() if r.backend == "qnn" and r.spec.get("op") == "block"}}
 

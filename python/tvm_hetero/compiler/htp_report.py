@@ -19,6 +19,9 @@ def explain_htp(htp: dict, devices: list[str]) -> list[str]:
     lines.append(f"  HTP (QNN; soc {options.get('soc_model')}, v{options.get('htp_arch')}, "
                  f"{options.get('precision')}): {htp['accepted']} of {htp['asked']} Relax ops accepted by QNN; "
                  f"{len(htp['regions'])} QNN graphs, {htp['graph_executions']} graph executions per inference")
+    if htp.get("flops"):
+        lines.append(f"  HTP: {htp['flops_on_htp'] / htp['flops']:.1%} of conv/matmul FLOPs "
+                     f"({htp['flops_on_htp'] / 1e9:.2f} of {htp['flops'] / 1e9:.2f} GFLOP)")
     for region in htp["regions"]:
         lines.append(f"    graph {region['name']} on {devices[region['device']]}: {region['ops']} ops")
     refused = [r for r in htp["refused"] if r["binding"] not in htp.get("excluded", {}) and r["reason"] != FOLDED]

@@ -1,0 +1,124 @@
+"""Asking QNN about ops, where a crash in the vendor library is an answer, not a dead build.
+
+QNN can accept an op and then compute it wrongly or crash the process when it runs (seen with
+onnxruntime-qnn 2.7.0's emulated HTP: an AveragePool with asymmetric padding is ~50% off at 32-128
+channels and dies with SIGSEGV at 256 and more; bench/qnn_peer.py). So an op counts as accepted
+only when QNN (1) takes it whole with CPU fallback disabled, (2) runs it on seeded random inputs of
+its real shapes, and (3) returns values within tolerance of ONNX Runtime's CPU EP in fp32 (compared
+where the CPU's value is finite; a non-finite HTP value there is an overflow).
+
+:func:`probe` runs the models in one child process (``python -m tvm_hetero.qnn_probe``), which
+writes one JSON line per answer as it goes; if the child dies, the model it was running is answered
+"QNN crashed running it (signal N)" and a new child carries on after it. Guarantee: every model
+gets an answer, and nothing QNN does can take the caller down.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+#: Relative tolerance of one op in fp16 (to the largest reference value).
+OP_TOLERANCE = 1e-2
+
+
+def probe(models: list[bytes], options: dict, timeout: float = 600.0) -> list[tuple[bool, str]]:
+    """``(accepted, reason)`` for each ONNX model, asked of QNN in child processes."""
+    answers: list[tuple[bool, str] | None] = [None] * len(models)
+    start = 0
+    with tempfile.TemporaryDirectory(prefix="tvm_hetero_probe_") as tmp:
+        work = Path(tmp)
+        while start < len(models):
+            (work / "job.pkl").write_bytes(pickle.dumps({"models": models, "start": start, "options": options}))
+            out = work / "answers.jsonl"
+            out.unlink(missing_ok=True)
+            env = dict(os.environ, PYTHONUNBUFFERED="1")
+            try:
+                proc = subprocess.run([sys.executable, "-m", "tvm_hetero.qnn_probe", str(work)], check=False, env=env,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=timeout)
+                code = proc.returncode
+            except subprocess.TimeoutExpired:
+                code = "timeout"
+            done = 0
+            if out.exists():
+                for line in out.read_text().splitlines():
+                    item = json.loads(line)
+                    answers[item["index"]] = (bool(item["ok"]), str(item["reason"]))
+                    done = max(done, item["index"] + 1)
+            if done >= len(models) and code == 0:
+                break
+            crashed = max(done, start)
+            if crashed < len(models) and answers[crashed] is None:
+                why = f"timed out after {timeout:.0f} s" if code == "timeout" else f"signal {-code}" if isinstance(
+                    code, int) and code < 0 else f"exit status {code}"
+                answers[crashed] = (False, f"QNN crashed running it ({why})")
+            start = crashed + 1
+    return [a if a is not None else (False, "not probed") for a in answers]
+
+
+def _inputs(session, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    feeds = {}
+    for spec in session.get_inputs():
+        shape = [d if isinstance(d, int) else 1 for d in spec.shape]
+        kind = spec.type
+        if "float" in kind:
+            # Away from zero (a denominator near 0 would overflow fp16 and say nothing of the op) and
+            # of both signs.
+            values = rng.choice([-1.0, 1.0], size=shape) * rng.uniform(0.25, 2.0, size=shape)
+            feeds[spec.name] = values.astype("float16" if "float16" in kind else "float32")
+        elif "uint8" in kind:
+            feeds[spec.name] = rng.integers(0, 256, shape).astype("uint8")
+        elif "int8" in kind:
+            feeds[spec.name] = rng.integers(-128, 128, shape).astype("int8")
+        else:
+            feeds[spec.name] = rng.integers(0, 4, shape).astype("int64" if "int64" in kind else "int32")
+    return feeds
+
+
+def answer(model: bytes, options: dict) -> tuple[bool, str]:
+    """One model's answer, in this process (the child's job)."""
+    from tvm_hetero.qnn_ep import accepts, cpu_session, htp_session
+
+    ok, reason = accepts(model, options)
+    if not ok:
+        return False, reason
+    reference = cpu_session(model)
+    feeds = _inputs(reference, np.random.default_rng(0))
+    expected = reference.run(None, feeds)
+    got = htp_session(model, options).run(None, feeds)
+    for e, g in zip(expected, got):
+        e, g = np.asarray(e, "float64"), np.asarray(g, "float64")
+        where = np.isfinite(e)
+        if not where.any():
+            continue
+        if not np.isfinite(g[where]).all():
+            return False, "QNN computes non-finite values where the CPU does not (fp16 overflow)"
+        scale = max(float(np.abs(e[where]).max()), 1e-30)
+        error = float(np.abs(g[where] - e[where]).max()) / scale
+        if error > OP_TOLERANCE:
+            return False, f"QNN computes it wrongly: relative error {error:.1e} against the CPU on random inputs"
+    return True, ""
+
+
+def _child(work: Path) -> int:
+    job = pickle.loads((work / "job.pkl").read_bytes())
+    with open(work / "answers.jsonl", "a") as out:
+        for index in range(job["start"], len(job["models"])):
+            try:
+                ok, reason = answer(job["models"][index], job["options"])
+            except Exception as err:  # noqa: BLE001 (an error is an answer too)
+                ok, reason = False, f"{type(err).__name__}: {str(err).strip().splitlines()[-1] if str(err).strip() else ''}"
+            out.write(json.dumps({"index": index, "ok": ok, "reason": reason}) + "\n")
+            out.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_child(Path(sys.argv[1])))
