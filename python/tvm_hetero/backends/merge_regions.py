@@ -140,7 +140,11 @@ def _waits_for_nothing_new(candidate: relax.Var, members: set[relax.Var], fed_ac
             stack.extend(a for a in calls[var][1].args if a in group)
         return False
 
-    return all(depends_on(other, source) for source in group & fed_across for other in group if not other.same_as(source))
+    def waits_for_nothing(member: relax.Var) -> bool:  # reads constants only (a weight's dequantize)
+        return all(isinstance(a, tvm.ir.Constant) for a in calls[member][1].args)
+
+    return all(depends_on(other, source) for source in group & fed_across for other in group
+               if not other.same_as(source) and not waits_for_nothing(other))
 
 
 def _block(

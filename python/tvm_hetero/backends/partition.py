@@ -90,6 +90,10 @@ def partition_for_backends(
         found = _collect_regions(mod, backend, set(regions))
         backend.bind_call_sites(mod[entry], found, dict(weight_values or {}))
         if backend.merges_regions():
+            if device_of is None and place is not None:
+                # A pinned backend's blocks must still see which of their inputs another device makes
+                # (the ops it left, where the placement puts them), or a block would wait for them.
+                device_of = place(mod[entry])
             mod, found = merge_regions(mod, entry, found, backend.name, device_of)
         regions.update(found)
     check_partitioned(mod, entry, regions)

@@ -139,7 +139,9 @@ class QnnBackend(Backend):
                 if key in self.exclude:
                     self.answers[key] = (op, False, self.exclude[key])
                     continue
-                if all(isinstance(a, tvm.ir.Constant) or not isinstance(a, relax.Var | relax.Tuple) for a in value.args):
+                constant_only = all(isinstance(a, tvm.ir.Constant) or not isinstance(a, relax.Var | relax.Tuple)
+                                    for a in value.args)
+                if constant_only and binding.var not in unit_of:  # a QDQ weight's dequantize stays in its unit
                     self.answers[key] = (op, False, FOLDED)  # computed once at build, on no device
                     continue
                 try:

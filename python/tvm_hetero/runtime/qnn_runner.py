@@ -3,7 +3,7 @@
 The kernel library's ``tvm_hetero_qnn`` module (src/backends/qnn_region_module.cc) asks the global
 ``tvm_hetero.qnn.make_region_runner`` registered here for each region it serves. A runner opens the
 region's EP-context model (the graph QNN finalized at build, so no finalization happens here) once,
-and each call binds the runtime's own buffers to the graph's inputs and output in place
+at its first call on the HTP's executor thread, and each call binds the runtime's own buffers to the graph's inputs and output in place
 (``IOBinding`` on raw pointers: no copy in or out) and executes the graph once. The runtime calls it
 from the HTP device's executor thread; the GIL is released around ONNX Runtime's execution, so host
 executors keep running meanwhile.
@@ -82,7 +82,11 @@ class RegionRunner:
         self.inputs: list[int] = [int(p) for p in meta["inputs"]]
         self.output_position = int(meta["num_args"]) - 1
         self.output_name = str(meta["output"])
-        self.session = htp_session(model, meta["options"])
+        self.model = model
+        # Opened at the first call, on the thread that runs the region (the HTP's executor): the
+        # threads QNN starts then inherit that executor's cores (device_options), so the HTP keeps
+        # to its own cores as on a phone, where it is a processor of its own.
+        self.session: Any = None
         self.executions = 0
 
     def __call__(self, *args: Any) -> None:
@@ -93,6 +97,8 @@ class RegionRunner:
             FAIL_NEXT.discard(self.name)
             raise RuntimeError(f"HTP region {self.name}: graph execution failed (injected failure)")
         out = args[self.output_position]
+        if self.session is None:
+            self.session = htp_session(self.model, self.meta["options"])
         binding = self.session.io_binding()
         for position in self.inputs:
             t = args[position]
