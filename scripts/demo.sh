@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Set up, then run the main job: a real model (Inception-v1) compiled for two devices, run and checked.
+# Set up, then run the main job: Inception-v1 over two CPU clusters by measured cost, then SqueezeNet
+# over the host CPU and a Qualcomm HTP (QNN, emulated by onnxruntime-qnn), each run and checked.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 .venv/bin/tvm-hetero demo "$@"
+echo
+.venv/bin/tvm-hetero demo-htp

@@ -61,8 +61,11 @@ def merge_regions(
                     kept[region.name] = region  # not a tensor: left alone
     users = _users(func)
     placed = device_of or {}
+    constants = _computed_from_constants(func)
 
-    def made_on(value: Any) -> int | None:
+    def made_on(value: Any) -> int | None:  # None: no device makes it at run time (a folded constant)
+        if value in constants:
+            return None
         return calls[value][0].device if value in calls else placed.get(value)
 
     fed_across = {var for var in order
@@ -201,6 +204,20 @@ def _block(
         moved=[moved for var in members for moved in calls[var][0].moved],
     )
     return region, inputs, function
+
+
+def _computed_from_constants(func: relax.Function) -> set[relax.Var]:
+    """Bindings computed from constants alone (a bias reshaped, a weight dequantized): the build
+    folds them, so they are ready before any run and hold no block back."""
+    out: set[relax.Var] = set()
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            value = binding.value
+            if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and all(
+                    isinstance(a, tvm.ir.Constant) or a in out or not isinstance(a, relax.Var | relax.Tuple)
+                    for a in value.args):
+                out.add(binding.var)
+    return out
 
 
 def _is_static_tensor(var: relax.Var) -> bool:
