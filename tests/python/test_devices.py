@@ -62,8 +62,8 @@ def test_package_is_callable_for_discovery() -> None:
 
 
 # A comparison of a device type with anything, or TVM's RPC session mask written out.
-PY_DEVICE_TYPE_COMPARISON = re.compile(r"dlpack_device_type\(\)\s*(==|!=|>=|<=|<|>|%|//)|\b128\b|RPC_SESS")
-CPP_DEVICE_TYPE_COMPARISON = re.compile(r"device_type\s*(==|!=|>=|<=|<|>|%|/)|kRPCSessMask|\b128\b")
+PY_DEVICE_TYPE_COMPARISON = re.compile(r"dlpack_device_type\(\)\s*(==|!=|>=|<=|<|>|%|//)|(>=|<|%|//|\+)\s*128\b|RPC_SESS")
+CPP_DEVICE_TYPE_COMPARISON = re.compile(r"device_type\s*(==|!=|>=|<=|<|>|%|/)|kRPCSessMask|(>=|<|%|/|\+)\s*128\b")
 
 
 def _offending(files, pattern) -> dict[str, list[str]]:
@@ -93,5 +93,6 @@ def test_no_device_type_comparison_outside_the_cpp_support_layer() -> None:
 def test_the_scans_see_a_comparison() -> None:
     assert PY_DEVICE_TYPE_COMPARISON.search("if dev.dlpack_device_type() != 1:")
     assert PY_DEVICE_TYPE_COMPARISON.search("return kind >= 128")
+    assert not PY_DEVICE_TYPE_COMPARISON.search('np.clip(q, -128, 127).astype("int8")')  # an int8 range is no mask
     assert CPP_DEVICE_TYPE_COMPARISON.search("if (dev.device_type == kDLCPU)")
     assert CPP_DEVICE_TYPE_COMPARISON.search("dev.device_type >= kRPCSessMask")
