@@ -159,6 +159,18 @@ def cmd_demo_htp(args: argparse.Namespace) -> int:
     return 0 if ours_err <= 1e-2 else 1
 
 
+def cmd_qnn_fit(args: argparse.Namespace) -> int:
+    """Fit a device's microseconds per HTP cycle from a QNN profile taken on it, and keep it."""
+    from tvm_hetero import qnn_ep
+
+    factor = qnn_ep.fit_us_per_cycle(args.profile)
+    options = {"soc_model": args.soc_model, "htp_arch": args.htp_arch}
+    path = qnn_ep.save_fitted_factor(options, factor, f"{args.profile} (soc {args.soc_model}, v{args.htp_arch})")
+    print(f"{factor:.4g} us per HTP cycle for soc {args.soc_model} / HTP v{args.htp_arch}, kept in {path}; "
+          f"HTP latencies are modeled with it from now on (the default was {qnn_ep.DEFAULT_US_PER_CYCLE:.4g})")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     import tvm_hetero
     from tvm_hetero.importers import from_onnx
@@ -504,6 +516,12 @@ def main(argv: list[str] | None = None) -> int:
     demo_htp.add_argument("--model", default="squeezenet", help="light ONNX model (squeezenet, inception_v1, ...)")
     demo_htp.add_argument("--repeat", type=int, default=3)
     demo_htp.set_defaults(fn=cmd_demo_htp)
+    fit = sub.add_parser("qnn-fit", help="import a QNN profile taken on a real device: its microseconds per HTP "
+                                         "cycle, used for modeled HTP latencies")
+    fit.add_argument("profile", help="the CSV the QNN EP writes with profiling_level=detailed, on the device")
+    fit.add_argument("--soc-model", type=int, default=60)
+    fit.add_argument("--htp-arch", type=int, default=73)
+    fit.set_defaults(fn=cmd_qnn_fit)
 
     comp = sub.add_parser("compile", help="compile an ONNX model to an artifact directory")
     comp.add_argument("model")

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from .compiler import build as compiler_build
-from .qnn_ep import cpu_session, htp_session
+from .qnn_ep import CALL_SECONDS, cpu_session, htp_session, us_per_cycle
 
 #: Relative tolerance of an fp16 region (to the largest reference value).
 FP16_TOLERANCE = 1e-2
@@ -100,6 +100,7 @@ def build_verified(mod: Any, targets: Any, placement: Any, args: tuple, kwargs: 
         htp["verification"] = {"tolerance": tol, "rounds": rounds, "regions": results,
                                "inputs": "calibration data" if calibration is not None else "seeded random inputs"}
         if not bad:
+            htp["modeled"] = _modeled(htp, checks)
             return artifact
         before = len(exclude)
         for region, check in bad:
@@ -121,6 +122,16 @@ def build_verified(mod: Any, targets: Any, placement: Any, args: tuple, kwargs: 
         if len(exclude) == before:  # nothing more can move: never loop, never return an unverified region
             raise RuntimeError(f"HTP verification failed for {[r['name'] for r, _c in bad]} and their ops cannot be "
                                "moved back to the CPU (their bindings are unknown)")
+
+
+def _modeled(htp: dict, checks: dict) -> dict:
+    """The HTP's modeled time per inference: its cycles (QNN's profile) times the device's us per
+    cycle, plus a fixed cost per graph call. Never the emulator's wall time."""
+    factor, source = us_per_cycle(htp["options"])
+    cycles = sum(c.cycles for c in checks.values() if c.cycles == c.cycles)
+    calls = htp["graph_executions"]
+    return {"cycles": cycles, "us_per_cycle": factor, "factor_source": source, "calls": calls,
+            "call_seconds": CALL_SECONDS, "seconds": cycles * factor * 1e-6 + calls * CALL_SECONDS}
 
 
 def _gate_small_groups(htp: dict, exclude: dict[str, str], min_flops: float) -> bool:
@@ -174,7 +185,7 @@ def _sample_inputs(artifact: Any, calibration: Any) -> dict[str, np.ndarray]:
 def _verify(artifact: Any, inputs: dict[str, np.ndarray]) -> dict:
     from .runtime.qnn_runner import verifying
 
-    with verifying(artifact.htp_references) as results:
+    with verifying(artifact.htp_references, profile=True) as results:
         runtime = artifact.create(execution="serial")
         try:
             for name, value in inputs.items():

@@ -15,6 +15,7 @@ Below the compiler and the runtime: it imports neither.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import tempfile
@@ -154,6 +155,87 @@ def accepts(model: bytes, options: dict) -> tuple[bool, str]:
     if "fallback to CPU EP has been explicitly disabled" in error:
         return False, "no QNN op builder for it (the QNN EP does not claim the node)"
     return False, error
+
+
+def profiled_cycles(model: bytes, options: dict, feeds: dict) -> tuple[float, float]:
+    """``(cycles, microseconds)`` of one execution of ``model`` on the HTP, from QNN's detailed
+    profile ("Accelerator (execute) time" in cycles and in us). On the emulator only the cycles mean
+    anything for a device; on a device the pair is what :func:`fit_us_per_cycle` reads."""
+    with tempfile.TemporaryDirectory(prefix="tvm_hetero_qnn_profile_") as tmp:
+        path = os.path.join(tmp, "profile.csv")
+        session = htp_session(model, {**options, "profiling_level": "detailed", "profiling_file_path": path})
+        session.run(None, feeds)
+        del session  # the profile is written when the session ends
+        return read_profile(path)
+
+
+def read_profile(path: str) -> tuple[float, float]:
+    """``(cycles, microseconds)`` of the last graph execution in a QNN profile CSV (as the QNN EP
+    writes it with ``profiling_level=detailed``)."""
+    cycles = micros = float("nan")
+    with open(path) as f:
+        for line in f:
+            fields = line.rstrip("\n").split(",")
+            if len(fields) < 7 or fields[5] != "ROOT":
+                continue
+            if fields[6] == "Accelerator (execute) time (cycles)" and fields[3] == "CYCLES":
+                cycles = float(fields[2])
+            elif fields[6] == "Accelerator (execute) time" and fields[3] == "US":
+                micros = float(fields[2])
+    return cycles, micros
+
+
+def fit_us_per_cycle(path: str) -> float:
+    """A device's microseconds per HTP cycle from one of its QNN profiles (the root pair)."""
+    cycles, micros = read_profile(path)
+    if not (cycles > 0 and micros > 0):
+        raise ValueError(f"{path}: no 'Accelerator (execute) time' pair in cycles and us (profile with "
+                         "profiling_level=detailed on the device)")
+    return micros / cycles
+
+
+#: The HTP cost model's defaults: a QNN graph call costs ~0.16 ms on phones (ORT QNN EP over a raw
+#: context binary, ResNet50/SqueezeNet w8a8, ai-hub-models perf.yaml), and one cycle of this
+#: emulator's detailed profile is worth 0.496 ms / 95.16e6: SqueezeNet-1.1 fp16 runs in 0.496 ms on a
+#: Snapdragon X Elite (ai-hub-models) and the ONNX light SqueezeNet (the 1.0 architecture, about
+#: twice the work) in 95.16 M emulated cycles here -- a rough default, so modeled HTP times are
+#: indicative until a device profile is imported with ``tvm-hetero qnn-fit`` (kept in
+#: ~/.cache/tvm-hetero/qnn_device.json).
+CALL_SECONDS = 0.16e-3
+DEFAULT_US_PER_CYCLE = 496.0 / 95.16e6
+
+
+def us_per_cycle(options: dict) -> tuple[float, str]:
+    """The factor for a device's options, and where it came from."""
+    fitted = _fitted_factors().get(f"{int(options.get('soc_model', 60))}/{int(options.get('htp_arch', 73))}")
+    if fitted:
+        return float(fitted["us_per_cycle"]), f"fitted from {fitted['source']}"
+    return DEFAULT_US_PER_CYCLE, "default (SqueezeNet on an X Elite over this emulator's cycles)"
+
+
+def fitted_factors_path() -> str:
+    root = os.environ.get("TVM_HETERO_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "tvm-hetero"))
+    return os.path.join(root, "qnn_device.json")
+
+
+def _fitted_factors() -> dict:
+    try:
+        with open(fitted_factors_path()) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
+def save_fitted_factor(options: dict, factor: float, source: str) -> str:
+    """Keep a device's fitted factor (``tvm-hetero qnn-fit``); returns the file."""
+    path = fitted_factors_path()
+    table = _fitted_factors()
+    table[f"{int(options.get('soc_model', 60))}/{int(options.get('htp_arch', 73))}"] = {
+        "us_per_cycle": factor, "source": source}
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(table, f, indent=1)
+    return path
 
 
 def finalize(model: bytes, options: dict) -> bytes:

@@ -51,7 +51,7 @@ _LRN_ATTR = "tvm_hetero.lrn"
 #: Attribute of a composite: the keys of the entry's bindings it took (comma-separated).
 _BINDINGS_ATTR = "tvm_hetero.bindings"
 #: What a cached answer means (bumped when the probe asks more of QNN).
-PROBE_VERSION = 4
+PROBE_VERSION = 5
 #: The answer for an op of constants only: the build folds it, it runs on no device.
 FOLDED = "constant inputs only: folded at build"
 
@@ -138,11 +138,6 @@ class QnnBackend(Backend):
                     self.flops[key] = _flops(value, binding.var)
                 if key in self.exclude:
                     self.answers[key] = (op, False, self.exclude[key])
-                    continue
-                constant_only = all(isinstance(a, tvm.ir.Constant) or not isinstance(a, relax.Var | relax.Tuple)
-                                    for a in value.args)
-                if constant_only and binding.var not in unit_of:  # a QDQ weight's dequantize stays in its unit
-                    self.answers[key] = (op, False, FOLDED)  # computed once at build, on no device
                     continue
                 try:
                     unit = unit_of.get(binding.var)
@@ -340,7 +335,7 @@ def _subgraph_spec(bindings: list[relax.VarBinding]) -> tuple[dict, dict[int, np
         call = binding.value
         var = relax.Var(binding.var.name, binding.var.ty)
         body.append(relax.VarBinding(var, relax.Call(call.op, [operand(a) for a in call.args], call.attrs,
-                                                     call.ty_args)))
+                                                     call.ty_args, ret_ty=binding.var.ty)))
         remap[binding.var] = var
     out = body[-1].var
     return describe(relax.Function(params, relax.SeqExpr([relax.BindingBlock(body)], out), out.ty, True)), weights

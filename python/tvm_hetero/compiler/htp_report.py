@@ -35,6 +35,11 @@ def explain_htp(htp: dict, devices: list[str]) -> list[str]:
         lines.append(f"  HTP: {len(excluded)} ops moved back to the CPU:")
         for reason, count in sorted(Counter(excluded.values()).items()):
             lines.append(f"    {count} ops: {reason}")
+    modeled = htp.get("modeled")
+    if modeled:
+        lines.append(f"  HTP modeled latency {modeled['seconds'] * 1e3:.2f} ms per inference (modeled, not measured: "
+                     f"{modeled['cycles'] / 1e6:.1f} M cycles x {modeled['us_per_cycle']:.3g} us/cycle, "
+                     f"{modeled['factor_source']}; + {modeled['calls']} call(s) x {modeled['call_seconds'] * 1e3:.2f} ms)")
     verification = htp.get("verification")
     if verification:
         lines.append(f"  HTP verification ({verification['inputs']}, tolerance {verification['tolerance']:g} "

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import tvm_ffi
 
-from ..qnn_ep import cpu_session, htp_session
+from ..qnn_ep import cpu_session, htp_session, profiled_cycles
 
 
 @dataclass
@@ -41,6 +41,8 @@ class RegionCheck:
     calls: int = 0
     #: The inputs of its last call, by graph input name (to localize a bad step).
     feeds: dict = field(default_factory=dict, repr=False)
+    #: HTP cycles of one execution (QNN's detailed profile), when profiled.
+    cycles: float = float("nan")
 
     @property
     def relative_error(self) -> float:
@@ -50,6 +52,7 @@ class RegionCheck:
 @dataclass
 class _Verification:
     references: dict[str, bytes]
+    profile: bool = False
     results: dict[str, RegionCheck] = field(default_factory=dict)
     sessions: dict[str, Any] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -61,11 +64,12 @@ FAIL_NEXT: set[str] = set()
 
 
 @contextlib.contextmanager
-def verifying(references: dict[str, bytes]) -> Iterator[dict[str, RegionCheck]]:
+def verifying(references: dict[str, bytes], profile: bool = False) -> Iterator[dict[str, RegionCheck]]:
     """Runners created or called meanwhile check their region against ``references`` (region name ->
-    plain ONNX model); yields the results by region name."""
+    plain ONNX model); yields the results by region name. ``profile``: also count each region's HTP
+    cycles once (QNN's detailed profile), for the modeled latency."""
     global _verification
-    state = _Verification(references)
+    state = _Verification(references, profile)
     _verification = state
     try:
         yield state.results
@@ -126,6 +130,8 @@ class RegionRunner:
         check = state.results.setdefault(self.name, RegionCheck(self.name, int(self.meta.get("ops", 0))))
         check.calls += 1
         check.feeds = feeds
+        if state.profile and check.calls == 1:
+            check.cycles, _us = profiled_cycles(self.model, self.meta["options"], feeds)
         # Compared where the CPU's value is finite (NaN from an op's domain is the model's, not the HTP's);
         # a non-finite HTP value there is an overflow.
         where = np.isfinite(expected)
