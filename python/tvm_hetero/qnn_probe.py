@@ -79,7 +79,7 @@ def _inputs(session, rng: np.random.Generator) -> dict[str, np.ndarray]:
             feeds[spec.name] = rng.integers(-128, 128, shape).astype("int8")
         else:
             feeds[spec.name] = rng.integers(0, 4, shape).astype("int64" if "int64" in kind else "int32")
-    return feeds
+    return {name: np.asarray(value) for name, value in feeds.items()}  # a 0-d draw is a numpy scalar
 
 
 def answer(model: bytes, options: dict) -> tuple[bool, str]:

@@ -227,6 +227,19 @@ def _qdq(op: str) -> Callable:
     return export
 
 
+#: TIR functions the frontends emit through ``call_tir`` (ONNX Clip's bounds) with an ONNX form.
+_TIR_ELEMENTWISE = {"maximum": "Max", "minimum": "Min"}
+
+
+def _call_tir(n: _Nodes, call: relax.Call, args: list, _s: dict) -> list:
+    callee = call.args[0]
+    name = getattr(callee, "name_hint", "").rstrip("0123456789").rstrip("_")
+    op = _TIR_ELEMENTWISE.get(name)
+    if op is None or args[1][0] != "t" or len(args[1][1]) != 2:
+        raise Unexportable(f"call_tir of {getattr(callee, 'name_hint', callee)} has no ONNX form here")
+    return n.add(op, list(args[1][1]))
+
+
 def _take(n: _Nodes, call: relax.Call, args: list, _s: dict) -> list:
     return n.add("Gather", [args[0], args[1]], {"axis": int(call.attrs.axis or 0)})
 
@@ -268,6 +281,7 @@ EXPORTERS: dict[str, Callable] = {
     "relax.quantize": _qdq("QuantizeLinear"),
     "relax.dequantize": _qdq("DequantizeLinear"),
     "relax.take": _take,
+    "relax.call_tir": _call_tir,
 }
 
 
@@ -330,11 +344,55 @@ def assemble(spec: dict, weights: dict[int, np.ndarray], name: str) -> tuple[byt
     last = steps[-1]
     output = helper.make_tensor_value_info(step_out[-1], helper.np_dtype_to_tensor_dtype(np.dtype(last["dtype"])),
                                            last["shape"])
+    graph_nodes = fuse_conv_bias(graph_nodes, {i.name: i for i in initializers}, {step_out[-1]})
     graph = helper.make_graph(graph_nodes, name, graph_inputs, [output], initializers)
     opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)]
     model = helper.make_model(graph, opset_imports=opsets, ir_version=IR_VERSION, producer_name="tvm-hetero")
     onnx.checker.check_model(model)
     return model.SerializeToString(), bound, step_out[-1]
+
+
+def fuse_conv_bias(nodes: list, initializers: dict, outputs: set[str]) -> list:
+    """``Add(Conv(x, w), Reshape(b, [1, C, 1, 1]))`` as ``Conv(x, w, b)`` where ``b`` has C values and
+    nothing else reads the Conv or the Reshape: ONNX's own form of a biased convolution (and the
+    only one QNN takes as a QDQ unit, with ``b`` dequantized from int32)."""
+    from onnx import numpy_helper
+
+    readers: dict[str, int] = {}
+    for node in nodes:
+        for name in node.input:
+            readers[name] = readers.get(name, 0) + 1
+    made_by = {out: node for node in nodes for out in node.output}
+    dropped: set[int] = set()
+    out = []
+    for node in nodes:
+        if node.op_type == "Add" and len(node.input) == 2:
+            for conv_in, bias_in in ((node.input[0], node.input[1]), (node.input[1], node.input[0])):
+                conv, reshape = made_by.get(conv_in), made_by.get(bias_in)
+                if (conv is None or reshape is None or conv.op_type != "Conv" or len(conv.input) != 2
+                        or reshape.op_type != "Reshape" or readers.get(conv_in) != 1 or readers.get(bias_in) != 1
+                        or conv_in in outputs or bias_in in outputs or reshape.input[1] not in initializers):
+                    continue
+                shape = numpy_helper.to_array(initializers[reshape.input[1]]).tolist()
+                if len(shape) != 4 or shape[0] != 1 or shape[2:] != [1, 1] or not _is_vector(
+                        reshape.input[0], initializers, made_by):
+                    continue
+                conv.input.append(reshape.input[0])
+                conv.output[0] = node.output[0]
+                dropped.update({id(node), id(reshape)})
+                break
+    for node in nodes:
+        if id(node) not in dropped:
+            out.append(node)
+    return out
+
+
+def _is_vector(name: str, initializers: dict, made_by: dict) -> bool:
+    """A one-dimensional initializer, or the dequantize of one (a QDQ model's int32 bias)."""
+    producer = made_by.get(name)
+    if producer is not None and producer.op_type == "DequantizeLinear":
+        name = producer.input[0]
+    return name in initializers and len(initializers[name].dims) == 1
 
 
 def spec_text(spec: dict) -> str:

@@ -44,14 +44,15 @@ _FORMAT = "tvm-hetero-qnn/1"
 #: Arity of each exported op's pattern (concat and stack take tuples, matched per size).
 _ARITY = {"relax.nn.conv2d": 2, "relax.add": 2, "relax.subtract": 2, "relax.multiply": 2, "relax.divide": 2,
           "relax.power": 2, "relax.matmul": 2, "relax.nn.layer_norm": 3, "relax.take": 2,
-          "relax.quantize": 3, "relax.dequantize": 3, "relax.reshape": 2, "relax.broadcast_to": 2}
+          "relax.quantize": 3, "relax.dequantize": 3, "relax.reshape": 2, "relax.broadcast_to": 2,
+          "relax.call_tir": 2}
 _TUPLE_OPS = ("relax.concat", "relax.stack")
 _MAX_TUPLE = 64
 _LRN_ATTR = "tvm_hetero.lrn"
 #: Attribute of a composite: the keys of the entry's bindings it took (comma-separated).
 _BINDINGS_ATTR = "tvm_hetero.bindings"
 #: What a cached answer means (bumped when the probe asks more of QNN).
-PROBE_VERSION = 5
+PROBE_VERSION = 7
 #: The answer for an op of constants only: the build folds it, it runs on no device.
 FOLDED = "constant inputs only: folded at build"
 
@@ -146,7 +147,9 @@ class QnnBackend(Backend):
                     else:
                         spec, weights = _subgraph_spec([binding])
                 except Unexportable as err:
-                    self.answers[key] = (op, False, f"no ONNX form: {err}")
+                    constant_only = all(isinstance(a, tvm.ir.Constant) or not isinstance(a, relax.Var | relax.Tuple)
+                                        for a in value.args)
+                    self.answers[key] = (op, False, FOLDED if constant_only else f"no ONNX form: {err}")
                     continue
                 cache_key = self._cache_key(spec, weights)
                 if cache_key not in cache and cache_key not in pending:
