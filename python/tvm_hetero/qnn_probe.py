@@ -73,6 +73,8 @@ def _inputs(session, rng: np.random.Generator) -> dict[str, np.ndarray]:
             # of both signs.
             values = rng.choice([-1.0, 1.0], size=shape) * rng.uniform(0.25, 2.0, size=shape)
             feeds[spec.name] = values.astype("float16" if "float16" in kind else "float32")
+        elif "bool" in kind:
+            feeds[spec.name] = rng.integers(0, 2, shape).astype(bool)
         elif "uint8" in kind:
             feeds[spec.name] = rng.integers(0, 256, shape).astype("uint8")
         elif "int8" in kind:

@@ -196,8 +196,9 @@ def _check_qmatmul(ctx: Any) -> bool:
     transposed = not mm.args[1].same_as(ctx.annotated_expr["w_dq"])
     if transposed:
         bound = ctx.matched_bindings.get(mm.args[1])
-        if bound is not None and [int(v) for v in bound.attrs.axes] != [1, 0]:
-            return False
+        if bound is not None and (not hasattr(bound.attrs, "axes") or bound.attrs.axes is None
+                                  or [int(v) for v in bound.attrs.axes] != [1, 0]):
+            return False  # only a permute_dims swapping the two axes is a transposed weight
     n = int(mm.ty.shape.values[-1])
     return _weights_ok(ctx, n, 0 if transposed else 1) and _bias_ok(ctx)
 

@@ -282,6 +282,10 @@ EXPORTERS: dict[str, Callable] = {
     "relax.dequantize": _qdq("DequantizeLinear"),
     "relax.take": _take,
     "relax.call_tir": _call_tir,
+    "relax.less": _binary("Less"),
+    "relax.greater": _binary("Greater"),
+    "relax.equal": _binary("Equal"),
+    "relax.where": lambda n, call, args, _s: n.add("Where", [args[0], args[1], args[2]]),
 }
 
 
@@ -364,7 +368,6 @@ def fuse_conv_bias(nodes: list, initializers: dict, outputs: set[str]) -> list:
             readers[name] = readers.get(name, 0) + 1
     made_by = {out: node for node in nodes for out in node.output}
     dropped: set[int] = set()
-    out = []
     for node in nodes:
         if node.op_type == "Add" and len(node.input) == 2:
             for conv_in, bias_in in ((node.input[0], node.input[1]), (node.input[1], node.input[0])):
@@ -381,10 +384,29 @@ def fuse_conv_bias(nodes: list, initializers: dict, outputs: set[str]) -> list:
                 conv.output[0] = node.output[0]
                 dropped.update({id(node), id(reshape)})
                 break
-    for node in nodes:
-        if id(node) not in dropped:
-            out.append(node)
-    return out
+    return _topological([node for node in nodes if id(node) not in dropped])
+
+
+def _topological(nodes: list) -> list:
+    """``nodes`` in an order where each is after what it reads (ONNX requires it; a fused
+    convolution now reads a bias made after it)."""
+    made_by = {out: i for i, node in enumerate(nodes) for out in node.output}
+    placed: set[int] = set()
+    order: list = []
+    for root in range(len(nodes)):
+        stack = [(root, False)]
+        while stack:  # depth first, without recursion (graphs of thousands of nodes)
+            i, inputs_done = stack.pop()
+            if inputs_done:
+                order.append(nodes[i])
+                continue
+            if i in placed:
+                continue
+            placed.add(i)
+            stack.append((i, True))
+            stack.extend((made_by[name], False) for name in reversed(nodes[i].input)
+                         if name in made_by and made_by[name] not in placed)
+    return order
 
 
 def _is_vector(name: str, initializers: dict, made_by: dict) -> bool:

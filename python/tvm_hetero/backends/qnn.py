@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import tvm
 from tvm import relax
-from tvm.relax.dpl import is_op, is_tuple, wildcard
+from tvm.relax.dpl import is_const, is_op, is_tuple, wildcard
 from tvm.relax.transform import FusionPattern
 
 from ..devices import KINDS
@@ -45,14 +45,14 @@ _FORMAT = "tvm-hetero-qnn/1"
 _ARITY = {"relax.nn.conv2d": 2, "relax.add": 2, "relax.subtract": 2, "relax.multiply": 2, "relax.divide": 2,
           "relax.power": 2, "relax.matmul": 2, "relax.nn.layer_norm": 3, "relax.take": 2,
           "relax.quantize": 3, "relax.dequantize": 3, "relax.reshape": 2, "relax.broadcast_to": 2,
-          "relax.call_tir": 2}
+          "relax.call_tir": 2, "relax.less": 2, "relax.greater": 2, "relax.equal": 2, "relax.where": 3}
 _TUPLE_OPS = ("relax.concat", "relax.stack")
 _MAX_TUPLE = 64
 _LRN_ATTR = "tvm_hetero.lrn"
 #: Attribute of a composite: the keys of the entry's bindings it took (comma-separated).
 _BINDINGS_ATTR = "tvm_hetero.bindings"
 #: What a cached answer means (bumped when the probe asks more of QNN).
-PROBE_VERSION = 7
+PROBE_VERSION = 8
 #: The answer for an op of constants only: the build folds it, it runs on no device.
 FOLDED = "constant inputs only: folded at build"
 
@@ -195,6 +195,25 @@ class QnnBackend(Backend):
             _save_cache(self._cache_path, cache)
         return bool(cache[key][0])
 
+    def _accepts_single(self, ctx: Any, onnx_op: str, domain: str) -> bool:
+        """Whether QNN takes one ONNX node ``onnx_op`` over the matched ``data`` (probed, cached)."""
+        members = [v for v in getattr(ctx, "matched_bindings", [])]
+        if any(self._key_of.get(v) in self.exclude for v in members):
+            return False
+        data_ty = ctx.annotated_expr["data"].ty
+        if not isinstance(data_ty, relax.TensorType) or not isinstance(data_ty.shape, relax.ShapeExpr):
+            return False
+        shape = [int(d) for d in data_ty.shape.values]
+        spec = {"nodes": [{"op": onnx_op, "inputs": [["p", 0]], "attrs": {}, "domain": domain}], "consts": [],
+                "out": ["v", 0], "params": [{"shape": shape, "dtype": str(data_ty.dtype)}], "shape": shape,
+                "dtype": str(data_ty.dtype)}
+        cache = _load_cache(self._cache_path)
+        key = self._cache_key(spec, {})
+        if key not in cache:
+            cache[key] = list(probe([assemble(spec, {}, "probe")[0]], self.options)[0])
+            _save_cache(self._cache_path, cache)
+        return bool(cache[key][0])
+
     # -- patterns --
     def patterns(self, is_weight: WeightPredicate) -> list[FusionPattern]:
         # Each match records the entry's bindings it takes (keys), stamped on its composite function
@@ -221,9 +240,16 @@ class QnnBackend(Backend):
             remember(ctx)
             return True
 
+        def gelu_accepted(ctx: Any) -> bool:
+            if not _is_erf_gelu(ctx) or not self._accepts_single(ctx, "Gelu", "com.microsoft"):
+                return False
+            remember(ctx)
+            return True
+
         lrn = _lrn_pattern()
         out = [FusionPattern("qnn.lrn", lrn.pattern, lrn.annotation_patterns, lrn_accepted,
-                             lambda annotated: {**lrn.attrs_getter(annotated), **bindings(annotated)})]
+                             lambda annotated: {**lrn.attrs_getter(annotated), **bindings(annotated)}),
+               FusionPattern("qnn.gelu", _ERF_GELU, _ERF_GELU_ANNOTATIONS, gelu_accepted, bindings)]
         for op in EXPORTERS:
             if op in _TUPLE_OPS:
                 for n in range(2, _MAX_TUPLE + 1):
@@ -237,6 +263,13 @@ class QnnBackend(Backend):
 
     def describe(self, composite: relax.Function, pattern: str) -> dict:
         keys = str(composite.attrs[_BINDINGS_ATTR]) if _BINDINGS_ATTR in composite.attrs else ""
+        if pattern == "qnn.gelu":
+            info = {"shape": [int(d) for d in composite.ret_ty.shape.values], "dtype": str(composite.ret_ty.dtype)}
+            data = next(i for i, p in enumerate(composite.params) if isinstance(p.ty, relax.TensorType)
+                        and [int(d) for d in p.ty.shape.values] == info["shape"])
+            return {"op": "onnx", "bindings": keys.split(",") if keys else [],
+                    "nodes": [{"op": "Gelu", "inputs": [["p", data]], "attrs": {}, "domain": "com.microsoft"}],
+                    "consts": [], "out": ["v", 0], "params": [_param_info(p) for p in composite.params], **info}
         if pattern == "qnn.lrn":
             scalars = json.loads(str(composite.attrs[_LRN_ATTR]))
             return {"op": "onnx", "bindings": keys.split(",") if keys else [], **describe_lrn(composite, scalars)}
@@ -307,6 +340,31 @@ class QnnBackend(Backend):
                 if arg < num_inputs and k in values:
                     out[arg] = values[k]
         return out
+
+
+def _param_info(p: relax.Var) -> dict:
+    return {"shape": [int(d) for d in p.ty.shape.values], "dtype": str(p.ty.dtype)}
+
+
+# GELU as the ONNX exporters write it without a Gelu op: x * (erf(x / sqrt(2)) + 1) * 0.5.
+_GELU_X = wildcard()
+_ERF_GELU_SQRT2, _ERF_GELU_ONE, _ERF_GELU_HALF = is_const(), is_const(), is_const()
+_ERF_GELU = is_op("relax.multiply")(
+    is_op("relax.multiply")(_GELU_X, is_op("relax.add")(
+        is_op("relax.erf")(is_op("relax.divide")(_GELU_X, _ERF_GELU_SQRT2)), _ERF_GELU_ONE)),
+    _ERF_GELU_HALF)
+_ERF_GELU_ANNOTATIONS = {"anchor": _ERF_GELU, "data": _GELU_X, "sqrt2": _ERF_GELU_SQRT2, "one": _ERF_GELU_ONE,
+                         "half": _ERF_GELU_HALF}
+
+
+def _is_erf_gelu(ctx: Any) -> bool:
+    """The constants are sqrt(2), 1 and 0.5 (scalars): then the pattern is GELU exactly."""
+    want = {"sqrt2": 2 ** 0.5, "one": 1.0, "half": 0.5}
+    for name, value in want.items():
+        const = ctx.annotated_expr[name].value.numpy()
+        if const.size != 1 or abs(float(const.reshape(())) - value) > 1e-5 * value:
+            return False
+    return True
 
 
 def _subgraph_spec(bindings: list[relax.VarBinding]) -> tuple[dict, dict[int, np.ndarray]]:
