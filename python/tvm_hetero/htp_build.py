@@ -63,7 +63,7 @@ def build_verified(mod: Any, targets: Any, placement: Any, args: tuple, kwargs: 
     exclude: dict[str, str] = dict(kwargs.pop("qnn_exclude", None) or {})
     from .backends.qnn import RegionRefused
 
-    rounds = 0
+    rounds, gated = 0, False
     while True:
         rounds += 1
         try:
@@ -79,9 +79,13 @@ def build_verified(mod: Any, targets: Any, placement: Any, args: tuple, kwargs: 
         htp = artifact.build_report.htp if artifact.build_report else None
         if not verify or not htp or not htp["regions"]:
             return artifact
-        if _gate_small_groups(htp, exclude, min_group_flops):
-            say("small HTP groups stay on the CPU; building again")
-            continue
+        # The gate runs once, on the first build QNN finalizes whole: moving a group back re-forms the
+        # others, and gating those again would eat the graph from its edges.
+        if not gated:
+            gated = True
+            if _gate_small_groups(htp, exclude, min_group_flops):
+                say("small HTP groups stay on the CPU; building again")
+                continue
         tol = tolerance if tolerance is not None else (
             FP16_TOLERANCE if htp["options"].get("precision") == "fp16" and not _quantized(htp) else QUANTIZED_TOLERANCE)
         inputs = _sample_inputs(artifact, calibration)

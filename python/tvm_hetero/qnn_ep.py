@@ -76,6 +76,9 @@ def provider_options(options: dict) -> dict[str, str]:
         "soc_model": str(int(options.get("soc_model", 60))),
         "htp_arch": str(int(options.get("htp_arch", 73))),
         "enable_htp_fp16_precision": "1" if precision == "fp16" else "0",
+        # A region's input dequantize and output quantize are the region's own work: by default the
+        # QNN EP hands them to ONNX Runtime's CPU EP, which a region (no CPU fallback) cannot have.
+        "offload_graph_io_quantization": "0",
     }
     for key in ("profiling_level", "profiling_file_path", "htp_performance_mode"):
         if key in options:
@@ -236,6 +239,23 @@ def save_fitted_factor(options: dict, factor: float, source: str) -> str:
     with open(path, "w") as f:
         json.dump(table, f, indent=1)
     return path
+
+
+_UNSUPPORTED_NODE = re.compile(r"name:\s*([\w.\-]+),\s*type:\s*(\w+)")
+
+
+def unsupported_nodes(model: bytes, options: dict) -> list[tuple[str, str]]:
+    """``(node name, op type)`` of each node of ``model`` the QNN EP leaves out (its own log)."""
+    with captured_stderr() as lines:
+        try:
+            htp_session(model, options, log_level=1)
+        except Exception:  # noqa: BLE001 (the refusal is expected; its log is the answer)
+            pass
+    found = []
+    for line in lines:
+        if "Unsupported nodes in QNN EP" in line:
+            found.extend(_UNSUPPORTED_NODE.findall(line))
+    return list(dict.fromkeys(found))
 
 
 def finalize(model: bytes, options: dict) -> bytes:

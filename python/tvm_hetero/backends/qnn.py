@@ -33,7 +33,7 @@ from tvm.relax.dpl import is_const, is_op, is_tuple, wildcard
 from tvm.relax.transform import FusionPattern
 
 from ..devices import KINDS
-from ..qnn_ep import QnnUnavailable, available, finalize, require
+from ..qnn_ep import QnnUnavailable, available, finalize, require, unsupported_nodes
 from ..qnn_probe import probe
 from .base import Backend, Region, WeightPredicate
 from .dnnl import DropNoOps, FoldChannelAffine, FoldConvAffine, SimplifyStackSum, _lrn_pattern
@@ -52,7 +52,7 @@ _LRN_ATTR = "tvm_hetero.lrn"
 #: Attribute of a composite: the keys of the entry's bindings it took (comma-separated).
 _BINDINGS_ATTR = "tvm_hetero.bindings"
 #: What a cached answer means (bumped when the probe asks more of QNN).
-PROBE_VERSION = 8
+PROBE_VERSION = 9
 #: The answer for an op of constants only: the build folds it, it runs on no device.
 FOLDED = "constant inputs only: folded at build"
 
@@ -60,12 +60,14 @@ FOLDED = "constant inputs only: folded at build"
 class RegionRefused(RuntimeError):
     """QNN refused to finalize a region (its graph as a whole)."""
 
-    def __init__(self, region: Region, reason: str) -> None:
+    def __init__(self, region: Region, reason: str, steps: list[int] | None = None) -> None:
         super().__init__(f"QNN refused region {region.name} ({len(region.ops)} ops) at finalize: {reason}")
         self.region = region
         self.reason = reason
-        #: The entry function's bindings the region covers.
-        self.bindings = region_bindings(region)
+        #: The entry function's bindings to keep off the HTP: those of the steps QNN named, else all.
+        all_steps = region.spec["steps"] if region.spec.get("op") == "block" else [region.spec]
+        named = [all_steps[s] for s in steps or [] if 0 <= s < len(all_steps)]
+        self.bindings = [key for step in named for key in step.get("bindings", [])] or region_bindings(region)
 
 
 def region_bindings(region: Region) -> list[str]:
@@ -315,7 +317,11 @@ class QnnBackend(Backend):
             except QnnUnavailable:
                 raise
             except Exception as err:  # noqa: BLE001 (ONNX Runtime's own error types)
-                raise RegionRefused(region, str(err).strip().splitlines()[-1] if str(err).strip() else repr(err)) from None
+                nodes = unsupported_nodes(model, self.options)
+                reason = (f"QNN does not take {', '.join(sorted({t for _n, t in nodes}))} there" if nodes else
+                          str(err).strip().splitlines()[-1] if str(err).strip() else repr(err))
+                steps = sorted({int(n.split("_")[0][1:]) for n, _t in nodes if n.startswith("s") and "_" in n})
+                raise RegionRefused(region, reason, steps) from None
             num_inputs = int(region.spec["num_inputs"]) if region.spec.get("op") == "block" else len(region.spec["params"])
             last = region.spec["steps"][-1] if region.spec.get("op") == "block" else region.spec
             meta = {"inputs": bound, "num_args": num_inputs + 1, "output": output, "shape": last["shape"],
