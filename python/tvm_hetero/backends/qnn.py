@@ -400,6 +400,8 @@ def _subgraph_spec(bindings: list[relax.VarBinding]) -> tuple[dict, dict[int, np
     body = []
     for binding in bindings:
         call = binding.value
+        if not isinstance(call, relax.Call) or not isinstance(call.op, tvm.ir.Op):
+            raise Unexportable(f"a binding that is not an op call ({type(call).__name__})")
         var = relax.Var(binding.var.name, binding.var.ty)
         body.append(relax.VarBinding(var, relax.Call(call.op, [operand(a) for a in call.args], call.attrs,
                                                      call.ty_args, ret_ty=binding.var.ty)))
