@@ -176,39 +176,23 @@ class QnnBackend(Backend):
 
     def _accepts_lrn(self, ctx: Any) -> bool:
         ann = ctx.annotated_expr
-        members = [ctx.value_to_bound_var.get(e) for e in ctx.matched_bindings] if hasattr(ctx, "matched_bindings") else []
-        if any(self._key_of.get(v) in self.exclude for v in members if v is not None):
-            return False
-        data_ty = ann["data"].ty
-        if not isinstance(data_ty, relax.TensorType) or not isinstance(data_ty.shape, relax.ShapeExpr):
-            return False
         scalars = {n: float(ann[n].value.numpy()) for n in ("alpha", "beta", "k")}
-        size = int(ann["pool"].attrs.pool_size[0])
-        shape = [int(d) for d in data_ty.shape.values]
-        spec = {"nodes": [{"op": "LRN", "inputs": [["p", 0]], "attrs": {"size": size, "alpha": scalars["alpha"],
-                                                                       "beta": scalars["beta"], "bias": scalars["k"]},
-                           "domain": ""}],
-                "consts": [], "out": ["v", 0], "params": [{"shape": shape, "dtype": str(data_ty.dtype)}],
-                "shape": shape, "dtype": str(data_ty.dtype)}
-        cache = _load_cache(self._cache_path)
-        key = self._cache_key(spec, {})
-        if key not in cache:
-            cache[key] = list(probe([assemble(spec, {}, "probe")[0]], self.options)[0])
-            _save_cache(self._cache_path, cache)
-        return bool(cache[key][0])
+        attrs = {"size": int(ann["pool"].attrs.pool_size[0]), "alpha": scalars["alpha"], "beta": scalars["beta"],
+                 "bias": scalars["k"]}
+        return self._accepts_single(ctx, "LRN", "", attrs)
 
-    def _accepts_single(self, ctx: Any, onnx_op: str, domain: str) -> bool:
-        """Whether QNN takes one ONNX node ``onnx_op`` over the matched ``data`` (probed, cached)."""
-        members = [v for v in getattr(ctx, "matched_bindings", [])]
-        if any(self._key_of.get(v) in self.exclude for v in members):
+    def _accepts_single(self, ctx: Any, onnx_op: str, domain: str, attrs: dict | None = None) -> bool:
+        """Whether QNN takes one ONNX node ``onnx_op`` over the matched ``data`` (probed, cached):
+        a pattern of several Relax ops that ONNX writes as one op (LRN, Gelu)."""
+        if any(self._key_of.get(v) in self.exclude for v in getattr(ctx, "matched_bindings", [])):
             return False
         data_ty = ctx.annotated_expr["data"].ty
         if not isinstance(data_ty, relax.TensorType) or not isinstance(data_ty.shape, relax.ShapeExpr):
             return False
         shape = [int(d) for d in data_ty.shape.values]
-        spec = {"nodes": [{"op": onnx_op, "inputs": [["p", 0]], "attrs": {}, "domain": domain}], "consts": [],
-                "out": ["v", 0], "params": [{"shape": shape, "dtype": str(data_ty.dtype)}], "shape": shape,
-                "dtype": str(data_ty.dtype)}
+        spec = {"nodes": [{"op": onnx_op, "inputs": [["p", 0]], "attrs": attrs or {}, "domain": domain}],
+                "consts": [], "out": ["v", 0], "params": [{"shape": shape, "dtype": str(data_ty.dtype)}],
+                "shape": shape, "dtype": str(data_ty.dtype)}
         cache = _load_cache(self._cache_path)
         key = self._cache_key(spec, {})
         if key not in cache:
