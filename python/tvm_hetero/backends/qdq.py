@@ -63,12 +63,13 @@ _CARRIERS = frozenset({"relax.reshape", "relax.permute_dims", "relax.expand_dims
 
 
 @dataclass(frozen=True, eq=False)
-class Dequantize:
-    """One ``relax.dequantize`` binding a unit reads."""
+class QuantizationOp:
+    """One ``relax.quantize`` or ``relax.dequantize`` binding: what both carry."""
 
-    #: The variable it binds (the float value the unit reads).
+    #: The variable it binds.
     var: relax.Var
-    #: The quantized tensor: a ``tvm.ir.Constant`` for a weight or bias, a variable for an activation.
+    #: What it converts: for a dequantize the quantized tensor (a ``tvm.ir.Constant`` for a weight or
+    #: bias, a variable for an activation); for a quantize the unit's float output.
     source: relax.Expr
     #: Scale and zero point as numpy arrays (scalar: per tensor; 1-D: per channel along ``axis``);
     #: None when they are not constants.
@@ -78,12 +79,18 @@ class Dequantize:
     axis: int
     #: The quantized type ("uint8", "int8", "int32").
     dtype: str
-    #: Whether another unit reads this dequantize too.
-    shared: bool = False
 
     @property
     def per_channel(self) -> bool:
         return self.scale is not None and self.scale.size > 1
+
+
+@dataclass(frozen=True, eq=False)
+class Dequantize(QuantizationOp):
+    """One ``relax.dequantize`` binding a unit reads."""
+
+    #: Whether another unit reads this dequantize too.
+    shared: bool = False
 
     @property
     def is_constant(self) -> bool:
@@ -91,22 +98,8 @@ class Dequantize:
 
 
 @dataclass(frozen=True, eq=False)
-class Quantize:
+class Quantize(QuantizationOp):
     """One ``relax.quantize`` binding reading a unit's output."""
-
-    #: The variable it binds (the quantized value).
-    var: relax.Var
-    #: The float value it quantizes (the unit's output).
-    source: relax.Var
-    scale: np.ndarray | None
-    zero_point: np.ndarray | None
-    axis: int
-    #: The quantized type ("uint8" or "int8").
-    dtype: str
-
-    @property
-    def per_channel(self) -> bool:
-        return self.scale is not None and self.scale.size > 1
 
 
 @dataclass(frozen=True, eq=False)
