@@ -70,6 +70,7 @@ def merge_regions(
 
     fed_across = {var for var in order
                   if any((d := made_on(arg)) is not None and d != calls[var][0].device for arg in calls[var][1].args)}
+    order_of = {var: k for k, var in enumerate(order)}
     group_of: dict[relax.Var, relax.Var] = {}  # member -> its group's sink
     groups: dict[relax.Var, list[relax.Var]] = {}
     for sink in reversed(order):
@@ -87,7 +88,7 @@ def merge_regions(
                     if calls[arg][0].device != calls[sink][0].device:
                         continue
                     if users.get(arg) and users[arg] <= members and _waits_for_nothing_new(
-                            arg, members, fed_across, calls):
+                            arg, members, fed_across, calls, order_of):
                         members.add(arg)
                         group_of[arg] = sink
                         changed = True
@@ -126,7 +127,7 @@ def merge_regions(
 
 
 def _waits_for_nothing_new(candidate: relax.Var, members: set[relax.Var], fed_across: set[relax.Var],
-                           calls: dict[relax.Var, tuple[Region, relax.Call]]) -> bool:
+                           calls: dict[relax.Var, tuple[Region, relax.Call]], order_of: dict[relax.Var, int]) -> bool:
     """Whether adding ``candidate`` keeps every member fed across devices a source of the group:
     each such member (``candidate`` included) has every other member depend on it."""
     group = members | {candidate}
@@ -143,11 +144,15 @@ def _waits_for_nothing_new(candidate: relax.Var, members: set[relax.Var], fed_ac
             stack.extend(a for a in calls[var][1].args if a in group)
         return False
 
-    def waits_for_nothing(member: relax.Var) -> bool:  # reads constants only (a weight's dequantize)
-        return all(isinstance(a, tvm.ir.Constant) for a in calls[member][1].args)
+    # Members computed from constants alone (a weight's dequantize, its bias reshaped after the
+    # bias's dequantize) wait for nothing and cost nothing worth starting early.
+    free: set[relax.Var] = set()
+    for var in sorted(group, key=lambda v: order_of[v]):
+        if all(isinstance(a, tvm.ir.Constant) or a in free for a in calls[var][1].args):
+            free.add(var)
 
     return all(depends_on(other, source) for source in group & fed_across for other in group
-               if not other.same_as(source) and not waits_for_nothing(other))
+               if not other.same_as(source) and other not in free)
 
 
 def _block(

@@ -63,11 +63,25 @@ def describe(composite: relax.Function, scalars: dict[str, float] | None = None)
         raise Unexportable(f"an operand ({type(expr).__name__}) that is neither a value of the region nor a constant")
 
     last = None
+    lrns, inside_lrn = _lrn_decompositions(composite)
+    var2val = relax.analysis.get_var2val(composite)
     for block in composite.body.blocks:
         for binding in block.bindings:
             value = binding.value
+            if binding.var in inside_lrn:
+                continue
+            if binding.var in lrns:
+                data, attrs = lrns[binding.var]
+                refs[binding.var] = last = nodes.add("LRN", [ref(data)], attrs)
+                continue
             if isinstance(value, relax.Tuple):
                 refs[binding.var] = ["t", [ref(f) for f in value.fields]]
+                continue
+            if isinstance(value, relax.TupleGetItem):  # only a batch norm's normalized output
+                made = var2val.get(value.tuple_value)
+                if int(value.index) != 0 or getattr(getattr(made, "op", None), "name", "") != "relax.nn.batch_norm":
+                    raise Unexportable("a tuple item other than a batch norm's output")
+                refs[binding.var] = last = ref(value.tuple_value)
                 continue
             if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
                 raise Unexportable(f"a binding that is not an op call: {type(value).__name__}")
@@ -95,6 +109,54 @@ def describe(composite: relax.Function, scalars: dict[str, float] | None = None)
         "params": [_tensor_info(p.ty) for p in composite.params],
         **_tensor_info(ret),
     }
+
+
+def _lrn_decompositions(composite: relax.Function) -> tuple[dict[Any, tuple[Any, dict]], set[Any]]:
+    """The frontends' LRN decompositions inside ``composite`` (a QDQ unit holds one whole, between its
+    dequantize and quantize): per output variable its data and ONNX LRN attributes, and the
+    variables inside them, which nothing else reads (else the decomposition is left as it is)."""
+    from .dnnl import _lrn_pattern  # the one statement of the decomposition's shape
+
+    lrn = _lrn_pattern()
+    var2val = relax.analysis.get_var2val(composite)
+    users: dict[Any, int] = {}
+    for block in composite.body.blocks:
+        for binding in block.bindings:
+            for var in relax.analysis.free_vars(binding.value):
+                users[var] = users.get(var, 0) + 1
+    for var in relax.analysis.free_vars(composite.body.body):
+        users[var] = users.get(var, 0) + 1
+    found: dict[Any, tuple[Any, dict]] = {}
+    inside: set[Any] = set()
+    for var, value in var2val.items():
+        if not (isinstance(value, relax.Call) and getattr(value.op, "name", "") == "relax.divide"):
+            continue
+        matched = lrn.pattern.extract_matched_expr(value, var2val)
+        if matched is None:
+            continue
+        named = {n: matched[p] for n, p in lrn.annotation_patterns.items() if p in matched}
+        # matched values are the bound expressions; name them by their variables
+        var_of = {val: v for v, val in var2val.items()}
+        data = var_of.get(named["data"], named["data"])
+        exprs = [e for p, e in matched.items() if not p.same_as(lrn.annotation_patterns["data"])]
+        interior = {v for v, val in var2val.items()
+                    if not v.same_as(var) and not v.same_as(data) and any(e.same_as(val) for e in exprs)}
+        # each interior value is read once, inside (x * x reads x twice: x itself is the data, outside)
+        if any(users.get(v, 0) != 1 for v in interior):
+            continue
+        pool = named["pool"].attrs
+        size = [int(v) for v in pool.pool_size]
+        half = (size[0] - 1) // 2
+        if (size[0] % 2 != 1 or size[1:] != [1, 1] or [int(v) for v in pool.padding] != [half, 0, 0, half, 0, 0]
+                or [int(v) for v in pool.strides] != [1, 1, 1] or not bool(pool.count_include_pad)):
+            continue
+        scalar = {n: named[n].value.numpy() for n in ("alpha", "beta", "k")}
+        if any(v.size != 1 for v in scalar.values()):
+            continue
+        found[var] = (data, {"size": size[0], "alpha": float(scalar["alpha"].reshape(())),
+                                      "beta": float(scalar["beta"].reshape(())), "bias": float(scalar["k"].reshape(()))})
+        inside |= interior
+    return found, inside
 
 
 def _tensor_info(ty: Any) -> dict:
@@ -182,6 +244,15 @@ def _layer_norm(n: _Nodes, call: relax.Call, args: list, _s: dict) -> list:
     if axes != list(range(axes[0], rank)) or not (a.center and a.scale):
         raise Unexportable("layer_norm over axes that do not end the shape, or without scale and shift")
     return n.add("LayerNormalization", [args[0], args[1], args[2]], {"axis": axes[0], "epsilon": float(a.epsilon)})
+
+
+def _batch_norm(n: _Nodes, call: relax.Call, args: list, _s: dict) -> list:
+    """Inference batch norm (its output 0, the normalized data; a QDQ model keeps it unfolded:
+    the quantizer put a QuantizeLinear between it and its convolution)."""
+    a = call.attrs
+    if int(a.axis) != 1 or bool(a.training) or not (a.center and a.scale):
+        raise Unexportable("batch_norm other than inference over axis 1 with scale and shift")
+    return n.add("BatchNormalization", args[:5], {"epsilon": float(a.epsilon)})
 
 
 def _expand_dims(n: _Nodes, call: relax.Call, args: list, _s: dict) -> list:
@@ -273,6 +344,7 @@ EXPORTERS: dict[str, Callable] = {
     "relax.max": _reduce("ReduceMax", axes_as_input=False),
     "relax.nn.softmax": _softmax,
     "relax.nn.layer_norm": _layer_norm,
+    "relax.nn.batch_norm": _batch_norm,
     "relax.expand_dims": _expand_dims,
     "relax.squeeze": _squeeze,
     "relax.broadcast_to": _broadcast_to,

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import tvm
 from tvm import relax
-from tvm.relax.dpl import is_const, is_op, is_tuple, wildcard
+from tvm.relax.dpl import is_const, is_op, is_tuple, is_tuple_get_item, wildcard
 from tvm.relax.transform import FusionPattern
 
 from ..devices import KINDS
@@ -39,6 +39,7 @@ from .base import Backend, Region, WeightPredicate
 from .dnnl import DropNoOps, FoldChannelAffine, FoldConvAffine, SimplifyStackSum, _lrn_pattern
 from .onnx_export import EXPORTERS, Unexportable, assemble, describe, describe_lrn, spec_text
 from .qdq import find_qdq_units
+from .qdq_identity import DropIdentityRequantize
 
 _FORMAT = "tvm-hetero-qnn/1"
 #: Arity of each exported op's pattern (concat and stack take tuples, matched per size).
@@ -52,7 +53,7 @@ _LRN_ATTR = "tvm_hetero.lrn"
 #: Attribute of a composite: the keys of the entry's bindings it took (comma-separated).
 _BINDINGS_ATTR = "tvm_hetero.bindings"
 #: What a cached answer means (bumped when the probe asks more of QNN).
-PROBE_VERSION = 9
+PROBE_VERSION = 10
 #: The answer for an op of constants only: the build folds it, it runs on no device.
 FOLDED = "constant inputs only: folded at build"
 
@@ -110,6 +111,7 @@ class QnnBackend(Backend):
         require()  # one clear error, naming the extra, when onnxruntime-qnn is missing
         mod = SimplifyStackSum(entry)(mod)
         mod = DropNoOps(entry)(mod)
+        mod = DropIdentityRequantize(entry)(mod)  # after DropNoOps: it leaves the pairs behind
         mod = FoldConvAffine(entry)(mod)
         mod = FoldChannelAffine(entry)(mod)
         self._ask_qnn(mod[entry])
@@ -236,7 +238,12 @@ class QnnBackend(Backend):
         out = [FusionPattern("qnn.lrn", lrn.pattern, lrn.annotation_patterns, lrn_accepted,
                              lambda annotated: {**lrn.attrs_getter(annotated), **bindings(annotated)}),
                FusionPattern("qnn.gelu", _ERF_GELU, _ERF_GELU_ANNOTATIONS, gelu_accepted, bindings)]
+        norm = is_op("relax.nn.batch_norm")(*[wildcard() for _ in range(5)])
+        normalized = is_tuple_get_item(norm, 0)  # a QDQ model's batch norm, unfolded (see onnx_export)
+        out.append(FusionPattern("qnn.batch_norm", normalized, {"anchor": norm}, accepted, bindings))
         for op in EXPORTERS:
+            if op == "relax.nn.batch_norm":
+                continue
             if op in _TUPLE_OPS:
                 for n in range(2, _MAX_TUPLE + 1):
                     call = is_op(op)(is_tuple([wildcard() for _ in range(n)]))
@@ -370,6 +377,8 @@ def _subgraph_spec(bindings: list[relax.VarBinding]) -> tuple[dict, dict[int, np
             return relax.Tuple([operand(f) for f in expr.fields])
         if expr in remap:
             return remap[expr]
+        if isinstance(expr, tvm.ir.Constant) and expr.value.numpy().ndim == 0:
+            return expr  # a scalar (a scale, an LRN's alpha) stays part of its op
         if isinstance(expr, tvm.ir.Constant) or (isinstance(expr, relax.Var) and expr not in defined):
             if not isinstance(getattr(expr, "ty", None), relax.TensorType):
                 raise Unexportable(f"an operand of type {getattr(expr, 'ty', None)}")
@@ -384,6 +393,11 @@ def _subgraph_spec(bindings: list[relax.VarBinding]) -> tuple[dict, dict[int, np
     body = []
     for binding in bindings:
         call = binding.value
+        if isinstance(call, relax.TupleGetItem) and call.tuple_value in remap:  # a batch norm's output
+            var = relax.Var(binding.var.name, binding.var.ty)
+            body.append(relax.VarBinding(var, relax.TupleGetItem(remap[call.tuple_value], call.index)))
+            remap[binding.var] = var
+            continue
         if not isinstance(call, relax.Call) or not isinstance(call.op, tvm.ir.Op):
             raise Unexportable(f"a binding that is not an op call ({type(call).__name__})")
         var = relax.Var(binding.var.name, binding.var.ty)
@@ -391,6 +405,10 @@ def _subgraph_spec(bindings: list[relax.VarBinding]) -> tuple[dict, dict[int, np
                                                      call.ty_args, ret_ty=binding.var.ty)))
         remap[binding.var] = var
     out = body[-1].var
+    if isinstance(out.ty, relax.TupleType):  # a batch norm asked alone: its output 0, the normalized data
+        item = relax.Var(f"{out.name}_0", out.ty.fields[0])
+        body.append(relax.VarBinding(item, relax.TupleGetItem(out, 0)))
+        out = item
     return describe(relax.Function(params, relax.SeqExpr([relax.BindingBlock(body)], out), out.ty, True)), weights
 
 
