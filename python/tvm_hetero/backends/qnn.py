@@ -238,9 +238,17 @@ class QnnBackend(Backend):
         out = [FusionPattern("qnn.lrn", lrn.pattern, lrn.annotation_patterns, lrn_accepted,
                              lambda annotated: {**lrn.attrs_getter(annotated), **bindings(annotated)}),
                FusionPattern("qnn.gelu", _ERF_GELU, _ERF_GELU_ANNOTATIONS, gelu_accepted, bindings)]
+        # A QDQ model's batch norm, unfolded (a quantize sits between it and its conv), with the
+        # quantize of its output: the composite must end at a call, not at the tuple item.
         norm = is_op("relax.nn.batch_norm")(*[wildcard() for _ in range(5)])
-        normalized = is_tuple_get_item(norm, 0)  # a QDQ model's batch norm, unfolded (see onnx_export)
-        out.append(FusionPattern("qnn.batch_norm", normalized, {"anchor": norm}, accepted, bindings))
+        requantized = is_op("relax.quantize")(is_tuple_get_item(norm, 0), wildcard(), wildcard())
+
+        def norm_accepted(ctx: Any) -> bool:
+            quantize = ctx.value_to_bound_var.get(ctx.annotated_expr["quantize"])
+            return quantize in self._accepted and accepted(ctx)
+
+        out.append(FusionPattern("qnn.batch_norm_quantize", requantized, {"anchor": norm, "quantize": requantized},
+                                 norm_accepted, bindings))
         for op in EXPORTERS:
             if op == "relax.nn.batch_norm":
                 continue
