@@ -235,7 +235,7 @@ def conv_bn_lrn_dropout():
     from onnx import helper, numpy_helper
 
     rng = np.random.default_rng(5)
-    channel = lambda lo, hi: numpy_helper.from_array(rng.uniform(lo, hi, 8).astype("float32"))  # noqa: E731
+    channel = lambda lo, hi: numpy_helper.from_array(rng.uniform(lo, hi, 8).astype("float32"))
     norm = [channel(0.5, 1.5), channel(-0.2, 0.2), channel(-0.1, 0.1), channel(0.5, 2.0)]
     for tensor, name in zip(norm, ("gamma", "beta", "mean", "var")):
         tensor.name = name
