@@ -13,7 +13,8 @@ read by the function's output or by any op outside the group is never absorbed.
 
 A block starts when all its inputs are ready, so a member *fed across devices* (an argument made
 on another device) must not hold back members that need not wait for it: a group holds such a
-member only as a source, every other member depending on it (through members). A chain that
+member only as a source, every other member depending on it (through members), except for a
+backend whose calls cost more than the wait (``wait_for_inputs``: a QNN graph execution). A chain that
 continues on this device after a value from another device is still one block; a concat fed by
 both devices' branches on a split placement is not joined with its own device's branch.
 
@@ -39,12 +40,13 @@ BLOCK_SIZE_ATTR = "tvm_hetero.block_size"
 
 def merge_regions(
     mod: tvm.IRModule, entry: str, regions: dict[str, Region], backend: str,
-    device_of: dict[relax.Var, int] | None = None,
+    device_of: dict[relax.Var, int] | None = None, wait_for_inputs: bool = False,
 ) -> tuple[tvm.IRModule, dict[str, Region]]:
     """Join ``backend``'s region calls in ``entry`` into blocks; returns the module and every
     region still called (the blocks and the calls left alone), by symbol. ``device_of``: the
     placement's device of the entry's other bindings, where known (to see values fed across
-    devices by ops that are no region)."""
+    devices by ops that are no region). ``wait_for_inputs``: a block may hold several members fed
+    across devices (for a backend whose calls cost more than the wait)."""
     func = mod[entry]
     calls: dict[relax.Var, tuple[Region, relax.Call]] = {}
     order: list[relax.Var] = []
@@ -87,8 +89,8 @@ def merge_regions(
                         continue
                     if calls[arg][0].device != calls[sink][0].device:
                         continue
-                    if users.get(arg) and users[arg] <= members and _waits_for_nothing_new(
-                            arg, members, fed_across, calls, order_of):
+                    if users.get(arg) and users[arg] <= members and (wait_for_inputs or _waits_for_nothing_new(
+                            arg, members, fed_across, calls, order_of)):
                         members.add(arg)
                         group_of[arg] = sink
                         changed = True
