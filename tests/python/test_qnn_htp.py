@@ -263,3 +263,26 @@ def test_a_qdq_model_with_batch_norm_lrn_and_dropout_is_one_qnn_graph() -> None:
     ref = _reference(qdq, X)
     step = np.abs(ref).max() / 127
     assert np.abs(y - ref).max() <= 2 * step
+
+
+def test_one_qnn_graph_takes_several_values_the_host_makes() -> None:
+    """Two branches the host starts (Asin, which QNN refuses) joined on the HTP: one QNN graph that
+    waits for both host values, not one graph per branch (each call costs ~0.16 ms on a phone)."""
+    from onnx import helper
+
+    nodes = [helper.make_node("Asin", ["x"], ["a"]),
+             helper.make_node("Asin", ["z"], ["b"]),
+             helper.make_node("Conv", ["a", "w1"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["b", "w2"], ["d"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c", "d"], ["y"])]
+    model = _onnx_model(nodes, [_tensor("x", [1, 4, 8, 8]), _tensor("z", [1, 4, 8, 8])], [_tensor("y", None)],
+                        [_conv_weight("w1", 8, 4, 1), _conv_weight("w2", 8, 4, 2)])
+    art = tvm_hetero.build(_relax(model), [CPU, "qnn-htp"], htp_min_group_flops=0)
+    htp = art.build_report.htp
+    assert [r["op"] for r in htp["refused"] if r["op"] == "relax.asin"] == ["relax.asin"] * 2
+    assert htp["graph_executions"] == 1 and htp["regions"][0]["ops"] == 3
+    inputs = {"x": X["x"] * 0.3, "z": X["x"][:, ::-1] * 0.2}
+    rt, y = _run(art, inputs)
+    assert rt.stats()["qnn_graph_executions"] == 1
+    ref = _reference(model, inputs)
+    assert np.abs(y - ref).max() <= 1e-2 * np.abs(ref).max()
