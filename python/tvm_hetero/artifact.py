@@ -336,11 +336,10 @@ def build(mod: Any, targets: Any, placement: Any = None, *args: Any, **kwargs: A
     from .htp_build import build_verified, has_htp
 
     if has_htp(targets):
-        if auto:
-            raise ValueError("placement='auto' with a qnn-htp device: not supported yet (HTP costs must come "
-                             "from a device cost table, never from the emulator's wall time); give placement=None "
-                             "(every op QNN accepts goes to the HTP) or a hand placement")
-        return build_verified(mod, targets, placement, args, kwargs, Artifact.of)
+        if auto and len(targets) > 2:
+            raise ValueError("placement='auto' with a qnn-htp device weighs each HTP group against one host device: "
+                             f"give the host and the HTP ({len(targets)} targets given)")
+        return build_verified(mod, targets, None if auto else placement, args, kwargs, Artifact.of, auto=auto)
     if auto and kwargs.get("measurer") is None:  # automatic placement times kernels on this runtime
         from .runtime.autoplace_measure import RuntimeMeasurer
 

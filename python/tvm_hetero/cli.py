@@ -171,6 +171,17 @@ def cmd_qnn_fit(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_qnn_costs(args: argparse.Namespace) -> int:
+    """Import HTP graph costs measured on a device into the device cost table."""
+    from tvm_hetero import htp_costs
+
+    added = htp_costs.import_costs(args.file, args.key)
+    for key, entry in added.items():
+        print(f"graph {key[:12]}: {entry['seconds'] * 1e3:.3f} ms per execution ({entry['source']})")
+    print(f"{len(added)} graph cost(s) kept in {htp_costs.table_path()}; placement='auto' uses them from now on")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     import tvm_hetero
     from tvm_hetero.importers import from_onnx
@@ -522,6 +533,11 @@ def main(argv: list[str] | None = None) -> int:
     fit.add_argument("--soc-model", type=int, default=60)
     fit.add_argument("--htp-arch", type=int, default=73)
     fit.set_defaults(fn=cmd_qnn_fit)
+    costs = sub.add_parser("qnn-costs", help="import HTP graph costs measured on a real device (used by "
+                                             "placement='auto' instead of modeled ones)")
+    costs.add_argument("file", help="JSON {graph key: seconds}, or with --key a QNN profile CSV taken on the device")
+    costs.add_argument("--key", default=None, help="the graph's key (the build report lists it) for a profile CSV")
+    costs.set_defaults(fn=cmd_qnn_costs)
 
     comp = sub.add_parser("compile", help="compile an ONNX model to an artifact directory")
     comp.add_argument("model")

@@ -52,9 +52,11 @@ def has_htp(targets: Any) -> bool:
 
 
 def build_verified(mod: Any, targets: Any, placement: Any, args: tuple, kwargs: dict,
-                   wrap: Callable[[Any], Any]) -> Any:
+                   wrap: Callable[[Any], Any], auto: bool = False) -> Any:
     """``tvm_hetero.build`` for targets with an HTP (see the module's algorithm); ``wrap`` makes the
-    artifact of what the compiler built (``Artifact.of``: the artifact layer calls this one)."""
+    artifact of what the compiler built (``Artifact.of``: the artifact layer calls this one).
+    ``auto``: each verified group stays on the HTP only where it is predicted faster there than on
+    the host (:mod:`.htp_placement`), instead of the fixed gate on small groups."""
     calibration = kwargs.pop("calibration", None)
     tolerance = kwargs.pop("htp_tolerance", None)
     verify = kwargs.pop("verify_htp", True)
@@ -63,7 +65,8 @@ def build_verified(mod: Any, targets: Any, placement: Any, args: tuple, kwargs: 
     exclude: dict[str, str] = dict(kwargs.pop("qnn_exclude", None) or {})
     from .backends.qnn import RegionRefused
 
-    rounds, gated = 0, False
+    host_target = _host_target(targets) if auto else None
+    rounds, gated, decided = 0, auto, None  # automatic placement replaces the gate
     while True:
         rounds += 1
         try:
@@ -77,6 +80,8 @@ def build_verified(mod: Any, targets: Any, placement: Any, args: tuple, kwargs: 
             continue
         artifact = wrap(compiled)
         htp = artifact.build_report.htp if artifact.build_report else None
+        if htp and decided is not None:
+            htp["auto"] = decided
         if not verify or not htp or not htp["regions"]:
             return artifact
         # The gate runs once, on the first build QNN finalizes whole: moving a group back re-forms the
@@ -106,6 +111,19 @@ def build_verified(mod: Any, targets: Any, placement: Any, args: tuple, kwargs: 
                                "inputs": "calibration data" if calibration is not None else "seeded random inputs"}
         if not bad:
             htp["modeled"] = _modeled(htp, checks)
+            if auto and decided is None:
+                from .htp_placement import decide
+
+                say("automatic placement: each HTP group's call against the host computing it")
+                decided = htp["auto"] = decide(artifact, htp, checks, host_target)
+                slower = [row for row in decided if not row["on_htp"]]
+                for row in slower:
+                    region = next(r for r in htp["regions"] if r["name"] == row["region"])
+                    for key in region["bindings"]:
+                        exclude[key] = (f"auto: the host computes it in {row['host_seconds'] * 1e3:.3f} ms (measured), "
+                                        f"the HTP in {row['htp_seconds'] * 1e3:.3f} ms ({row['htp_source']})")
+                if slower:
+                    continue
             return artifact
         before = len(exclude)
         for region, check in bad:
@@ -127,6 +145,16 @@ def build_verified(mod: Any, targets: Any, placement: Any, args: tuple, kwargs: 
         if len(exclude) == before:  # nothing more can move: never loop, never return an unverified region
             raise RuntimeError(f"HTP verification failed for {[r['name'] for r, _c in bad]} and their ops cannot be "
                                "moved back to the CPU (their bindings are unknown)")
+
+
+def _host_target(targets: Any) -> Any:
+    """The first target that runs TVM kernels (the host the HTP's groups are weighed against)."""
+    from .devices import parse_spec, runs_tvm_kernels
+
+    for target in targets:
+        if runs_tvm_kernels(parse_spec(target).device):
+            return target
+    raise ValueError("placement='auto' with an HTP needs a host device that runs TVM kernels in targets")
 
 
 def _modeled(htp: dict, checks: dict) -> dict:

@@ -286,3 +286,59 @@ def test_one_qnn_graph_takes_several_values_the_host_makes() -> None:
     assert rt.stats()["qnn_graph_executions"] == 1
     ref = _reference(model, inputs)
     assert np.abs(y - ref).max() <= 1e-2 * np.abs(ref).max()
+
+
+def _wide_conv_model():
+    """Two 3x3 convolutions of 32 channels over 56x56 (0.23 GFLOP): worth an HTP call."""
+    from onnx import helper
+
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2"], ["y"], pads=[1, 1, 1, 1])]
+    return _onnx_model(nodes, [_tensor("x", [1, 32, 56, 56])], [_tensor("y", None)],
+                       [_conv_weight("w1", 32, 32, 1), _conv_weight("w2", 32, 32, 2)])
+
+
+def test_automatic_placement_weighs_each_htp_group_against_the_host(tmp_path, monkeypatch) -> None:
+    from tvm_hetero import htp_costs
+    from tvm_hetero.cli import main
+
+    monkeypatch.setenv("TVM_HETERO_CACHE", str(tmp_path))  # an empty device cost table
+    # A tiny group: one QNN call (~0.16 ms) costs more than the host computing it.
+    tiny = tvm_hetero.build(_relax(conv_unary_conv("Relu")), [CPU, "qnn-htp"], placement="auto")
+    (row,) = tiny.build_report.htp["auto"]
+    assert not row["on_htp"] and row["host_seconds"] < row["htp_seconds"] and row["htp_source"].startswith("modeled")
+    assert tiny.build_report.htp["graph_executions"] == 0 and "moved to the host" in tiny.report()
+    # A wide group: modeled from QNN's cycles, measured on the host, the faster side chosen.
+    model = _wide_conv_model()
+    wide = tvm_hetero.build(_relax(model), [CPU, "qnn-htp"], placement="auto")
+    (row,) = wide.build_report.htp["auto"]
+    assert row["htp_source"].startswith("modeled") and row["on_htp"] == (row["htp_seconds"] < row["host_seconds"])
+    assert wide.build_report.htp["graph_executions"] == int(row["on_htp"])
+    # Costs measured on a device override the model, both ways.
+    costs = tmp_path / "costs.json"
+    for seconds, on_htp in ((1e-6, True), (0.5, False)):
+        costs.write_text(f'{{"{row["key"]}": {seconds}}}')
+        assert main(["qnn-costs", str(costs)]) == 0
+        assert htp_costs.device_table()[row["key"]]["seconds"] == seconds
+        again = tvm_hetero.build(_relax(model), [CPU, "qnn-htp"], placement="auto")
+        (measured,) = again.build_report.htp["auto"]
+        assert measured["key"] == row["key"] and measured["htp_source"].startswith("measured on a device")
+        assert measured["on_htp"] is on_htp and again.build_report.htp["graph_executions"] == int(on_htp)
+    x = {"x": np.random.default_rng(1).standard_normal((1, 32, 56, 56)).astype("float32")}
+    _rt, y = _run(again, x)
+    ref = _reference(model, x)
+    assert np.abs(y - ref).max() <= 1e-4 * np.abs(ref).max()
+
+
+def test_bad_device_costs_are_clear_errors(tmp_path, monkeypatch) -> None:
+    from tvm_hetero import htp_costs
+
+    monkeypatch.setenv("TVM_HETERO_CACHE", str(tmp_path))
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"abc": 0.001}')
+    with pytest.raises(ValueError, match="not a graph key"):
+        htp_costs.import_costs(str(bad))
+    bad.write_text('{"%s": -1}' % ("0" * 64))
+    with pytest.raises(ValueError, match="not a positive number of seconds"):
+        htp_costs.import_costs(str(bad))

@@ -37,6 +37,13 @@ def explain_htp(htp: dict, devices: list[str]) -> list[str]:
         lines.append(f"  HTP: {len(excluded)} ops moved back to the CPU:")
         for reason, count in sorted(Counter(excluded.values()).items()):
             lines.append(f"    {count} ops: {reason}")
+    if htp.get("auto"):
+        lines.append("  HTP automatic placement (each group: one call of its QNN graph against the host "
+                     "computing it, measured on the host):")
+    for row in htp.get("auto") or []:
+        lines.append(f"    {row['region']} ({row['ops']} ops, key {row['key'][:12]}): HTP "
+                     f"{row['htp_seconds'] * 1e3:.3f} ms ({row['htp_source']}), host {row['host_seconds'] * 1e3:.3f} ms: "
+                     f"{'stays on the HTP' if row['on_htp'] else 'moved to the host'}")
     modeled = htp.get("modeled")
     if modeled:
         lines.append(f"  HTP modeled latency {modeled['seconds'] * 1e3:.2f} ms per inference (modeled, not measured: "

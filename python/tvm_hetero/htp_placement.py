@@ -1,0 +1,101 @@
+"""Automatic placement with an HTP (``placement="auto"``): each HTP group stays on the HTP only
+where one call of its QNN graph costs less than the host computing the same ops.
+
+Per group of the verified build (``htp_build``): the HTP's cost is one call of its graph, measured
+on a device where the device cost table has it, else modeled from QNN's cycle count
+(:mod:`.htp_costs`) — never the emulator's wall time; the host's cost is *measured*: the group's
+ops (its plain ONNX model) built for the host device alone with the default backends and timed on
+it (the fastest of several runs: on a loaded machine a run is only ever slowed down). A group whose host time is lower goes back to the host, and the build
+repeats once. Both sides are host memory, so no copy enters either cost.
+
+Guarantee: the decision is taken once, on the first verified build; every group kept on the HTP was
+predicted faster there, and the report shows both figures, labelled measured or modeled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+
+from .htp_costs import graph_key, graph_seconds
+
+#: Timed runs of a group on the host (after one warm-up); the fastest is its cost.
+HOST_RUNS = 15
+
+
+def decide(artifact: Any, htp: dict, checks: dict, host_target: Any) -> list[dict]:
+    """Per HTP group its two costs and whether it stays: ``{"region", "ops", "key", "htp_seconds",
+    "htp_source", "host_seconds", "on_htp"}``."""
+    rows = []
+    for region in htp["regions"]:
+        model = artifact.htp_references.get(region["name"])
+        if model is None:
+            raise RuntimeError(f"automatic placement: HTP graph {region['name']} has no ONNX form to time on the host")
+        check = checks.get(region["name"])
+        key = graph_key(model, htp["options"])
+        htp_seconds, source = graph_seconds(key, check.cycles if check else float("nan"), htp["options"])
+        host_seconds = host_time(model, host_target)
+        rows.append({"region": region["name"], "ops": region["ops"], "key": key, "htp_seconds": htp_seconds,
+                     "htp_source": source, "host_seconds": host_seconds, "on_htp": htp_seconds < host_seconds})
+    return rows
+
+
+def host_time(model: bytes, host_target: Any) -> float:
+    """Seconds for the host device alone to compute a group (its plain ONNX model) with tvm-hetero,
+    timed in a child process: no thread of this one (HTP sessions, executors) shares its cores."""
+    from .devices import parse_spec
+
+    spec = parse_spec(host_target)
+    with tempfile.TemporaryDirectory(prefix="tvm_hetero_host_time_") as tmp:
+        path = os.path.join(tmp, "group.onnx")
+        with open(path, "wb") as f:
+            f.write(model)
+        job = json.dumps({"model": path, "device": [int(spec.device.dlpack_device_type()), int(spec.device.index)],
+                          "target": str(spec.target)})
+        done = subprocess.run([sys.executable, "-m", "tvm_hetero.htp_placement", job], capture_output=True,
+                              text=True, timeout=600, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"automatic placement: timing an HTP group on the host failed: "
+                           f"{(done.stderr.strip().splitlines() or ['no output'])[-1]}")
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+def _time_alone(job: dict) -> float:
+    """The child's job: build the group for the host device and time it."""
+    import onnx
+    import tvm
+
+    from . import build
+    from .importers import from_onnx
+
+    proto = onnx.load(job["model"])
+    device = tvm.runtime.device(*job["device"])
+    art = build(from_onnx(proto), [(device, job["target"])])
+    runtime = art.create(execution="serial")
+    rng = np.random.default_rng(0)
+    for value in proto.graph.input:
+        tensor = value.type.tensor_type
+        shape = [d.dim_value for d in tensor.shape.dim]
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)
+        data = (rng.standard_normal(shape) if np.issubdtype(dtype, np.floating)
+                else rng.integers(0, 8, size=shape)).astype(dtype)
+        runtime.set_input(value.name, data)
+    runtime.run()  # warm-up: first touch of memory, oneDNN's primitive creation
+    times = []
+    for _ in range(HOST_RUNS):
+        start = time.perf_counter()
+        runtime.run()
+        times.append(time.perf_counter() - start)
+    runtime.close()
+    return min(times)
+
+
+if __name__ == "__main__":
+    print(_time_alone(json.loads(sys.argv[1])))
