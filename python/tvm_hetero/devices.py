@@ -245,6 +245,8 @@ def parse_spec(entry: Any) -> DeviceSpec:
         if unknown:
             raise ValueError(f"device {name!r}: unknown option(s) {unknown} (known: "
                              f"{sorted(record.default_options) + ['process']})")
+        if options.get("process", "same") not in ("same", "separate"):
+            raise ValueError(f"device {name!r}: process {options['process']!r}: expected 'same' or 'separate'")
         merged = {**record.default_options, **options}
         return DeviceSpec(tvm.runtime.Device(record.device_type, index), target, merged)
     raise TypeError(f"a device must be (device, target), a kind name such as 'qnn-htp' or a dict "

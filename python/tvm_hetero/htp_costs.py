@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
+
 from .qnn_ep import CALL_SECONDS, read_profile, us_per_cycle
 
 
@@ -46,7 +48,7 @@ def import_costs(path: str, key: str | None = None) -> dict[str, dict]:
     added: dict[str, dict] = {}
     if key is not None:
         _cycles, micros = read_profile(path)
-        if not micros == micros or micros <= 0:  # NaN: no execute time in the profile
+        if math.isnan(micros) or micros <= 0:  # NaN: no execute time in the profile
             raise ValueError(f"qnn-costs: {path} has no 'Accelerator (execute) time' in microseconds")
         added[key] = {"seconds": micros * 1e-6, "source": os.path.basename(path)}
     else:
@@ -76,7 +78,7 @@ def graph_seconds(key: str, cycles: float, options: dict) -> tuple[float, str]:
     entry = device_table().get(key)
     if entry is not None:
         return float(entry["seconds"]) + CALL_SECONDS, f"measured on a device ({entry.get('source', 'table')})"
-    if not cycles == cycles:  # NaN: the graph was not profiled
+    if math.isnan(cycles):  # the graph was not profiled
         raise ValueError(f"HTP graph {key[:12]}: no device cost and no cycle count to model one from")
     factor, source = us_per_cycle(options)
     return cycles * factor * 1e-6 + CALL_SECONDS, f"modeled: {cycles / 1e6:.1f} M cycles x {factor:.3g} us ({source})"

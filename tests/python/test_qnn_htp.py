@@ -342,3 +342,26 @@ def test_bad_device_costs_are_clear_errors(tmp_path, monkeypatch) -> None:
     bad.write_text('{"%s": -1}' % ("0" * 64))
     with pytest.raises(ValueError, match="not a positive number of seconds"):
         htp_costs.import_costs(str(bad))
+
+
+def test_an_htp_in_a_separate_process_turns_a_vendor_crash_into_an_error() -> None:
+    from tvm_hetero.runtime import htp_process
+
+    model = conv_unary_conv("Relu")
+    same = tvm_hetero.build(_relax(model), [CPU, "qnn-htp"])
+    separate = tvm_hetero.build(_relax(model), [CPU, {"kind": "qnn-htp", "process": "separate"}])
+    _rt, expected = _run(same, X)
+    rt, y = _run(separate, X)
+    np.testing.assert_array_equal(y, expected)  # the same QNN graph, run over there
+    assert rt.stats()["qnn_graph_executions"] == 1
+    (region,) = [r["name"] for r in separate.build_report.htp["regions"]]
+    htp_process.CRASH_NEXT.add(region)  # QNN dies with SIGSEGV in the HTP's process
+    with pytest.raises(RuntimeError, match=rf"{region}.*HTP process died \(signal 11, SIGSEGV\)"):
+        rt.run()
+    rt.run()  # the host lives on; the next call starts a new HTP process
+    np.testing.assert_array_equal(rt.get_output(0).numpy(), expected)
+
+
+def test_an_unknown_process_choice_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="process 'other': expected 'same' or 'separate'"):
+        tvm_hetero.build(_relax(conv_unary_conv("Relu")), [CPU, {"kind": "qnn-htp", "process": "other"}])

@@ -93,8 +93,11 @@ class QnnBackend(Backend):
     name = "qnn"
 
     def __init__(self, device: int | None = 0, options: dict | None = None, exclude: dict[str, str] | None = None,
-                 devices: Any = None, min_flops: float = 0.0, cache_path: str | os.PathLike | None = None) -> None:
+                 devices: Any = None, min_flops: float = 0.0, cache_path: str | os.PathLike | None = None,
+                 process: str = "same") -> None:
         super().__init__(device, min_flops, devices, merge=True)
+        #: Where the graphs run: "same" (this process) or "separate" (runtime/htp_process.py).
+        self.process = process
         #: The HTP's options (soc_model, htp_arch, precision).
         self.options = {**KINDS["qnn-htp"].default_options, **(options or {})}
         #: Bindings kept off the HTP, with the reason (verification, a refused finalize).
@@ -337,7 +340,8 @@ class QnnBackend(Backend):
             num_inputs = int(region.spec["num_inputs"]) if region.spec.get("op") == "block" else len(region.spec["params"])
             last = region.spec["steps"][-1] if region.spec.get("op") == "block" else region.spec
             meta = {"inputs": bound, "num_args": num_inputs + 1, "output": output, "shape": last["shape"],
-                    "dtype": last["dtype"], "options": self.options, "ops": len(region.ops), "device": region.device}
+                    "dtype": last["dtype"], "options": self.options, "ops": len(region.ops), "device": region.device,
+                    "process": self.process}
             entries.append({"name": region.name, "offset": offset, "size": len(context), "meta": json.dumps(meta)})
             blobs.append(context)
             offset += len(context)

@@ -358,7 +358,7 @@ def with_htp_backends(backends: Any, specs: Sequence[DeviceSpec], placement: Any
         follow = placement is not None
         qnn.append(QnnBackend(device=None if follow else position, devices=[position] if follow else None,
                               options={k: v for k, v in spec.options.items() if k != "process"},
-                              exclude=exclude))
+                              exclude=exclude, process=str(spec.options.get("process", "same"))))
     return qnn + resolved
 
 

@@ -101,6 +101,9 @@ class RegionRunner:
             FAIL_NEXT.discard(self.name)
             raise RuntimeError(f"HTP region {self.name}: graph execution failed (injected failure)")
         out = args[self.output_position]
+        if self.meta.get("process") == "separate":
+            self._run_in_htp_process(args, out)
+            return
         if self.session is None:
             self.session = htp_session(self.model, self.meta["options"])
         binding = self.session.io_binding()
@@ -112,6 +115,17 @@ class RegionRunner:
             self.session.run_with_iobinding(binding)
         except Exception as err:  # noqa: BLE001 (ONNX Runtime's own error types)
             raise RuntimeError(f"HTP region {self.name}: QNN graph execution failed: {err}") from None
+        self.executions += 1
+        if _verification is not None:
+            self._check(args, _verification)
+
+    def _run_in_htp_process(self, args: tuple, out: Any) -> None:
+        """One round trip to the HTP's own process, the data inside."""
+        from .htp_process import process_for
+
+        feeds = {f"in{p}": _host_view(args[p]).copy() for p in self.inputs}
+        result = process_for(self.meta["options"]).run(self.name, self.model, feeds, self.output_name)
+        np.copyto(_host_view(out), result)
         self.executions += 1
         if _verification is not None:
             self._check(args, _verification)
