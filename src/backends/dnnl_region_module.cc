@@ -646,18 +646,30 @@ class RegionExec {
     const Value& in = values_[s.data];
     memory::dims x = in.desc.dims(), y = OutputDims(k, t);
     if (x.size() != 4 || y.size() != 4 || s.padding.size() != 4) Fail(k, "pooling needs NCHW tensors");
-    // A blocked layout: oneDNN's jit pooling needs one (its plain-NCHW pooling is ~30x slower).
-    memory::desc src_md = IsPlain(in.desc) ? memory::desc(x, dt::f32, tag::nChw8c) : in.desc;
+    // In integers: the value's own u8/s8, requantized by a linear post-op (quant.scales[0], shift).
+    dt type = in.desc.data_type();
+    bool integer = type == dt::u8 || type == dt::s8;
+    if (integer != s.quant.on) Fail(k, s.quant.on ? "pooling in integers reads u8 or s8" : "pooling reads float32");
+    // A blocked (float) or nhwc (integer) layout: oneDNN's jit pooling needs one (its plain-NCHW
+    // pooling is ~30x slower).
+    memory::desc src_md = IsPlain(in.desc) ? memory::desc(x, type, integer ? tag::nhwc : tag::nChw8c) : in.desc;
+    dt dst_type = integer ? QuantType(s.quant.dst_type) : dt::f32;
+    dnnl::primitive_attr attr = PostOps(s);
+    if (integer && (s.quant.scales[0] != 1.f || s.quant.shift != 0.f)) {
+      dnnl::post_ops ops = attr.get_post_ops();
+      ops.append_eltwise(1.f, dnnl::algorithm::eltwise_linear, s.quant.scales[0], s.quant.shift);
+      attr.set_post_ops(ops);
+    }
     memory::dims dilation{s.dilation[0] - 1, s.dilation[1] - 1};
     memory::dims pad_l{s.padding[0], s.padding[1]}, pad_r{s.padding[2], s.padding[3]};
     dnnl::algorithm alg = s.op == "max_pool2d"       ? dnnl::algorithm::pooling_max
                           : s.count_include_pad ? dnnl::algorithm::pooling_avg_include_padding
                                                 : dnnl::algorithm::pooling_avg_exclude_padding;
     dnnl::pooling_v2_forward::desc desc(dnnl::prop_kind::forward_inference, alg, src_md,
-                                        memory::desc(y, dt::f32, tag::any),
+                                        memory::desc(y, dst_type, tag::any),
                                         memory::dims(s.strides.begin(), s.strides.end()),
                                         memory::dims(s.pool_size.begin(), s.pool_size.end()), dilation, pad_l, pad_r);
-    dnnl::pooling_v2_forward::primitive_desc pd(desc, PostOps(s), CpuEngine());
+    dnnl::pooling_v2_forward::primitive_desc pd(desc, attr, CpuEngine());
     memory src = Input(k, s.data, src_md);
     memory dst = Output(k, pd.dst_desc());
     Call c;
@@ -769,6 +781,10 @@ class RegionExec {
     const Value& in = values_[s.data];
     memory::dims x = in.desc.dims();
     if (x.size() != 4) Fail(k, "scale_shift needs an NCHW tensor");
+    // In integers: u8/s8 in and out, the vectors already in the output's units (docs/byoc.md).
+    bool integer = in.desc.data_type() == dt::u8 || in.desc.data_type() == dt::s8;
+    if (integer != s.quant.on) Fail(k, s.quant.on ? "scale_shift in integers reads u8 or s8" : "scale_shift reads float32");
+    dt dst_type = integer ? QuantType(s.quant.dst_type) : dt::f32;
     memory::desc vec({1, x[1], 1, 1}, dt::f32, tag::abcd);
     memory scale = Vector(k, s.weight, vec), shift = Vector(k, s.bias, vec);
     for (int role : {s.weight, s.bias}) {
@@ -780,7 +796,7 @@ class RegionExec {
     if (!s.activation.empty()) ops.append_eltwise(1.f, Activation(s.activation), s.activation == "silu" ? 1.f : s.alpha, s.beta);
     dnnl::primitive_attr attr;
     attr.set_post_ops(ops);
-    dnnl::binary::desc desc(dnnl::algorithm::binary_mul, in.desc, vec, memory::desc(x, dt::f32, tag::any));
+    dnnl::binary::desc desc(dnnl::algorithm::binary_mul, in.desc, vec, memory::desc(x, dst_type, tag::any));
     dnnl::binary::primitive_desc pd(desc, attr, CpuEngine());
     Call c;
     c.prim = dnnl::binary(pd);
@@ -805,6 +821,7 @@ class RegionExec {
   /*! \brief Concatenation along the step's axis, reading every input in the layout it has, then
    *         the step's ReLU (ShuffleNet's concat + ReLU). */
   void SetupConcat(size_t k, const std::vector<DLTensor*>& t) {
+    if (spec_.steps[k].quant.on) return SetupQuantizedConcat(k, t);
     const StepSpec& s = spec_.steps[k];
     memory::dims y = OutputDims(k, t);
     if (s.axis < 0 || s.axis >= static_cast<int64_t>(y.size())) Fail(k, "concat axis outside the output");
@@ -818,6 +835,41 @@ class RegionExec {
     c.args[DNNL_ARG_DST] = dst;
     calls_.push_back(std::move(c));
     if (s.relu) ReluInPlace(dst);
+  }
+
+  /*!
+   * \brief Concatenation in integers: each input requantized to the output's scale and zero point
+   *        by one reorder into its slice of the output (nhwc for NCHW values, so any channel offset
+   *        is a view; plain otherwise). Inputs of the output's own scale and zero point are copies.
+   */
+  void SetupQuantizedConcat(size_t k, const std::vector<DLTensor*>& t) {
+    const StepSpec& s = spec_.steps[k];
+    const QuantSpec& q = s.quant;
+    memory::dims y = OutputDims(k, t);
+    if (s.axis < 0 || s.axis >= static_cast<int64_t>(y.size())) Fail(k, "concat axis outside the output");
+    dt type = QuantType(q.dst_type);
+    memory::desc y_md = y.size() == 4 ? memory::desc(y, type, tag::nhwc) : Plain(y, type);
+    Output(k, y_md);
+    const Value& out = values_[spec_.num_inputs + k];
+    memory::dims offsets(y.size(), 0);
+    for (size_t i = 0; i < s.inputs.size(); ++i) {
+      const Value& in = values_[s.inputs[i]];
+      memory::dims d = in.desc.dims();
+      if (d.size() != y.size() || (in.desc.data_type() != dt::u8 && in.desc.data_type() != dt::s8)) {
+        Fail(k, "a concat in integers joins u8/s8 values of the output's rank");
+      }
+      memory to = Alias(out, y_md.submemory_desc(d, offsets));
+      offsets[s.axis] += d[s.axis];
+      dnnl::primitive_attr attr;
+      attr.set_output_scales(0, {q.scales[i]});
+      if (q.src_zero_points[i] != 0) attr.set_zero_points(DNNL_ARG_SRC, 0, {q.src_zero_points[i]});
+      if (q.dst_zero_point != 0) attr.set_zero_points(DNNL_ARG_DST, 0, {q.dst_zero_point});
+      Call c;
+      c.prim = dnnl::reorder(dnnl::reorder::primitive_desc(in.mem, to, attr));
+      c.args = {{DNNL_ARG_FROM, in.mem}, {DNNL_ARG_TO, to}};
+      calls_.push_back(std::move(c));
+    }
+    if (offsets[s.axis] != y[s.axis]) Fail(k, "the inputs do not fill the concat's output");
   }
 
   void Execute(const ffi::PackedArgs& args) {

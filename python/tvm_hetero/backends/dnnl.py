@@ -46,6 +46,7 @@ from .dnnl_int8 import (
     requantize_patterns,
     unshare_qdq,
 )
+from .dnnl_int8_rewrites import fold_quantized_affine, simplify_qdq
 
 _FORMAT = "tvm-hetero-dnnl/1"
 _F32_MAX = float(np.finfo(np.float32).max)
@@ -106,11 +107,14 @@ class DnnlBackend(Backend):
         return out + requantize_patterns()  # last: what QDQ is left around float regions
 
     def prepare(self, mod: tvm.IRModule, entry: str) -> tvm.IRModule:
+        mod = simplify_qdq(entry)(mod)  # quantized constants as constants
         mod = fold_param_dequantize(entry)(mod)  # a QDQ model's batch norm constants as floats
         mod = SimplifyStackSum(entry)(mod)  # before DropNoOps: it matches the broadcasts
         mod = DropNoOps(entry)(mod)
+        mod = simplify_qdq(entry)(mod)  # what a dropped op leaves: quantize(dequantize(x)) is x
         mod = FoldConvAffine(entry)(mod)
         mod = FoldChannelAffine(entry)(mod)
+        mod = fold_quantized_affine(entry)(mod)  # per-channel affine QDQ units in integer units
         mod = UnshareConstantReshapes(entry)(mod)
         return unshare_qdq(entry)(mod)  # last: the rewrites above merge equal bindings
 
