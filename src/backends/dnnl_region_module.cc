@@ -496,9 +496,9 @@ class RegionExec {
     return attr;
   }
 
-  /*! \brief quantize (float32 -> u8/s8: x * scale + zero point, rounded to nearest even and
-   *         saturated) or dequantize ((x - zero point) * scale -> float32): one reorder that keeps
-   *         the layout its input has, so a chain of blocked primitives stays blocked. */
+  /*! \brief quantize (float32 -> u8/s8: x / scale rounded to nearest even, plus the zero point,
+   *         saturated) or dequantize ((x - zero point) * scale -> float32), in the layout its input
+   *         has, so a chain of blocked primitives stays blocked. */
   void SetupRequantize(size_t k) {
     const StepSpec& s = spec_.steps[k];
     const Value& in = values_[s.data];
@@ -507,6 +507,7 @@ class RegionExec {
     if (quantize ? from != dt::f32 : (from != dt::u8 && from != dt::s8)) {
       Fail(k, quantize ? "quantize reads float32" : "dequantize reads uint8 or int8");
     }
+    if (quantize) return SetupQuantize(k);
     dnnl::primitive_attr attr;
     attr.set_output_scales(0, s.quant.scales);
     if (s.quant.src_zero_point != 0) attr.set_zero_points(DNNL_ARG_SRC, 0, {s.quant.src_zero_point});
@@ -515,6 +516,34 @@ class RegionExec {
     Call c;
     c.prim = dnnl::reorder(dnnl::reorder::primitive_desc(in.mem, dst, attr));
     c.args = {{DNNL_ARG_FROM, in.mem}, {DNNL_ARG_TO, dst}};
+    calls_.push_back(std::move(c));
+  }
+
+  /*!
+   * \brief quantize as ONNX (and ONNX Runtime) define it: a binary divide by the scale, rounded to
+   *        an integer, then the zero point added (exact on integers), saturated by the conversion.
+   *        A reorder would multiply by 1/scale and add the zero point before rounding: both round a
+   *        few halves the other way.
+   */
+  void SetupQuantize(size_t k) {
+    const StepSpec& s = spec_.steps[k];
+    const Value& in = values_[s.data];
+    memory::desc scalar_md = Plain(memory::dims(in.desc.dims().size(), 1));
+    memory divisor(scalar_md, CpuEngine());
+    *static_cast<float*>(divisor.get_data_handle()) = s.quant.scales[0];
+    dnnl::post_ops ops;
+    ops.append_eltwise(1.f, dnnl::algorithm::eltwise_round, 0.f, 0.f);
+    if (s.quant.dst_zero_point != 0) {
+      ops.append_eltwise(1.f, dnnl::algorithm::eltwise_linear, 1.f, static_cast<float>(s.quant.dst_zero_point));
+    }
+    dnnl::primitive_attr attr;
+    attr.set_post_ops(ops);
+    memory::desc y_md = WithType(in.desc, QuantType(s.quant.dst_type));
+    dnnl::binary::desc desc(dnnl::algorithm::binary_div, in.desc, scalar_md, y_md);
+    dnnl::binary::primitive_desc pd(desc, attr, CpuEngine());
+    Call c;
+    c.prim = dnnl::binary(pd);
+    c.args = {{DNNL_ARG_SRC_0, in.mem}, {DNNL_ARG_SRC_1, divisor}, {DNNL_ARG_DST, Output(k, y_md)}};
     calls_.push_back(std::move(c));
   }
 

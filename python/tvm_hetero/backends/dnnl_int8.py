@@ -351,9 +351,11 @@ def _quant_attrs(matched: dict) -> dict[str, str]:
         quant["scales"] = [sa / y_scale, sb / y_scale]
         quant["shift"] = -(sa * za + sb * zb) / y_scale
     else:
-        x_scale = _scalar(matched["x_scale"])
-        w_scale = _value(matched["w_scale"]).astype(np.float64).reshape(-1)
-        quant["scales"] = [float(v) for v in x_scale * w_scale / y_scale]
+        # In float32, in ONNX Runtime's order ((sx * sw) / sy, its QLinearConv / QLinearMatMul): a
+        # multiplier one ulp off flips the rounding of accumulators that sit on a half.
+        x_scale, y32 = np.float32(_scalar(matched["x_scale"])), np.float32(y_scale)
+        w_scale = _value(matched["w_scale"]).astype(np.float32).reshape(-1)
+        quant["scales"] = [float(v) for v in (x_scale * w_scale) / y32]
         quant["src_zero_point"] = int(_scalar(matched["x_zp"]))
     return {QUANT_ATTR: json.dumps(quant)}
 
@@ -387,7 +389,7 @@ def _requant_attrs(matched: dict) -> dict[str, str]:
         quant = {"dst_type": "f32", "scales": [_scalar(call.args[1])], "src_zero_point": int(_scalar(call.args[2]))}
     else:
         call = matched["q"]
-        quant = {"dst_type": _TYPES[str(call.ty.dtype)], "scales": [1.0 / _scalar(call.args[1])],
+        quant = {"dst_type": _TYPES[str(call.ty.dtype)], "scales": [_scalar(call.args[1])],
                  "dst_zero_point": int(_scalar(call.args[2]))}
     return {QUANT_ATTR: json.dumps(quant)}
 
