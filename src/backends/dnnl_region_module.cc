@@ -538,13 +538,42 @@ class RegionExec {
     }
     dnnl::primitive_attr attr;
     attr.set_post_ops(ops);
-    memory::desc y_md = WithType(in.desc, QuantType(s.quant.dst_type));
-    dnnl::binary::desc desc(dnnl::algorithm::binary_div, in.desc, scalar_md, y_md);
-    dnnl::binary::primitive_desc pd(desc, attr, CpuEngine());
+    // In the value's layout when oneDNN has a jit kernel for it (2.6 has none for a blocked one),
+    // else in nhwc / plain, reordered first.
+    dt type = QuantType(s.quant.dst_type);
+    auto make = [&](const memory::desc& md) {
+      dnnl::binary::desc desc(dnnl::algorithm::binary_div, md, scalar_md, WithType(md, type));
+      return dnnl::binary::primitive_desc(desc, attr, CpuEngine());
+    };
+    dnnl::binary::primitive_desc pd = FirstJit(JitCandidates(in.desc), make);
+    memory src = Input(k, s.data, pd.src_desc(0));
     Call c;
     c.prim = dnnl::binary(pd);
-    c.args = {{DNNL_ARG_SRC_0, in.mem}, {DNNL_ARG_SRC_1, divisor}, {DNNL_ARG_DST, Output(k, y_md)}};
+    c.args = {{DNNL_ARG_SRC_0, src}, {DNNL_ARG_SRC_1, divisor}, {DNNL_ARG_DST, Output(k, pd.dst_desc())}};
     calls_.push_back(std::move(c));
+  }
+
+  /*! \brief Layouts to try for an elementwise step on `md`: its own, then nhwc (4-D), then plain. */
+  static std::vector<memory::desc> JitCandidates(const memory::desc& md) {
+    std::vector<memory::desc> out{md};
+    memory::dims d = md.dims();
+    if (d.size() == 4) out.push_back(memory::desc(d, md.data_type(), tag::nhwc));
+    out.push_back(Plain(d, md.data_type()));
+    return out;
+  }
+
+  /*! \brief The primitive `make` gives for the first layout oneDNN runs with a jit kernel (its
+   *         reference kernels are 10-30x slower); the last layout's when none has one. */
+  template <typename Make>
+  static auto FirstJit(const std::vector<memory::desc>& layouts, Make make) -> decltype(make(layouts[0])) {
+    for (size_t i = 0; i + 1 < layouts.size(); ++i) {
+      try {
+        auto pd = make(layouts[i]);
+        if (std::string(pd.impl_info_str()).rfind("ref", 0) != 0) return pd;
+      } catch (const dnnl::error&) {
+      }
+    }
+    return make(layouts.back());
   }
 
   /*!
@@ -679,9 +708,11 @@ class RegionExec {
     dt type = in.desc.data_type();
     bool integer = type == dt::u8 || type == dt::s8;
     if (integer != s.quant.on) Fail(k, s.quant.on ? "pooling in integers reads u8 or s8" : "pooling reads float32");
-    // A blocked (float) or nhwc (integer) layout: oneDNN's jit pooling needs one (its plain-NCHW
-    // pooling is ~30x slower).
-    memory::desc src_md = IsPlain(in.desc) ? memory::desc(x, type, integer ? tag::nhwc : tag::nChw8c) : in.desc;
+    // A blocked (float) or nhwc (integer: 2.6's jit has no blocked u8 pooling) layout: oneDNN's
+    // jit pooling needs one (its plain-NCHW pooling is ~30x slower).
+    memory::desc src_md = integer && in.desc != memory::desc(x, type, tag::nhwc) ? memory::desc(x, type, tag::nhwc)
+                          : IsPlain(in.desc)                                     ? memory::desc(x, type, tag::nChw8c)
+                                                                                 : in.desc;
     dt dst_type = integer ? QuantType(s.quant.dst_type) : dt::f32;
     dnnl::primitive_attr attr = PostOps(s);
     if (integer && (s.quant.scales[0] != 1.f || s.quant.shift != 0.f)) {
@@ -723,11 +754,21 @@ class RegionExec {
     }
     int64_t n = x[0], c = x[1], h = x[2], w = x[3];
     Call call;
-    if (IsPlain(in.desc)) {
-      memory::dims dims{n, g, c / g, h, w};
-      memory src = Alias(in, memory::desc(dims, dt::f32, tag::abcde));
+    const dnnl_memory_desc_t& md = in.desc.data;
+    if (md.format_kind == dnnl_blocked && md.format_desc.blocking.inner_nblks == 0) {
+      // Plain or nhwc (an int8 convolution's): channel i of group j read through a strided view,
+      // its dims ordered by the value's strides (nhwc: (n, h, w, g, C/g), contiguous as read).
+      const dnnl_dims_t& st = md.format_desc.blocking.strides;
+      dt type = in.desc.data_type();  // float32, or a QDQ model's u8 / s8 (data movement only)
+      bool nhwc = st[1] == 1;
+      memory::dims dims = nhwc ? memory::dims{n, h, w, g, c / g} : memory::dims{n, g, c / g, h, w};
+      memory::dims from = nhwc ? memory::dims{st[0], st[2], st[3], st[1] * (c / g), st[1]}
+                               : memory::dims{st[0], st[1] * (c / g), st[1], st[2], st[3]};
+      memory::dims to = nhwc ? memory::dims{st[0], st[2], st[3], st[1], st[1] * g}
+                             : memory::dims{st[0], st[1], st[1] * g, st[2], st[3]};
+      memory src = Alias(in, memory::desc(dims, type, from));
       Output(k, in.desc);
-      memory dst = Alias(values_[spec_.num_inputs + k], memory::desc(dims, dt::f32, memory::dims{c * h * w, h * w, g * h * w, w, 1}));
+      memory dst = Alias(values_[spec_.num_inputs + k], memory::desc(dims, type, to));
       calls_.push_back(Reorder(src, dst));
       return;
     }

@@ -84,3 +84,66 @@ def test_unit_within_one_step_of_onnxruntime(unit, per_channel):
     assert np.abs(got - expected).max() <= step * 1.001
     notes = [n for n in art.build_report.backend_notes if n.startswith("QDQ units")]
     assert notes and "int8 in oneDNN 0 " not in notes[0], notes
+
+
+# ---- the rest of the product on a QDQ model: two devices, automatic placement, a pipeline --------
+TWO_CPUS = [(tvm.cpu(0), "llvm"), (tvm.cpu(1), "llvm")]
+
+
+@pytest.fixture(scope="module")
+def small_qdq():
+    """The small model with every unit kind, quantized per tensor; its inputs, onnxruntime's
+    output and one output step."""
+    model = qdq_model(small_qdq_float_model(), per_channel=False)
+    inputs = models.model_inputs(model)
+    return model, inputs, models.onnxruntime_outputs(model, inputs)[0], quantization_step(model)
+
+
+def _steps_off(got, expected, step) -> float:
+    return float(np.abs(np.asarray(got) - expected).max()) / step
+
+
+def _devices_used(art) -> set[int]:
+    devices = art.graph["attrs"]["device_index"][1]
+    return {devices[i] for i, n in enumerate(art.graph["nodes"]) if n["op"] != "null"}
+
+
+def test_qdq_model_split_over_two_devices_keeps_int8_on_both(small_qdq):
+    # The first half of the ops on device 0, the rest on device 1: each side's units run as oneDNN
+    # int8 regions on their own device, with copies of the values between them.
+    model, inputs, expected, step = small_qdq
+    mod = models.relax_module(model)
+    cut = sum(len(block.bindings) for block in mod["main"].body.blocks) // 2
+    art = tvm_hetero.build(mod, TWO_CPUS, placement=lambda info: int(info.index >= cut))
+    assert _devices_used(art) == {0, 1}
+    assert sorted({d for _b, d, _n, _ops in art.build_report.backend_regions}) == [0, 1]
+    runtime = art.create()
+    runtime.run(**inputs)
+    assert _steps_off(runtime.get_output(0).numpy(), expected, step) <= 1.001
+    note = next(n for n in art.build_report.backend_notes if n.startswith("QDQ units"))
+    assert "int8 in oneDNN 0 " not in note
+
+
+def test_qdq_model_with_automatic_placement_matches_onnxruntime(small_qdq):
+    model, inputs, expected, step = small_qdq
+    art = tvm_hetero.build(models.relax_module(model), TWO_CPUS, placement="auto", cost_cache=False)
+    assert art.build_report.autoplace is not None
+    runtime = art.create()
+    runtime.run(**inputs)
+    assert _steps_off(runtime.get_output(0).numpy(), expected, step) <= 1.001
+    assert any(n.startswith("QDQ units") for n in art.build_report.backend_notes)
+
+
+@pytest.mark.parametrize("backends", [(), ("dnnl",)], ids=["tvm_kernels", "dnnl"])
+def test_qdq_model_as_a_two_stage_pipeline_matches_onnxruntime(small_qdq, backends):
+    from tvm_hetero import pipeline
+
+    model, inputs, expected, step = small_qdq
+    art = pipeline.build(models.relax_module(model), ["cpu:0", "cpu:1"], [2], backends=list(backends))
+    assert art.num_stages == 2
+    batch = [inputs] * 3
+    with art.create() as pipe:
+        outputs = pipe.run_batch(batch)
+    assert len(outputs) == 3
+    for got in outputs:
+        assert _steps_off(got[0], expected, step) <= 1.001

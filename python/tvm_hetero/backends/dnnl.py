@@ -355,8 +355,9 @@ def _check_channel_shuffle(ctx: Any) -> bool:
     ann = ctx.annotated_expr
     x, grouped, out = _shape(ann["data"]), _shape(ann["grouped"]), _shape(ctx.matched_expr)
     axes = ann["swapped"].attrs.axes
-    if x is None or grouped is None or len(x) != 4 or out != x or not _all_f32(ann["data"]):
-        return False
+    dtype = getattr(getattr(ann["data"], "ty", None), "dtype", None)
+    if x is None or grouped is None or len(x) != 4 or out != x or str(dtype) not in ("float32", "uint8", "int8"):
+        return False  # data movement: a QDQ model's shuffle moves its u8 / s8 values as they are
     n, c, h, w = x
     g = grouped[1] if len(grouped) == 5 else 0
     return (

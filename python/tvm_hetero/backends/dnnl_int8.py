@@ -58,7 +58,8 @@ def int8_patterns() -> list[FusionPattern]:
         for act in ("relu", "clip", None):
             out.append(_qconv_pattern(bias, act))
     for bias in (True, False):
-        out.append(_qmatmul_pattern(bias))
+        for quantized in (True, False):
+            out.append(_qmatmul_pattern(bias, quantized))
     for relu in (True, False):
         out.append(_qadd_pattern(relu))
     for op in ("max_pool2d", "avg_pool2d", "mean"):
@@ -119,7 +120,9 @@ def _qconv_pattern(bias: bool, act: str | None) -> FusionPattern:
     return FusionPattern(name, top, ann, _check_qconv, _quant_attrs)
 
 
-def _qmatmul_pattern(bias: bool) -> FusionPattern:
+def _qmatmul_pattern(bias: bool, quantized: bool) -> FusionPattern:
+    """An integer matmul (ONNX MatMul or Gemm with int8 weights); its output quantized, or, unquantized
+    (a classifier's logits), float32: the accumulator times ``sx * sw``."""
     ann: dict = {}
     x = _dequantize("x", ann)
     w = _dequantize("w", ann, is_const())
@@ -127,8 +130,10 @@ def _qmatmul_pattern(bias: bool) -> FusionPattern:
     ann.update(anchor=mm, matmul=mm)
     if bias:
         top = is_op("relax.add")(top, _dequantize("b", ann, is_const()))
-    top = _quantize(top, ann)
-    return FusionPattern("dnnl.qmatmul" + "_bias" * bias, top, ann, _check_qmatmul, _quant_attrs)
+    name = "dnnl.qmatmul" + "_bias" * bias
+    if not quantized:
+        return FusionPattern(name + "_f32", top, ann, _check_qmatmul, _quant_attrs)
+    return FusionPattern(name, _quantize(top, ann), ann, _check_qmatmul, _quant_attrs)
 
 
 def _qadd_pattern(relu: bool) -> FusionPattern:
@@ -189,7 +194,8 @@ def _per_tensor(ctx: Any, name: str, types: tuple[str, ...] = ("uint8", "int8"))
 
 
 def _check_activation_and_output(ctx: Any) -> bool:
-    return _per_tensor(ctx, "x") and _per_tensor(ctx, "y")
+    """x per tensor, and the output: per tensor, or not quantized at all (float32)."""
+    return _per_tensor(ctx, "x") and ("q" not in ctx.annotated_expr or _per_tensor(ctx, "y"))
 
 
 def _weights_ok(ctx: Any, channels: int, axis: int) -> bool:
@@ -235,12 +241,11 @@ def _check_qmatmul(ctx: Any) -> bool:
     x_shape = mm.args[0].ty.shape.values
     if len(w.ty.shape.values) != 2 or not 2 <= len(x_shape) <= 5:
         return False
-    transposed = not mm.args[1].same_as(ctx.annotated_expr["w_dq"])
-    if transposed:
-        bound = ctx.matched_bindings.get(mm.args[1])
-        if bound is not None and (not hasattr(bound.attrs, "axes") or bound.attrs.axes is None
-                                  or [int(v) for v in bound.attrs.axes] != [1, 0]):
-            return False  # only a permute_dims swapping the two axes is a transposed weight
+    # The matmul reads a variable: what it is bound to says whether the weight is transposed (Gemm).
+    bound = ctx.matched_bindings.get(mm.args[1], mm.args[1])
+    transposed = isinstance(bound, relax.Call) and bound.op.name == "relax.permute_dims"
+    if transposed and (bound.attrs.axes is None or [int(v) for v in bound.attrs.axes] != [1, 0]):
+        return False  # only a permute_dims swapping the two axes is a transposed weight
     n = int(mm.ty.shape.values[-1])
     return _weights_ok(ctx, n, 0 if transposed else 1) and _bias_ok(ctx)
 
@@ -340,10 +345,11 @@ def _scalar(expr: Any) -> float:
 def _quant_attrs(matched: dict) -> dict[str, str]:
     """``quant`` of an integer unit (its constants arrive as composite parameters, so they are
     recorded on the composite): output scales, zero points and the output type."""
-    y_scale = _scalar(matched["y_scale"])
+    quantized = "q" in matched  # else a float32 output: y_scale 1, no zero point
+    y_scale = _scalar(matched["y_scale"]) if quantized else 1.0
     quant: dict[str, Any] = {
-        "dst_type": _TYPES[str(matched["q"].ty.dtype)],
-        "dst_zero_point": int(_scalar(matched["y_zp"])),
+        "dst_type": _TYPES[str(matched["q"].ty.dtype)] if quantized else "f32",
+        "dst_zero_point": int(_scalar(matched["y_zp"])) if quantized else 0,
     }
     if "add" in matched:
         sa, sb = _scalar(matched["a_scale"]), _scalar(matched["b_scale"])
@@ -469,8 +475,8 @@ def describe_int8(composite: relax.Function, pattern: str) -> dict:
 _KEEPS_QUANTIZED = frozenset({"relax.nn.conv2d", "relax.matmul", "relax.permute_dims", "relax.reshape"})
 _KEEPS_BIAS = frozenset({"relax.add", "relax.reshape"})
 #: Readers of a dequantized activation that get their own copy of it (each integer unit's own).
-_OWN_COPY = frozenset({"relax.nn.conv2d", "relax.matmul", "relax.add", "relax.multiply", "relax.nn.max_pool2d",
-                       "relax.nn.avg_pool2d", "relax.mean", "relax.concat"})
+_OWN_COPY = frozenset({"relax.nn.conv2d", "relax.matmul", "relax.add", "relax.nn.max_pool2d", "relax.nn.avg_pool2d",
+                       "relax.mean", "relax.concat"})
 
 
 def fold_param_dequantize(entry: str = "main") -> tvm.transform.Pass:
@@ -504,8 +510,7 @@ def _qdq_pass(entry: str, fold: bool, name: str) -> tvm.transform.Pass:
         if fold:
             for v, x in dqs.items():
                 src = x.args[0]
-                keeps = _KEEPS_BIAS | _KEEPS_QUANTIZED if str(src.ty.dtype) == "int32" else _KEEPS_QUANTIZED
-                if isinstance(src, tvm.ir.Constant) and any(r not in keeps for r in readers[v]):
+                if isinstance(src, tvm.ir.Constant) and not _stays_quantized(x, readers[v]):
                     folded[v] = _fold(x)
             if not folded:
                 return mod
@@ -531,6 +536,17 @@ def _qdq_pass(entry: str, fold: bool, name: str) -> tvm.transform.Pass:
         return relax.transform.DeadCodeElimination([entry])(mod)
 
     return tvm.transform.module_pass(run, opt_level=0, name=name)
+
+
+def _stays_quantized(dq: relax.Call, readers: list[str]) -> bool:
+    """Whether a dequantized constant is one an integer unit takes as it is: int8 weights with zero
+    points 0 read by a conv / matmul (through a transpose or reshape), or an int32 bias. Any other
+    (uint8 weights with a zero point, a batch norm's scale) is folded into a float constant."""
+    dtype = str(dq.args[0].ty.dtype)
+    if dtype == "int32":
+        return all(r in _KEEPS_BIAS | _KEEPS_QUANTIZED for r in readers)
+    zero = isinstance(dq.args[2], tvm.ir.Constant) and not np.any(_value(dq.args[2]))
+    return dtype == "int8" and zero and all(r in _KEEPS_QUANTIZED for r in readers)
 
 
 def _fresh(expr: Any) -> Any:

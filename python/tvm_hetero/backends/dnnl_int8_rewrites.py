@@ -2,8 +2,9 @@
 
 - :func:`simplify_qdq` (first): a quantize of a constant becomes the quantized constant (ONNX
   Runtime's quantizer quantizes computed constants, e.g. an ``Unsqueeze`` of a weight, as
-  activations), and ``quantize(dequantize(x, s, z), s, z)`` of one type is ``x`` itself (what a
-  dropped ``Dropout`` leaves).
+  activations), ``quantize(dequantize(x, s, z), s, z)`` of one type is ``x`` itself (what a
+  dropped ``Dropout`` leaves), and ``quantize(move(dequantize(x, s, z)), s, z)`` of a reshape or
+  transpose is ``move(x)`` (ShuffleNet's channel shuffle moves its u8 values).
 - :func:`fold_quantized_affine` (after the float batch-norm folding): a unit that is a per-channel
   affine map of one activation -- ``quantize([relu|clip](dequantize(x) * a + b))``, a batch norm, a
   multiply or an add by constants -- is rewritten in the integers' own units:
@@ -28,6 +29,9 @@ from tvm import relax
 from .qdq import DEQUANTIZE, QUANTIZE
 
 _RANGE = {"uint8": (0, 255), "int8": (-128, 127)}
+#: Ops that only move values; between a dequantize and a quantize of the same scale and zero point
+#: (what ONNX Runtime's quantizer writes around Reshape / Transpose) they move the integers.
+_MOVES = frozenset({"relax.reshape", "relax.permute_dims", "relax.squeeze", "relax.expand_dims", "relax.flatten"})
 
 
 def simplify_qdq(entry: str = "main") -> tvm.transform.Pass:
@@ -47,6 +51,11 @@ def simplify_qdq(entry: str = "main") -> tvm.transform.Pass:
                 replaced[var] = relax.const(_quantize_array(src.value.numpy(), scale, zp, value), str(value.ty.dtype))
             elif _op(values.get(src)) == DEQUANTIZE and _is_identity(values[src], value):
                 replaced[var] = values[src].args[0]
+            elif _op(values.get(src)) in _MOVES and _op(values.get(values[src].args[0])) == DEQUANTIZE:
+                dq = values[values[src].args[0]]
+                if _is_identity(dq, value):  # the move on the integers themselves: exact
+                    move = values[src]
+                    replaced[var] = relax.Call(move.op, [dq.args[0], *move.args[1:]], move.attrs, move.ty_args)
         return _substitute(mod, entry, replaced) if replaced else mod
 
     return tvm.transform.module_pass(run, opt_level=0, name="SimplifyQdq")
