@@ -39,7 +39,7 @@ from tvm.relax.backend.utils import has_leaking_intermediate_variables
 from tvm.relax.dpl import is_const, is_op, is_tuple, wildcard
 from tvm.relax.transform import FusionPattern
 
-from .qdq import DEQUANTIZE, QUANTIZE, find_qdq_units
+from .qdq import DEQUANTIZE, QUANTIZE
 
 #: Attribute of an int8 composite: its ``quant`` (docs/byoc.md) as JSON.
 QUANT_ATTR = "tvm_hetero.quant"
@@ -592,38 +592,5 @@ def _args(value: Any) -> list[Any]:
     return out
 
 
-# ---- the build report -------------------------------------------------------------------------
-def qdq_report(mod: tvm.IRModule, region_docs: list[str], node_funcs: list[str], entry: str = "main") -> str | None:
-    """One line on how the QDQ units of ``mod`` (the module as given to the build) ran, or None for a
-    model without any: int8 (a oneDNN integer primitive, by kind), float inside a oneDNN block
-    (between a dequantize and a quantize step), and the rest as TVM kernels (fallbacks). Read
-    from the region documents the build's libraries hold (``region_docs``) and the graph's
-    ``node_funcs`` (a region symbol called from several nodes counts once per node)."""
-    units = find_qdq_units(mod[entry])
-    if not units:
-        return None
-    calls: dict[str, int] = {}
-    for name in node_funcs:
-        calls[name] = calls.get(name, 0) + 1
-    int8: dict[str, int] = {}
-    in_block: dict[str, int] = {}
-    for doc in region_docs:
-        for region in json.loads(doc).get("regions", []):
-            n = calls.get(region["name"], 0)
-            steps = region["steps"] if region.get("op") == "block" else [region]
-            for k, step in enumerate(steps):
-                op = step["op"]
-                if "quant" in step and op not in ("quantize", "dequantize"):
-                    int8[op] = int8.get(op, 0) + n
-                elif op == "quantize" and k > 0 and steps[k - 1]["op"] not in ("quantize", "dequantize"):
-                    before = steps[k - 1]["op"]
-                    in_block[before] = in_block.get(before, 0) + n
-    done = sum(int8.values()) + sum(in_block.values())
-    fallback = max(len(units) - done, 0)
-
-    def kinds(d: dict[str, int]) -> str:
-        return ", ".join(f"{k} {v}" for k, v in sorted(d.items())) or "none"
-
-    return (f"QDQ units: {len(units)}; int8 in oneDNN {sum(int8.values())} ({kinds(int8)}); "
-            f"float inside oneDNN blocks {sum(in_block.values())} ({kinds(in_block)}); "
-            f"fallback to TVM kernels {fallback}")
+# ---- the build report: dnnl_int8_report.py (importable from here too) --------------------------
+from .dnnl_int8_report import qdq_report  # noqa: F401

@@ -7,7 +7,7 @@
   transpose is ``move(x)`` (ShuffleNet's channel shuffle moves its u8 values).
 - :func:`fold_quantized_affine` (after the float batch-norm folding): a unit that is a per-channel
   affine map of one activation -- ``quantize([relu|clip](dequantize(x) * a + b))``, a batch norm, a
-  multiply or an add by constants -- is rewritten in the integers' own units:
+  multiply, divide or add by constants -- is rewritten in the integers' own units:
   ``quantize([clip](dequantize(x, 1, 0) * a' + b'), 1, 0)`` with ``a' = sx a / sy`` and
   ``b' = (b - zx sx a) / sy + zy`` (the clip's bounds moved alike). Both forms round the same real
   number once, so the result is the same up to float rounding; the new form is one oneDNN binary
@@ -121,6 +121,8 @@ def _affine_plan(q: relax.Call, values: dict, uses: dict) -> dict | None:
         value = _single_use(cur, values, uses)
     if _op(value) == "relax.multiply" and isinstance(value.args[1], tvm.ir.Constant):
         scale, cur = value.args[1].value.numpy().astype(np.float64), value.args[0]
+    elif _op(value) == "relax.divide" and isinstance(value.args[1], tvm.ir.Constant):
+        scale, cur = 1.0 / value.args[1].value.numpy().astype(np.float64), value.args[0]  # attention's / sqrt(d)
     if scale is None and shift is None:
         return None
     dq = values.get(cur)
