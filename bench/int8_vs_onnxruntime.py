@@ -20,8 +20,10 @@ average before and after it (the machine may be shared) and how the model's QDQ 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
+import subprocess
 import sys
 import tempfile
 import warnings
@@ -43,20 +45,32 @@ def onnx_model(name: str):
     return models.light_model(name)
 
 
+_OPENVINO_CONFIG = '{"INFERENCE_NUM_THREADS": %d, "NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY"}'
+_OPENVINO_PROBE = ("import json, sys, openvino as ov; core = ov.Core(); "
+                   "core.compile_model(core.read_model(sys.argv[1]), 'CPU', json.loads(sys.argv[2]))")
+
+
 def openvino_runner(model, threads: int):
     """A function running ``model`` in OpenVINO's CPU plugin (latency hint, one stream, ``threads``
-    inference threads) and returning its first output, or None when openvino is not installed."""
+    inference threads) and returning its first output, or None when openvino is not installed.
+    The model is compiled in a child process first: OpenVINO 2026.4 crashes (SIGSEGV) compiling
+    some QDQ graphs (DenseNet-121), which must not end the bench; that raises RuntimeError."""
     try:
         import openvino as ov
     except ImportError:
         return None
     core = ov.Core()
+    config = _OPENVINO_CONFIG % threads
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "model.onnx")
         with open(path, "wb") as f:
             f.write(model.SerializeToString())
-        compiled = core.compile_model(core.read_model(path), "CPU", {
-            "INFERENCE_NUM_THREADS": threads, "NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY"})
+        probe = subprocess.run([sys.executable, "-c", _OPENVINO_PROBE, path, config], capture_output=True, text=True,
+                               check=False)
+        if probe.returncode != 0:
+            tail = (probe.stderr.strip().splitlines() or [""])[-1]
+            raise RuntimeError(f"OpenVINO's compile_model failed in a child process (exit {probe.returncode}) {tail}")
+        compiled = core.compile_model(core.read_model(path), "CPU", json.loads(config))
     request = compiled.create_infer_request()
     return lambda inputs: request.infer(inputs)[compiled.output(0)]
 
