@@ -34,7 +34,7 @@ INT8_KINDS = frozenset({"conv2d", "matmul", "add", "max_pool2d", "avg_pool2d", "
 _INT8_OPS = frozenset({"relax.nn.conv2d", "relax.matmul", "relax.add", "relax.nn.relu", "relax.clip",
                        "relax.nn.max_pool2d", "relax.nn.avg_pool2d", "relax.mean", "relax.concat",
                        "relax.nn.batch_norm", "relax.multiply", "relax.divide", "relax.reshape",
-                       "relax.permute_dims"})
+                       "relax.permute_dims", "relax.broadcast_to", "relax.stack", "relax.sum"})  # ONNX Sum
 #: Unit kinds that only move values, and those that compute nothing at inference.
 MOVE_KINDS = frozenset({"reshape", "permute_dims", "squeeze", "expand_dims", "flatten"})
 NO_OP_KINDS = frozenset({"dropout"})
