@@ -198,7 +198,54 @@ class RegionExec {
     /*! \brief Copy: from and to call arguments, and how many bytes. */
     int copy_from = -1, copy_to = -1;
     size_t copy_bytes = 0;
+    /*! \brief Made for (and run on) one thread: its step is too small to pay a fork and join. */
+    bool single = false;
   };
+
+  /*!
+   * \brief Below this much work (multiply-adds of a conv / matmul, elements of anything else) a
+   *        step runs on one thread: waking an OpenMP team (passive waiting, a shared machine) costs
+   *        tens of microseconds, more than such a step computes (MobileNetV2 at 96x96, a small
+   *        BERT: most of their steps).
+   */
+  static constexpr double kParallelWork = 2e6;
+
+  /*! \brief OpenMP's thread count for what the calling thread starts next (libgomp is loaded by
+   *         libdnnl; 1 without it). oneDNN reads it when a primitive is made and when it runs. */
+  static int OmpThreads() {
+    static auto fn = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "omp_get_max_threads"));
+    return fn ? fn() : 1;
+  }
+  static void SetOmpThreads(int n) {
+    static auto fn = reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"));
+    if (fn) fn(n);
+  }
+
+  /*! \brief The calling thread's OpenMP count is 1 while it lives (when `on`), `restore` after. */
+  struct OneThreadWhile {
+    OneThreadWhile(bool on, int restore) : on(on), restore(restore) {
+      if (on) SetOmpThreads(1);
+    }
+    ~OneThreadWhile() {
+      if (on) SetOmpThreads(restore);
+    }
+    bool on;
+    int restore;
+  };
+
+  /*! \brief Step k's work (see kParallelWork), from the shapes the call and the document give. */
+  double StepWork(size_t k, const std::vector<DLTensor*>& t) const {
+    const StepSpec& s = spec_.steps[k];
+    double out = static_cast<double>(Elements(OutputDims(k, t)));
+    auto dims_of = [&](int v) {
+      if (v < spec_.num_inputs) return memory::dims(t[v]->shape, t[v]->shape + t[v]->ndim);
+      return OutputDims(static_cast<size_t>(v - spec_.num_inputs), t);
+    };
+    if (s.op == "conv2d" && s.weight >= 0) return out * static_cast<double>(Elements(dims_of(s.weight)) / dims_of(s.weight)[0]);
+    if (s.op == "matmul" && s.data >= 0) return out * static_cast<double>(dims_of(s.data).back());
+    if (s.op == "batch_matmul") return out * static_cast<double>(dims_of(s.inputs[0]).back());
+    return out;
+  }
 
   static DLTensor* Arg(const ffi::PackedArgs& args, int i) { return args[i].cast<DLTensor*>(); }
 
@@ -238,8 +285,17 @@ class RegionExec {
     }
     values_.back().last_use = steps;
     size_t k = 0;
+    team_ = OmpThreads();
     try {
-      for (k = 0; k < spec_.steps.size(); ++k) SetupStep(k, t);
+      for (k = 0; k < spec_.steps.size(); ++k) {
+        size_t first = calls_.size();
+        bool single = team_ > 1 && StepWork(k, t) < kParallelWork;
+        {
+          OneThreadWhile scope(single, team_);  // its primitives are made for one thread (they keep that)
+          SetupStep(k, t);
+        }
+        for (size_t c = first; c < calls_.size(); ++c) calls_[c].single = single;
+      }
       const Value& out = values_.back();
       if (out.arg != n) {  // the last value is in the arena: reorder it out to the call's output
         memory user = Bound(Plain(OutputDims(k - 1, t), TypeOf(t[n])), n);
@@ -946,7 +1002,12 @@ class RegionExec {
     PointArena();
     for (auto& [m, arg] : bindings_) m.set_data_handle(Arg(args, arg)->data);
     uint64_t generation = weights_generation_->load(std::memory_order_acquire);
+    bool single = false;  // whether the calling thread's OpenMP count is 1 now (a small step's)
     for (Call& c : calls_) {
+      if (c.single != single) {
+        SetOmpThreads(c.single ? 1 : team_);
+        single = c.single;
+      }
       if (c.weight_arg >= 0) {  // new weights (first call, new address, or parameters set): reorder once
         void* w = Arg(args, c.weight_arg)->data;
         if (w == c.weight_seen && generation == c.generation_seen) continue;
@@ -960,6 +1021,7 @@ class RegionExec {
       }
       c.prim.execute(stream_, c.args);
     }
+    if (single) SetOmpThreads(team_);
     stream_.wait();
   }
 
@@ -970,6 +1032,8 @@ class RegionExec {
   std::shared_ptr<std::atomic<uint64_t>> weights_generation_;
   /*! \brief Whether Setup has run. */
   bool ready_ = false;
+  /*! \brief OpenMP's thread count when Setup ran: what steps above kParallelWork run on. */
+  int team_ = 1;
   /*! \brief The region's stream on the CPU engine. */
   dnnl::stream stream_{CpuEngine()};
   /*! \brief Every value: the call's inputs, then each step's output (setup only). */
