@@ -38,8 +38,6 @@ _INT8_OPS = frozenset({"relax.nn.conv2d", "relax.matmul", "relax.add", "relax.nn
 #: Unit kinds that only move values, and those that compute nothing at inference.
 MOVE_KINDS = frozenset({"reshape", "permute_dims", "squeeze", "expand_dims", "flatten"})
 NO_OP_KINDS = frozenset({"dropout"})
-#: The unit kind of a float step inside a block, where the two differ.
-_BLOCK_STEP_KIND = {"batch_matmul": "matmul"}
 
 
 def fallback_reason(unit: QdqUnit) -> str | None:
@@ -90,13 +88,13 @@ def qdq_report(mod: tvm.IRModule, region_docs: list[str], node_funcs: list[str],
     done = sum(int8.values()) + sum(in_block.values()) + sum(moved.values()) + sum(removed.values())
     fallback = max(len(units) - done, 0)
     reasons: Counter = Counter()
-    # Units that ran as float steps inside a block are no fallbacks (a batch matmul is a matmul unit).
-    block_left = Counter({_BLOCK_STEP_KIND.get(k, k): v for k, v in in_block.items()})
+    # Units that ran as float steps inside a block are no fallbacks.
+    block_left = Counter(in_block)
     for u in units:
         if u.kind in MOVE_KINDS and _one_scale(u) or u.kind in NO_OP_KINDS:
             continue
-        if block_left[u.kind] > 0 and (u.kind != "matmul" or u.weight is None):
-            block_left[u.kind] -= 1
+        if block_left[_block_step(u)] > 0:
+            block_left[_block_step(u)] -= 1
             continue
         reason = fallback_reason(u) if u.kind not in MOVE_KINDS else "a move that requantizes"
         if reason is not None and sum(reasons.values()) < fallback:
@@ -112,6 +110,18 @@ def qdq_report(mod: tvm.IRModule, region_docs: list[str], node_funcs: list[str],
             f"float inside oneDNN blocks {sum(in_block.values())} ({kinds(in_block)}); "
             f"moved on the integers {sum(moved.values())} ({kinds(moved)}); removed {sum(removed.values())} "
             f"({kinds(removed)}); fallback to TVM kernels {fallback}" + (f" ({why})" if why else ""))
+
+
+def _block_step(unit: QdqUnit) -> str:
+    """The oneDNN step before the quantize step when ``unit`` runs in float inside a block: the
+    step of its last op (an LRN ends in the frontends' divide)."""
+    last = unit.op_names[unit.ops.index(unit.output)] if unit.output in unit.ops else None
+    name = (last or unit.kind).removeprefix("relax.").removeprefix("nn.")
+    if name == "divide" and "relax.nn.avg_pool3d" in unit.op_names:
+        return "lrn"
+    if name == "matmul" and unit.weight is None:
+        return "batch_matmul"
+    return {"mean": "avg_pool2d"}.get(name, name)
 
 
 def _one_scale(unit: QdqUnit) -> bool:
