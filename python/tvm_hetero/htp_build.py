@@ -101,6 +101,7 @@ def build_verified(mod: Any, targets: Any, placement: Any, args: tuple, kwargs: 
                             "finite": bool(check.finite) if check else False})
             if not ok:
                 bad.append((region, check))
+        htp["quantized"] = _quantized(htp)
         htp["verification"] = {"tolerance": tol, "rounds": rounds, "regions": results,
                                "inputs": "calibration data" if calibration is not None else "seeded random inputs"}
         if not bad:

@@ -152,11 +152,13 @@ def accepts(model: bytes, options: dict) -> tuple[bool, str]:
             ok, error = False, str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
     if ok:
         return True, ""
-    reasons = [m.group(1).strip() for line in lines if (m := _REASON.search(line))]
+    # "Unsupported nodes in QNN EP:" can come with an empty list: the EP claimed nothing, said nothing.
+    reasons = [m.group(1).strip() for line in lines if (m := _REASON.search(line))
+               and not m.group(1).strip().endswith(":")]
     if reasons:
         return False, "; ".join(dict.fromkeys(reasons))
     if "fallback to CPU EP has been explicitly disabled" in error:
-        return False, "no QNN op builder for it (the QNN EP does not claim the node)"
+        return False, "the QNN EP does not claim the node (no op builder takes it there)"
     return False, error
 
 

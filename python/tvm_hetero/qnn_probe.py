@@ -27,6 +27,10 @@ import numpy as np
 
 #: Relative tolerance of one op in fp16 (to the largest reference value).
 OP_TOLERANCE = 1e-2
+#: Tolerance of an op with an integer output (a QDQ unit's quantize), in quantization steps: QNN
+#: requantizes in fixed point, ONNX Runtime's CPU in float, and random inputs push accumulators far
+#: from the calibrated range, so a few steps apart is the same answer.
+QUANTIZED_OP_STEPS = 4
 
 
 def probe(models: list[bytes], options: dict, timeout: float = 600.0) -> list[tuple[bool, str]]:
@@ -96,6 +100,7 @@ def answer(model: bytes, options: dict) -> tuple[bool, str]:
     expected = reference.run(None, feeds)
     got = htp_session(model, options).run(None, feeds)
     for e, g in zip(expected, got):
+        integer = np.issubdtype(np.asarray(e).dtype, np.integer)
         e, g = np.asarray(e, "float64"), np.asarray(g, "float64")
         where = np.isfinite(e)
         if not where.any():
@@ -104,6 +109,8 @@ def answer(model: bytes, options: dict) -> tuple[bool, str]:
             return False, "QNN computes non-finite values where the CPU does not (fp16 overflow)"
         scale = max(float(np.abs(e[where]).max()), 1e-30)
         error = float(np.abs(g[where] - e[where]).max()) / scale
+        if integer and float(np.abs(g[where] - e[where]).max()) <= QUANTIZED_OP_STEPS:
+            continue
         if error > OP_TOLERANCE:
             return False, f"QNN computes it wrongly: relative error {error:.1e} against the CPU on random inputs"
     return True, ""

@@ -187,23 +187,21 @@ def test_missing_onnxruntime_qnn_is_one_clear_error(monkeypatch) -> None:
         tvm_hetero.build(_relax(conv_unary_conv("Relu")), [CPU, "qnn-htp"])
 
 
-def test_qdq_units_run_quantized_within_the_quantization_step() -> None:
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
-
-    model = conv_unary_conv("Relu")
-
-    class Reader(CalibrationDataReader):
-        def __init__(self) -> None:
-            rng = np.random.default_rng(11)
-            self.batches = iter([{"x": rng.standard_normal((1, 4, 8, 8)).astype("float32")} for _ in range(4)])
-
-        def get_next(self):
-            return next(self.batches, None)
-
+def _qdq_copy(model, shape):
+    """``quantize_static`` in QDQ format (uint8 activations, int8 weights), four seeded batches."""
     import tempfile
     from pathlib import Path
 
     import onnx
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            rng = np.random.default_rng(11)
+            self.batches = iter([{"x": rng.standard_normal(shape).astype("float32")} for _ in range(4)])
+
+        def get_next(self):
+            return next(self.batches, None)
 
     with tempfile.TemporaryDirectory() as tmp:
         src, dst = Path(tmp) / "f.onnx", Path(tmp) / "q.onnx"
@@ -212,6 +210,11 @@ def test_qdq_units_run_quantized_within_the_quantization_step() -> None:
                         activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
         qdq = onnx.load(dst)
     qdq.ir_version = 9
+    return qdq
+
+
+def test_qdq_units_run_quantized_within_the_quantization_step() -> None:
+    qdq = _qdq_copy(conv_unary_conv("Relu"), (1, 4, 8, 8))
     art = tvm_hetero.build(_relax(qdq), [CPU, "qnn-htp"])
     htp = art.build_report.htp
     ops = {r["op"] for r in htp["refused"]}
@@ -223,3 +226,63 @@ def test_qdq_units_run_quantized_within_the_quantization_step() -> None:
     ref = _reference(qdq, X)
     step = np.abs(ref).max() / 127  # one output quantization step, at most
     assert np.abs(y - ref).max() <= 2 * step
+
+
+def conv_bn_lrn_dropout():
+    """What quantize_static leaves that QNN must still see whole: a batch norm it does not fold
+    (a QuantizeLinear sits between it and the conv), an LRN (a decomposition of seven Relax ops
+    inside one QDQ unit), and a Dropout, which leaves a DequantizeLinear -> QuantizeLinear pair."""
+    from onnx import helper, numpy_helper
+
+    rng = np.random.default_rng(5)
+    channel = lambda lo, hi: numpy_helper.from_array(rng.uniform(lo, hi, 8).astype("float32"))
+    norm = [channel(0.5, 1.5), channel(-0.2, 0.2), channel(-0.1, 0.1), channel(0.5, 2.0)]
+    for tensor, name in zip(norm, ("gamma", "beta", "mean", "var")):
+        tensor.name = name
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c1", "gamma", "beta", "mean", "var"], ["b1"]),
+             helper.make_node("Relu", ["b1"], ["r1"]),
+             helper.make_node("LRN", ["r1"], ["l1"], size=3, alpha=1e-4, beta=0.75, bias=1.0),
+             helper.make_node("Dropout", ["l1"], ["d1"]),
+             helper.make_node("Conv", ["d1", "w2"], ["y"], pads=[1, 1, 1, 1])]
+    return _onnx_model(nodes, [_tensor("x", [1, 4, 8, 8])], [_tensor("y", None)],
+                       [_conv_weight("w1", 8, 4, 1), _conv_weight("w2", 4, 8, 2), *norm])
+
+
+def test_a_qdq_model_with_batch_norm_lrn_and_dropout_is_one_qnn_graph() -> None:
+    qdq = _qdq_copy(conv_bn_lrn_dropout(), (1, 4, 8, 8))
+    art = tvm_hetero.build(_relax(qdq), [CPU, "qnn-htp"])
+    htp = art.build_report.htp
+    # Only the model's edges stay on the CPU: its input's quantize and its output's dequantize,
+    # which QNN does not take alone (ONNX Runtime runs them on its CPU EP too).
+    assert sorted(r["op"] for r in htp["refused"] if "folded" not in r["reason"]) == [
+        "relax.dequantize", "relax.quantize"]
+    assert htp["graph_executions"] == 1 and not htp["excluded"]
+    assert "QDQ units quantized" in art.report()
+    _rt, y = _run(art, X)
+    ref = _reference(qdq, X)
+    step = np.abs(ref).max() / 127
+    assert np.abs(y - ref).max() <= 2 * step
+
+
+def test_one_qnn_graph_takes_several_values_the_host_makes() -> None:
+    """Two branches the host starts (Asin, which QNN refuses) joined on the HTP: one QNN graph that
+    waits for both host values, not one graph per branch (each call costs ~0.16 ms on a phone)."""
+    from onnx import helper
+
+    nodes = [helper.make_node("Asin", ["x"], ["a"]),
+             helper.make_node("Asin", ["z"], ["b"]),
+             helper.make_node("Conv", ["a", "w1"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["b", "w2"], ["d"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c", "d"], ["y"])]
+    model = _onnx_model(nodes, [_tensor("x", [1, 4, 8, 8]), _tensor("z", [1, 4, 8, 8])], [_tensor("y", None)],
+                        [_conv_weight("w1", 8, 4, 1), _conv_weight("w2", 8, 4, 2)])
+    art = tvm_hetero.build(_relax(model), [CPU, "qnn-htp"], htp_min_group_flops=0)
+    htp = art.build_report.htp
+    assert [r["op"] for r in htp["refused"] if r["op"] == "relax.asin"] == ["relax.asin"] * 2
+    assert htp["graph_executions"] == 1 and htp["regions"][0]["ops"] == 3
+    inputs = {"x": X["x"] * 0.3, "z": X["x"][:, ::-1] * 0.2}
+    rt, y = _run(art, inputs)
+    assert rt.stats()["qnn_graph_executions"] == 1
+    ref = _reference(model, inputs)
+    assert np.abs(y - ref).max() <= 1e-2 * np.abs(ref).max()

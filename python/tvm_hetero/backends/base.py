@@ -108,6 +108,13 @@ class Backend:
         earlier steps' outputs) and ``shape``."""
         return self.merge
 
+    def blocks_wait_for_inputs(self) -> bool:
+        """Whether a block may wait for several inputs made on other devices. By default a block
+        holds a member fed across devices only as its source (:mod:`.merge_regions`), so work that
+        does not need that input can start without it; a backend whose every call costs more than
+        such waiting (a QNN graph execution) joins them instead."""
+        return False
+
     def without_blocks(self) -> Backend:
         """A copy that makes one region per match (for callers that cut the graph between nodes
         afterwards, such as pipeline stages: a block would be one node they cannot cut)."""

@@ -13,7 +13,8 @@ read by the function's output or by any op outside the group is never absorbed.
 
 A block starts when all its inputs are ready, so a member *fed across devices* (an argument made
 on another device) must not hold back members that need not wait for it: a group holds such a
-member only as a source, every other member depending on it (through members). A chain that
+member only as a source, every other member depending on it (through members), except for a
+backend whose calls cost more than the wait (``wait_for_inputs``: a QNN graph execution). A chain that
 continues on this device after a value from another device is still one block; a concat fed by
 both devices' branches on a split placement is not joined with its own device's branch.
 
@@ -39,12 +40,13 @@ BLOCK_SIZE_ATTR = "tvm_hetero.block_size"
 
 def merge_regions(
     mod: tvm.IRModule, entry: str, regions: dict[str, Region], backend: str,
-    device_of: dict[relax.Var, int] | None = None,
+    device_of: dict[relax.Var, int] | None = None, wait_for_inputs: bool = False,
 ) -> tuple[tvm.IRModule, dict[str, Region]]:
     """Join ``backend``'s region calls in ``entry`` into blocks; returns the module and every
     region still called (the blocks and the calls left alone), by symbol. ``device_of``: the
     placement's device of the entry's other bindings, where known (to see values fed across
-    devices by ops that are no region)."""
+    devices by ops that are no region). ``wait_for_inputs``: a block may hold several members fed
+    across devices (for a backend whose calls cost more than the wait)."""
     func = mod[entry]
     calls: dict[relax.Var, tuple[Region, relax.Call]] = {}
     order: list[relax.Var] = []
@@ -70,6 +72,7 @@ def merge_regions(
 
     fed_across = {var for var in order
                   if any((d := made_on(arg)) is not None and d != calls[var][0].device for arg in calls[var][1].args)}
+    order_of = {var: k for k, var in enumerate(order)}
     group_of: dict[relax.Var, relax.Var] = {}  # member -> its group's sink
     groups: dict[relax.Var, list[relax.Var]] = {}
     for sink in reversed(order):
@@ -86,8 +89,8 @@ def merge_regions(
                         continue
                     if calls[arg][0].device != calls[sink][0].device:
                         continue
-                    if users.get(arg) and users[arg] <= members and _waits_for_nothing_new(
-                            arg, members, fed_across, calls):
+                    if users.get(arg) and users[arg] <= members and (wait_for_inputs or _waits_for_nothing_new(
+                            arg, members, fed_across, calls, order_of)):
                         members.add(arg)
                         group_of[arg] = sink
                         changed = True
@@ -126,7 +129,7 @@ def merge_regions(
 
 
 def _waits_for_nothing_new(candidate: relax.Var, members: set[relax.Var], fed_across: set[relax.Var],
-                           calls: dict[relax.Var, tuple[Region, relax.Call]]) -> bool:
+                           calls: dict[relax.Var, tuple[Region, relax.Call]], order_of: dict[relax.Var, int]) -> bool:
     """Whether adding ``candidate`` keeps every member fed across devices a source of the group:
     each such member (``candidate`` included) has every other member depend on it."""
     group = members | {candidate}
@@ -143,11 +146,15 @@ def _waits_for_nothing_new(candidate: relax.Var, members: set[relax.Var], fed_ac
             stack.extend(a for a in calls[var][1].args if a in group)
         return False
 
-    def waits_for_nothing(member: relax.Var) -> bool:  # reads constants only (a weight's dequantize)
-        return all(isinstance(a, tvm.ir.Constant) for a in calls[member][1].args)
+    # Members computed from constants alone (a weight's dequantize, its bias reshaped after the
+    # bias's dequantize) wait for nothing and cost nothing worth starting early.
+    free: set[relax.Var] = set()
+    for var in sorted(group, key=lambda v: order_of[v]):
+        if all(isinstance(a, tvm.ir.Constant) or a in free for a in calls[var][1].args):
+            free.add(var)
 
     return all(depends_on(other, source) for source in group & fed_across for other in group
-               if not other.same_as(source) and not waits_for_nothing(other))
+               if not other.same_as(source) and other not in free)
 
 
 def _block(

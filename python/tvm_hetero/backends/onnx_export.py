@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import tvm
 from tvm import relax
+from tvm.relax.dpl import is_const, is_op, wildcard
 
 from ..qnn_ep import IR_VERSION, OPSET
 
@@ -63,11 +64,25 @@ def describe(composite: relax.Function, scalars: dict[str, float] | None = None)
         raise Unexportable(f"an operand ({type(expr).__name__}) that is neither a value of the region nor a constant")
 
     last = None
+    whole, inside_whole = _decompositions(composite)
+    var2val = relax.analysis.get_var2val(composite)
     for block in composite.body.blocks:
         for binding in block.bindings:
             value = binding.value
+            if binding.var in inside_whole:
+                continue
+            if binding.var in whole:
+                op, domain, data, attrs = whole[binding.var]
+                refs[binding.var] = last = nodes.add(op, [ref(data)], attrs, domain)
+                continue
             if isinstance(value, relax.Tuple):
                 refs[binding.var] = ["t", [ref(f) for f in value.fields]]
+                continue
+            if isinstance(value, relax.TupleGetItem):  # only a batch norm's normalized output
+                made = var2val.get(value.tuple_value)
+                if int(value.index) != 0 or getattr(getattr(made, "op", None), "name", "") != "relax.nn.batch_norm":
+                    raise Unexportable("a tuple item other than a batch norm's output")
+                refs[binding.var] = last = ref(value.tuple_value)
                 continue
             if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
                 raise Unexportable(f"a binding that is not an op call: {type(value).__name__}")
@@ -95,6 +110,84 @@ def describe(composite: relax.Function, scalars: dict[str, float] | None = None)
         "params": [_tensor_info(p.ty) for p in composite.params],
         **_tensor_info(ret),
     }
+
+
+# GELU as the ONNX exporters write it without a Gelu op: x * (erf(x / sqrt(2)) + 1) * 0.5.
+GELU_X = wildcard()
+_GELU_SQRT2, _GELU_ONE, _GELU_HALF = is_const(), is_const(), is_const()
+ERF_GELU = is_op("relax.multiply")(
+    is_op("relax.multiply")(GELU_X, is_op("relax.add")(
+        is_op("relax.erf")(is_op("relax.divide")(GELU_X, _GELU_SQRT2)), _GELU_ONE)),
+    _GELU_HALF)
+ERF_GELU_ANNOTATIONS = {"anchor": ERF_GELU, "data": GELU_X, "sqrt2": _GELU_SQRT2, "one": _GELU_ONE,
+                        "half": _GELU_HALF}
+
+
+def is_erf_gelu(named: dict) -> bool:
+    """The matched constants are sqrt(2), 1 and 0.5 (scalars): then the pattern is GELU exactly."""
+    for name, value in {"sqrt2": 2 ** 0.5, "one": 1.0, "half": 0.5}.items():
+        const = named[name].value.numpy()
+        if const.size != 1 or abs(float(const.reshape(())) - value) > 1e-5 * value:
+            return False
+    return True
+
+
+def _decompositions(composite: relax.Function) -> tuple[dict[Any, tuple[str, str, Any, dict]], set[Any]]:
+    """The frontends' decompositions of one ONNX op inside ``composite`` (a QDQ unit holds one whole,
+    between its dequantize and quantize): LRN, and GELU written with Erf (as com.microsoft's Gelu).
+    Returns per output variable ``(op, domain, data, attributes)``, and the variables inside them,
+    which nothing else reads (else a decomposition is left as it is)."""
+    from .dnnl import _lrn_pattern  # the one statement of the LRN decomposition's shape
+
+    lrn = _lrn_pattern()
+    kinds = [("LRN", "", lrn.pattern, lrn.annotation_patterns, _lrn_attrs),
+             ("Gelu", "com.microsoft", ERF_GELU, ERF_GELU_ANNOTATIONS, lambda n: {} if is_erf_gelu(n) else None)]
+    var2val = relax.analysis.get_var2val(composite)
+    var_of = {val: v for v, val in var2val.items()}  # matched values are expressions: name them
+    users: dict[Any, int] = {}
+    for block in composite.body.blocks:
+        for binding in block.bindings:
+            for var in relax.analysis.free_vars(binding.value):
+                users[var] = users.get(var, 0) + 1
+    for var in relax.analysis.free_vars(composite.body.body):
+        users[var] = users.get(var, 0) + 1
+    found: dict[Any, tuple[str, str, Any, dict]] = {}
+    inside: set[Any] = set()
+    for var, value in var2val.items():
+        if not isinstance(value, relax.Call) or var in inside:
+            continue
+        for op, domain, pattern, named_patterns, attrs_of in kinds:
+            matched = pattern.extract_matched_expr(value, var2val)
+            if matched is None:
+                continue
+            named = {n: matched[p] for n, p in named_patterns.items() if p in matched}
+            data = var_of.get(named["data"], named["data"])
+            exprs = [e for p, e in matched.items() if not p.same_as(named_patterns["data"])]
+            interior = {v for v, val in var2val.items()
+                        if not v.same_as(var) and not v.same_as(data) and any(e.same_as(val) for e in exprs)}
+            attrs = attrs_of(named)
+            if attrs is None or any(users.get(v, 0) != 1 for v in interior):
+                continue
+            found[var] = (op, domain, data, attrs)
+            inside |= interior
+            break
+    return found, inside
+
+
+def _lrn_attrs(named: dict) -> dict | None:
+    """ONNX LRN's attributes: a window of odd size over channels only, centred, averaged with its
+    padding (ONNX's sum / size); None where the match is something else."""
+    pool = named["pool"].attrs
+    size = [int(v) for v in pool.pool_size]
+    half = (size[0] - 1) // 2
+    if (size[0] % 2 != 1 or size[1:] != [1, 1] or [int(v) for v in pool.padding] != [half, 0, 0, half, 0, 0]
+            or [int(v) for v in pool.strides] != [1, 1, 1] or not bool(pool.count_include_pad)):
+        return None
+    scalar = {n: named[n].value.numpy() for n in ("alpha", "beta", "k")}
+    if any(v.size != 1 for v in scalar.values()):
+        return None
+    return {"size": size[0], "alpha": float(scalar["alpha"].reshape(())), "beta": float(scalar["beta"].reshape(())),
+            "bias": float(scalar["k"].reshape(()))}
 
 
 def _tensor_info(ty: Any) -> dict:
@@ -182,6 +275,15 @@ def _layer_norm(n: _Nodes, call: relax.Call, args: list, _s: dict) -> list:
     if axes != list(range(axes[0], rank)) or not (a.center and a.scale):
         raise Unexportable("layer_norm over axes that do not end the shape, or without scale and shift")
     return n.add("LayerNormalization", [args[0], args[1], args[2]], {"axis": axes[0], "epsilon": float(a.epsilon)})
+
+
+def _batch_norm(n: _Nodes, call: relax.Call, args: list, _s: dict) -> list:
+    """Inference batch norm (its output 0, the normalized data; a QDQ model keeps it unfolded:
+    the quantizer put a QuantizeLinear between it and its convolution)."""
+    a = call.attrs
+    if int(a.axis) != 1 or bool(a.training) or not (a.center and a.scale):
+        raise Unexportable("batch_norm other than inference over axis 1 with scale and shift")
+    return n.add("BatchNormalization", args[:5], {"epsilon": float(a.epsilon)})
 
 
 def _expand_dims(n: _Nodes, call: relax.Call, args: list, _s: dict) -> list:
@@ -273,6 +375,7 @@ EXPORTERS: dict[str, Callable] = {
     "relax.max": _reduce("ReduceMax", axes_as_input=False),
     "relax.nn.softmax": _softmax,
     "relax.nn.layer_norm": _layer_norm,
+    "relax.nn.batch_norm": _batch_norm,
     "relax.expand_dims": _expand_dims,
     "relax.squeeze": _squeeze,
     "relax.broadcast_to": _broadcast_to,

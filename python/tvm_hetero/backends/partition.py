@@ -94,7 +94,8 @@ def partition_for_backends(
                 # A pinned backend's blocks must still see which of their inputs another device makes
                 # (the ops it left, where the placement puts them), or a block would wait for them.
                 device_of = place(mod[entry])
-            mod, found = merge_regions(mod, entry, found, backend.name, device_of)
+            mod, found = merge_regions(mod, entry, found, backend.name, device_of,
+                                       wait_for_inputs=backend.blocks_wait_for_inputs())
         regions.update(found)
     check_partitioned(mod, entry, regions)
     return mod, regions

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import tvm
 from tvm import relax
-from tvm.relax.dpl import is_const, is_op, is_tuple, wildcard
+from tvm.relax.dpl import is_op, is_tuple, is_tuple_get_item, wildcard
 from tvm.relax.transform import FusionPattern
 
 from ..devices import KINDS
@@ -37,8 +37,19 @@ from ..qnn_ep import QnnUnavailable, available, finalize, require, unsupported_n
 from ..qnn_probe import probe
 from .base import Backend, Region, WeightPredicate
 from .dnnl import DropNoOps, FoldChannelAffine, FoldConvAffine, SimplifyStackSum, _lrn_pattern
-from .onnx_export import EXPORTERS, Unexportable, assemble, describe, describe_lrn, spec_text
+from .onnx_export import (
+    ERF_GELU,
+    ERF_GELU_ANNOTATIONS,
+    EXPORTERS,
+    Unexportable,
+    assemble,
+    describe,
+    describe_lrn,
+    is_erf_gelu,
+    spec_text,
+)
 from .qdq import find_qdq_units
+from .qdq_identity import DropIdentityRequantize
 
 _FORMAT = "tvm-hetero-qnn/1"
 #: Arity of each exported op's pattern (concat and stack take tuples, matched per size).
@@ -52,7 +63,7 @@ _LRN_ATTR = "tvm_hetero.lrn"
 #: Attribute of a composite: the keys of the entry's bindings it took (comma-separated).
 _BINDINGS_ATTR = "tvm_hetero.bindings"
 #: What a cached answer means (bumped when the probe asks more of QNN).
-PROBE_VERSION = 9
+PROBE_VERSION = 11
 #: The answer for an op of constants only: the build folds it, it runs on no device.
 FOLDED = "constant inputs only: folded at build"
 
@@ -110,6 +121,7 @@ class QnnBackend(Backend):
         require()  # one clear error, naming the extra, when onnxruntime-qnn is missing
         mod = SimplifyStackSum(entry)(mod)
         mod = DropNoOps(entry)(mod)
+        mod = DropIdentityRequantize(entry)(mod)  # after DropNoOps: it leaves the pairs behind
         mod = FoldConvAffine(entry)(mod)
         mod = FoldChannelAffine(entry)(mod)
         self._ask_qnn(mod[entry])
@@ -227,7 +239,7 @@ class QnnBackend(Backend):
             return True
 
         def gelu_accepted(ctx: Any) -> bool:
-            if not _is_erf_gelu(ctx) or not self._accepts_single(ctx, "Gelu", "com.microsoft"):
+            if not is_erf_gelu(ctx.annotated_expr) or not self._accepts_single(ctx, "Gelu", "com.microsoft"):
                 return False
             remember(ctx)
             return True
@@ -235,8 +247,21 @@ class QnnBackend(Backend):
         lrn = _lrn_pattern()
         out = [FusionPattern("qnn.lrn", lrn.pattern, lrn.annotation_patterns, lrn_accepted,
                              lambda annotated: {**lrn.attrs_getter(annotated), **bindings(annotated)}),
-               FusionPattern("qnn.gelu", _ERF_GELU, _ERF_GELU_ANNOTATIONS, gelu_accepted, bindings)]
+               FusionPattern("qnn.gelu", ERF_GELU, ERF_GELU_ANNOTATIONS, gelu_accepted, bindings)]
+        # A QDQ model's batch norm, unfolded (a quantize sits between it and its conv), with the
+        # quantize of its output: the composite must end at a call, not at the tuple item.
+        norm = is_op("relax.nn.batch_norm")(*[wildcard() for _ in range(5)])
+        requantized = is_op("relax.quantize")(is_tuple_get_item(norm, 0), wildcard(), wildcard())
+
+        def norm_accepted(ctx: Any) -> bool:
+            quantize = ctx.value_to_bound_var.get(ctx.annotated_expr["quantize"])
+            return quantize in self._accepted and accepted(ctx)
+
+        out.append(FusionPattern("qnn.batch_norm_quantize", requantized, {"anchor": norm, "quantize": requantized},
+                                 norm_accepted, bindings))
         for op in EXPORTERS:
+            if op == "relax.nn.batch_norm":
+                continue
             if op in _TUPLE_OPS:
                 for n in range(2, _MAX_TUPLE + 1):
                     call = is_op(op)(is_tuple([wildcard() for _ in range(n)]))
@@ -260,6 +285,9 @@ class QnnBackend(Backend):
             scalars = json.loads(str(composite.attrs[_LRN_ATTR]))
             return {"op": "onnx", "bindings": keys.split(",") if keys else [], **describe_lrn(composite, scalars)}
         return {"op": "onnx", "bindings": keys.split(",") if keys else [], **describe(composite)}
+
+    def blocks_wait_for_inputs(self) -> bool:
+        return True  # one more QNN graph execution (~0.16 ms) costs more than waiting for the host
 
     def unique_regions(self) -> bool:
         return True  # each site's weights are compiled into its QNN graph
@@ -336,27 +364,6 @@ def _param_info(p: relax.Var) -> dict:
     return {"shape": [int(d) for d in p.ty.shape.values], "dtype": str(p.ty.dtype)}
 
 
-# GELU as the ONNX exporters write it without a Gelu op: x * (erf(x / sqrt(2)) + 1) * 0.5.
-_GELU_X = wildcard()
-_ERF_GELU_SQRT2, _ERF_GELU_ONE, _ERF_GELU_HALF = is_const(), is_const(), is_const()
-_ERF_GELU = is_op("relax.multiply")(
-    is_op("relax.multiply")(_GELU_X, is_op("relax.add")(
-        is_op("relax.erf")(is_op("relax.divide")(_GELU_X, _ERF_GELU_SQRT2)), _ERF_GELU_ONE)),
-    _ERF_GELU_HALF)
-_ERF_GELU_ANNOTATIONS = {"anchor": _ERF_GELU, "data": _GELU_X, "sqrt2": _ERF_GELU_SQRT2, "one": _ERF_GELU_ONE,
-                         "half": _ERF_GELU_HALF}
-
-
-def _is_erf_gelu(ctx: Any) -> bool:
-    """The constants are sqrt(2), 1 and 0.5 (scalars): then the pattern is GELU exactly."""
-    want = {"sqrt2": 2 ** 0.5, "one": 1.0, "half": 0.5}
-    for name, value in want.items():
-        const = ctx.annotated_expr[name].value.numpy()
-        if const.size != 1 or abs(float(const.reshape(())) - value) > 1e-5 * value:
-            return False
-    return True
-
-
 def _subgraph_spec(bindings: list[relax.VarBinding]) -> tuple[dict, dict[int, np.ndarray]]:
     """Op bindings (in order) as one region: operands made outside become parameters (constants
     among them weights, with their values); the last binding's value is the output."""
@@ -370,6 +377,8 @@ def _subgraph_spec(bindings: list[relax.VarBinding]) -> tuple[dict, dict[int, np
             return relax.Tuple([operand(f) for f in expr.fields])
         if expr in remap:
             return remap[expr]
+        if isinstance(expr, tvm.ir.Constant) and expr.value.numpy().ndim == 0:
+            return expr  # a scalar (a scale, an LRN's alpha) stays part of its op
         if isinstance(expr, tvm.ir.Constant) or (isinstance(expr, relax.Var) and expr not in defined):
             if not isinstance(getattr(expr, "ty", None), relax.TensorType):
                 raise Unexportable(f"an operand of type {getattr(expr, 'ty', None)}")
@@ -384,6 +393,11 @@ def _subgraph_spec(bindings: list[relax.VarBinding]) -> tuple[dict, dict[int, np
     body = []
     for binding in bindings:
         call = binding.value
+        if isinstance(call, relax.TupleGetItem) and call.tuple_value in remap:  # a batch norm's output
+            var = relax.Var(binding.var.name, binding.var.ty)
+            body.append(relax.VarBinding(var, relax.TupleGetItem(remap[call.tuple_value], call.index)))
+            remap[binding.var] = var
+            continue
         if not isinstance(call, relax.Call) or not isinstance(call.op, tvm.ir.Op):
             raise Unexportable(f"a binding that is not an op call ({type(call).__name__})")
         var = relax.Var(binding.var.name, binding.var.ty)
@@ -391,6 +405,10 @@ def _subgraph_spec(bindings: list[relax.VarBinding]) -> tuple[dict, dict[int, np
                                                      call.ty_args, ret_ty=binding.var.ty)))
         remap[binding.var] = var
     out = body[-1].var
+    if isinstance(out.ty, relax.TupleType):  # a batch norm asked alone: its output 0, the normalized data
+        item = relax.Var(f"{out.name}_0", out.ty.fields[0])
+        body.append(relax.VarBinding(item, relax.TupleGetItem(out, 0)))
+        out = item
     return describe(relax.Function(params, relax.SeqExpr([relax.BindingBlock(body)], out), out.ty, True)), weights
 
 

@@ -16,8 +16,10 @@ from ..backends.qnn import FOLDED
 def explain_htp(htp: dict, devices: list[str]) -> list[str]:
     lines = []
     options = htp.get("options", {})
+    precision = (f"QDQ units quantized, other ops {options.get('precision')}" if htp.get("quantized")
+                 else options.get("precision"))
     lines.append(f"  HTP (QNN; soc {options.get('soc_model')}, v{options.get('htp_arch')}, "
-                 f"{options.get('precision')}): {htp['accepted']} of {htp['asked']} Relax ops accepted by QNN; "
+                 f"{precision}): {htp['accepted']} of {htp['asked']} Relax ops accepted by QNN; "
                  f"{len(htp['regions'])} QNN graphs, {htp['graph_executions']} graph executions per inference")
     if htp.get("flops"):
         lines.append(f"  HTP: {htp['flops_on_htp'] / htp['flops']:.1%} of conv/matmul FLOPs "
