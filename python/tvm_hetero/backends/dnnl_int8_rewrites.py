@@ -3,7 +3,7 @@
 - :func:`simplify_qdq` (first): a quantize of a constant becomes the quantized constant (ONNX
   Runtime's quantizer quantizes computed constants, e.g. an ``Unsqueeze`` of a weight, as
   activations), ``quantize(dequantize(x, s, z), s, z)`` of one type is ``x`` itself (what a
-  dropped ``Dropout`` leaves), and ``quantize(move(dequantize(x, s, z)), s, z)`` of a reshape or
+  dropped ``Dropout`` leaves; :mod:`.qdq_identity`, shared with the HTP), and ``quantize(move(dequantize(x, s, z)), s, z)`` of a reshape or
   transpose is ``move(x)`` (ShuffleNet's channel shuffle moves its u8 values).
 - :func:`fold_quantized_affine` (after the float batch-norm folding): a unit that is a per-channel
   affine map of one activation -- ``quantize([relu|clip](dequantize(x) * a + b))``, a batch norm, a
@@ -27,6 +27,8 @@ import tvm
 from tvm import relax
 
 from .qdq import DEQUANTIZE, QUANTIZE
+from .qdq_identity import DropIdentityRequantize
+from .qdq_identity import _same_quantization as same_quantization  # one rule for "undoes exactly"
 
 _RANGE = {"uint8": (0, 255), "int8": (-128, 127)}
 #: Ops that only move values; between a dequantize and a quantize of the same scale and zero point
@@ -49,14 +51,13 @@ def simplify_qdq(entry: str = "main") -> tvm.transform.Pass:
                 continue
             if isinstance(src, tvm.ir.Constant):
                 replaced[var] = relax.const(_quantize_array(src.value.numpy(), scale, zp, value), str(value.ty.dtype))
-            elif _op(values.get(src)) == DEQUANTIZE and _is_identity(values[src], value):
-                replaced[var] = values[src].args[0]
             elif _op(values.get(src)) in _MOVES and _op(values.get(values[src].args[0])) == DEQUANTIZE:
                 dq = values[values[src].args[0]]
                 if _is_identity(dq, value):  # the move on the integers themselves: exact
                     move = values[src]
                     replaced[var] = relax.Call(move.op, [dq.args[0], *move.args[1:]], move.attrs, move.ty_args)
-        return _substitute(mod, entry, replaced) if replaced else mod
+        mod = _substitute(mod, entry, replaced) if replaced else mod
+        return DropIdentityRequantize(entry)(mod)
 
     return tvm.transform.module_pass(run, opt_level=0, name="SimplifyQdq")
 
@@ -175,12 +176,10 @@ def _affine_bindings(var: relax.Var, plan: dict) -> list[relax.VarBinding]:
 
 # ---- helpers ------------------------------------------------------------------------------------
 def _is_identity(dq: relax.Call, q: relax.Call) -> bool:
+    """``q`` undoes ``dq`` exactly: same scale, zero point and axis, and the same integer type."""
     src = dq.args[0]
-    if isinstance(src, tvm.ir.Constant) or str(src.ty.dtype) != str(q.attrs.out_dtype):
-        return False
-    pairs = [(_const(dq.args[1]), _const(q.args[1])), (_const(dq.args[2]), _const(q.args[2]))]
-    return all(a is not None and b is not None and a.size == 1 and b.size == 1 and a.reshape(-1)[0] == b.reshape(-1)[0]
-               for a, b in pairs)
+    return (not isinstance(src, tvm.ir.Constant) and str(src.ty.dtype) == str(q.attrs.out_dtype)
+            and same_quantization(dq, q))
 
 
 def _quantize_array(x: np.ndarray, scale: np.ndarray, zp: np.ndarray, q: relax.Call) -> np.ndarray:
@@ -263,10 +262,9 @@ def _prim(expr: Any) -> float | None:
     return None
 
 
-def _shape(expr: Any) -> tuple[int, ...] | None:
-    ty = getattr(expr, "ty", None) if not isinstance(expr, relax.Call) else None
-    if isinstance(expr, relax.Call):
-        ty = getattr(expr.args[0], "ty", None)
+def _shape(call: relax.Call) -> tuple[int, ...] | None:
+    """The static shape of the tensor ``call`` reads first (a dequantize's source), or None."""
+    ty = getattr(call.args[0], "ty", None)
     if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
         return None
     if not all(isinstance(d, tvm.tirx.IntImm) for d in ty.shape.values):
