@@ -8,7 +8,8 @@ Models: the six light models, MobileNetV2 and a two-layer BERT (``testing.export
 from PyTorch with seeded weights, nothing downloaded). Each is quantized with onnxruntime's own
 ``quantize_static`` (QDQ, uint8 activations, int8 weights, 4 seeded calibration batches:
 ``testing.quantized.qdq_model``), per tensor (``pt``) and per channel (``pc``). The same QDQ model
-runs in onnxruntime's CPU provider (its int8 kernels), in OpenVINO's CPU plugin (when ``openvino``
+runs in onnxruntime's CPU provider (its int8 kernels; its threads wait without spinning, as
+ours do with ``OMP_WAIT_POLICY=PASSIVE``), in OpenVINO's CPU plugin (when ``openvino``
 is installed) and through ``tvm_hetero.build``. Outputs are checked first, in steps of the
 output's quantization (the scale of the last QuantizeLinear; a model whose output is not quantized
 is compared in units of its largest magnitude). Timing as in default_vs_onnxruntime.py: interleaved
@@ -75,6 +76,20 @@ def openvino_runner(model, threads: int):
     return lambda inputs: request.infer(inputs)[compiled.output(0)]
 
 
+def onnxruntime_session(model, threads: int):
+    """onnxruntime's CPU EP with ``threads`` intra-op threads that wait without spinning, as ours
+    do under ``OMP_WAIT_POLICY=PASSIVE``: on a shared machine a spinning pool runs on cores other
+    processes need (and loses them)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
 def own_args() -> argparse.Namespace:
     """This bench's options (``--variants``, ``--no-openvino``), taken out of ``sys.argv`` before
     the options every side-by-side bench shares (``bench_args``) are read."""
@@ -116,7 +131,7 @@ def main() -> int:
             load_before = os.getloadavg()[0]
             model = qdq_model(float_model, per_channel=variant == "pc")
             inputs = export_models.sample_inputs(model)
-            session = models.onnxruntime_session(model, args.threads)
+            session = onnxruntime_session(model, args.threads)
             expected = session.run(None, inputs)[0]
             step = quantization_step(model) or float(np.abs(expected).max())
             art = tvm_hetero.build(models.relax_module(model), [(tvm.cpu(0), "llvm")])
