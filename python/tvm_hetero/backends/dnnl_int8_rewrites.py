@@ -3,8 +3,9 @@
 - :func:`simplify_qdq` (first): a quantize of a constant becomes the quantized constant (ONNX
   Runtime's quantizer quantizes computed constants, e.g. an ``Unsqueeze`` of a weight, as
   activations), ``quantize(dequantize(x, s, z), s, z)`` of one type is ``x`` itself (what a
-  dropped ``Dropout`` leaves; :mod:`.qdq_identity`, shared with the HTP), and ``quantize(move(dequantize(x, s, z)), s, z)`` of a reshape or
-  transpose is ``move(x)`` (ShuffleNet's channel shuffle moves its u8 values).
+  dropped ``Dropout`` leaves; :mod:`.qdq_identity`, shared with the HTP), and
+  ``quantize(move(dequantize(x, s, z)), s, z)`` of a reshape or transpose is ``move(x)``
+  (ShuffleNet's channel shuffle moves its u8 values; a reader of the quantize gets its own move).
 - :func:`fold_quantized_affine` (after the float batch-norm folding): a unit that is a per-channel
   affine map of one activation -- ``quantize([relu|clip](dequantize(x) * a + b))``, a batch norm, a
   multiply, divide or add by constants -- is rewritten in the integers' own units:
