@@ -198,7 +198,54 @@ class RegionExec {
     /*! \brief Copy: from and to call arguments, and how many bytes. */
     int copy_from = -1, copy_to = -1;
     size_t copy_bytes = 0;
+    /*! \brief Made for (and run on) one thread: its step is too small to pay a fork and join. */
+    bool single = false;
   };
+
+  /*!
+   * \brief Below this much work (multiply-adds of a conv / matmul, elements of anything else) a
+   *        step runs on one thread: waking an OpenMP team (passive waiting, a shared machine) costs
+   *        tens of microseconds, more than such a step computes (MobileNetV2 at 96x96, a small
+   *        BERT: most of their steps).
+   */
+  static constexpr double kParallelWork = 2e6;
+
+  /*! \brief OpenMP's thread count for what the calling thread starts next (libgomp is loaded by
+   *         libdnnl; 1 without it). oneDNN reads it when a primitive is made and when it runs. */
+  static int OmpThreads() {
+    static auto fn = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "omp_get_max_threads"));
+    return fn ? fn() : 1;
+  }
+  static void SetOmpThreads(int n) {
+    static auto fn = reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"));
+    if (fn) fn(n);
+  }
+
+  /*! \brief The calling thread's OpenMP count is 1 while it lives (when `on`), `restore` after. */
+  struct OneThreadWhile {
+    OneThreadWhile(bool on, int restore) : on(on), restore(restore) {
+      if (on) SetOmpThreads(1);
+    }
+    ~OneThreadWhile() {
+      if (on) SetOmpThreads(restore);
+    }
+    bool on;
+    int restore;
+  };
+
+  /*! \brief Step k's work (see kParallelWork), from the shapes the call and the document give. */
+  double StepWork(size_t k, const std::vector<DLTensor*>& t) const {
+    const StepSpec& s = spec_.steps[k];
+    double out = static_cast<double>(Elements(OutputDims(k, t)));
+    auto dims_of = [&](int v) {
+      if (v < spec_.num_inputs) return memory::dims(t[v]->shape, t[v]->shape + t[v]->ndim);
+      return OutputDims(static_cast<size_t>(v - spec_.num_inputs), t);
+    };
+    if (s.op == "conv2d" && s.weight >= 0) return out * static_cast<double>(Elements(dims_of(s.weight)) / dims_of(s.weight)[0]);
+    if (s.op == "matmul" && s.data >= 0) return out * static_cast<double>(dims_of(s.data).back());
+    if (s.op == "batch_matmul") return out * static_cast<double>(dims_of(s.inputs[0]).back());
+    return out;
+  }
 
   static DLTensor* Arg(const ffi::PackedArgs& args, int i) { return args[i].cast<DLTensor*>(); }
 
@@ -238,8 +285,17 @@ class RegionExec {
     }
     values_.back().last_use = steps;
     size_t k = 0;
+    team_ = OmpThreads();
     try {
-      for (k = 0; k < spec_.steps.size(); ++k) SetupStep(k, t);
+      for (k = 0; k < spec_.steps.size(); ++k) {
+        size_t first = calls_.size();
+        bool single = team_ > 1 && StepWork(k, t) < kParallelWork;
+        {
+          OneThreadWhile scope(single, team_);  // its primitives are made for one thread (they keep that)
+          SetupStep(k, t);
+        }
+        for (size_t c = first; c < calls_.size(); ++c) calls_[c].single = single;
+      }
       const Value& out = values_.back();
       if (out.arg != n) {  // the last value is in the arena: reorder it out to the call's output
         memory user = Bound(Plain(OutputDims(k - 1, t), TypeOf(t[n])), n);
@@ -496,9 +552,9 @@ class RegionExec {
     return attr;
   }
 
-  /*! \brief quantize (float32 -> u8/s8: x * scale + zero point, rounded to nearest even and
-   *         saturated) or dequantize ((x - zero point) * scale -> float32): one reorder that keeps
-   *         the layout its input has, so a chain of blocked primitives stays blocked. */
+  /*! \brief quantize (float32 -> u8/s8: x / scale rounded to nearest even, plus the zero point,
+   *         saturated) or dequantize ((x - zero point) * scale -> float32), in the layout its input
+   *         has, so a chain of blocked primitives stays blocked. */
   void SetupRequantize(size_t k) {
     const StepSpec& s = spec_.steps[k];
     const Value& in = values_[s.data];
@@ -507,6 +563,7 @@ class RegionExec {
     if (quantize ? from != dt::f32 : (from != dt::u8 && from != dt::s8)) {
       Fail(k, quantize ? "quantize reads float32" : "dequantize reads uint8 or int8");
     }
+    if (quantize) return SetupQuantize(k);
     dnnl::primitive_attr attr;
     attr.set_output_scales(0, s.quant.scales);
     if (s.quant.src_zero_point != 0) attr.set_zero_points(DNNL_ARG_SRC, 0, {s.quant.src_zero_point});
@@ -516,6 +573,63 @@ class RegionExec {
     c.prim = dnnl::reorder(dnnl::reorder::primitive_desc(in.mem, dst, attr));
     c.args = {{DNNL_ARG_FROM, in.mem}, {DNNL_ARG_TO, dst}};
     calls_.push_back(std::move(c));
+  }
+
+  /*!
+   * \brief quantize as ONNX (and ONNX Runtime) define it: a binary divide by the scale, rounded to
+   *        an integer, then the zero point added (exact on integers), saturated by the conversion.
+   *        A reorder would multiply by 1/scale and add the zero point before rounding: both round a
+   *        few halves the other way.
+   */
+  void SetupQuantize(size_t k) {
+    const StepSpec& s = spec_.steps[k];
+    const Value& in = values_[s.data];
+    memory::desc scalar_md = Plain(memory::dims(in.desc.dims().size(), 1));
+    memory divisor(scalar_md, CpuEngine());
+    *static_cast<float*>(divisor.get_data_handle()) = s.quant.scales[0];
+    dnnl::post_ops ops;
+    ops.append_eltwise(1.f, dnnl::algorithm::eltwise_round, 0.f, 0.f);
+    if (s.quant.dst_zero_point != 0) {
+      ops.append_eltwise(1.f, dnnl::algorithm::eltwise_linear, 1.f, static_cast<float>(s.quant.dst_zero_point));
+    }
+    dnnl::primitive_attr attr;
+    attr.set_post_ops(ops);
+    // In the value's layout when oneDNN has a jit kernel for it (2.6 has none for a blocked one),
+    // else in nhwc / plain, reordered first.
+    dt type = QuantType(s.quant.dst_type);
+    auto make = [&](const memory::desc& md) {
+      dnnl::binary::desc desc(dnnl::algorithm::binary_div, md, scalar_md, WithType(md, type));
+      return dnnl::binary::primitive_desc(desc, attr, CpuEngine());
+    };
+    dnnl::binary::primitive_desc pd = FirstJit(JitCandidates(in.desc), make);
+    memory src = Input(k, s.data, pd.src_desc(0));
+    Call c;
+    c.prim = dnnl::binary(pd);
+    c.args = {{DNNL_ARG_SRC_0, src}, {DNNL_ARG_SRC_1, divisor}, {DNNL_ARG_DST, Output(k, pd.dst_desc())}};
+    calls_.push_back(std::move(c));
+  }
+
+  /*! \brief Layouts to try for an elementwise step on `md`: its own, then nhwc (4-D), then plain. */
+  static std::vector<memory::desc> JitCandidates(const memory::desc& md) {
+    std::vector<memory::desc> out{md};
+    memory::dims d = md.dims();
+    if (d.size() == 4) out.push_back(memory::desc(d, md.data_type(), tag::nhwc));
+    out.push_back(Plain(d, md.data_type()));
+    return out;
+  }
+
+  /*! \brief The primitive `make` gives for the first layout oneDNN runs with a jit kernel (its
+   *         reference kernels are 10-30x slower); the last layout's when none has one. */
+  template <typename Make>
+  static auto FirstJit(const std::vector<memory::desc>& layouts, Make make) -> decltype(make(layouts[0])) {
+    for (size_t i = 0; i + 1 < layouts.size(); ++i) {
+      try {
+        auto pd = make(layouts[i]);
+        if (std::string(pd.impl_info_str()).rfind("ref", 0) != 0) return pd;
+      } catch (const dnnl::error&) {
+      }
+    }
+    return make(layouts.back());
   }
 
   /*!
@@ -646,18 +760,32 @@ class RegionExec {
     const Value& in = values_[s.data];
     memory::dims x = in.desc.dims(), y = OutputDims(k, t);
     if (x.size() != 4 || y.size() != 4 || s.padding.size() != 4) Fail(k, "pooling needs NCHW tensors");
-    // A blocked layout: oneDNN's jit pooling needs one (its plain-NCHW pooling is ~30x slower).
-    memory::desc src_md = IsPlain(in.desc) ? memory::desc(x, dt::f32, tag::nChw8c) : in.desc;
+    // In integers: the value's own u8/s8, requantized by a linear post-op (quant.scales[0], shift).
+    dt type = in.desc.data_type();
+    bool integer = type == dt::u8 || type == dt::s8;
+    if (integer != s.quant.on) Fail(k, s.quant.on ? "pooling in integers reads u8 or s8" : "pooling reads float32");
+    // A blocked (float) or nhwc (integer: 2.6's jit has no blocked u8 pooling) layout: oneDNN's
+    // jit pooling needs one (its plain-NCHW pooling is ~30x slower).
+    memory::desc src_md = integer && in.desc != memory::desc(x, type, tag::nhwc) ? memory::desc(x, type, tag::nhwc)
+                          : IsPlain(in.desc)                                     ? memory::desc(x, type, tag::nChw8c)
+                                                                                 : in.desc;
+    dt dst_type = integer ? QuantType(s.quant.dst_type) : dt::f32;
+    dnnl::primitive_attr attr = PostOps(s);
+    if (integer && (s.quant.scales[0] != 1.f || s.quant.shift != 0.f)) {
+      dnnl::post_ops ops = attr.get_post_ops();
+      ops.append_eltwise(1.f, dnnl::algorithm::eltwise_linear, s.quant.scales[0], s.quant.shift);
+      attr.set_post_ops(ops);
+    }
     memory::dims dilation{s.dilation[0] - 1, s.dilation[1] - 1};
     memory::dims pad_l{s.padding[0], s.padding[1]}, pad_r{s.padding[2], s.padding[3]};
     dnnl::algorithm alg = s.op == "max_pool2d"       ? dnnl::algorithm::pooling_max
                           : s.count_include_pad ? dnnl::algorithm::pooling_avg_include_padding
                                                 : dnnl::algorithm::pooling_avg_exclude_padding;
     dnnl::pooling_v2_forward::desc desc(dnnl::prop_kind::forward_inference, alg, src_md,
-                                        memory::desc(y, dt::f32, tag::any),
+                                        memory::desc(y, dst_type, tag::any),
                                         memory::dims(s.strides.begin(), s.strides.end()),
                                         memory::dims(s.pool_size.begin(), s.pool_size.end()), dilation, pad_l, pad_r);
-    dnnl::pooling_v2_forward::primitive_desc pd(desc, PostOps(s), CpuEngine());
+    dnnl::pooling_v2_forward::primitive_desc pd(desc, attr, CpuEngine());
     memory src = Input(k, s.data, src_md);
     memory dst = Output(k, pd.dst_desc());
     Call c;
@@ -682,11 +810,21 @@ class RegionExec {
     }
     int64_t n = x[0], c = x[1], h = x[2], w = x[3];
     Call call;
-    if (IsPlain(in.desc)) {
-      memory::dims dims{n, g, c / g, h, w};
-      memory src = Alias(in, memory::desc(dims, dt::f32, tag::abcde));
+    const dnnl_memory_desc_t& md = in.desc.data;
+    if (md.format_kind == dnnl_blocked && md.format_desc.blocking.inner_nblks == 0) {
+      // Plain or nhwc (an int8 convolution's): channel i of group j read through a strided view,
+      // its dims ordered by the value's strides (nhwc: (n, h, w, g, C/g), contiguous as read).
+      const dnnl_dims_t& st = md.format_desc.blocking.strides;
+      dt type = in.desc.data_type();  // float32, or a QDQ model's u8 / s8 (data movement only)
+      bool nhwc = st[1] == 1;
+      memory::dims dims = nhwc ? memory::dims{n, h, w, g, c / g} : memory::dims{n, g, c / g, h, w};
+      memory::dims from = nhwc ? memory::dims{st[0], st[2], st[3], st[1] * (c / g), st[1]}
+                               : memory::dims{st[0], st[1] * (c / g), st[1], st[2], st[3]};
+      memory::dims to = nhwc ? memory::dims{st[0], st[2], st[3], st[1], st[1] * g}
+                             : memory::dims{st[0], st[1], st[1] * g, st[2], st[3]};
+      memory src = Alias(in, memory::desc(dims, type, from));
       Output(k, in.desc);
-      memory dst = Alias(values_[spec_.num_inputs + k], memory::desc(dims, dt::f32, memory::dims{c * h * w, h * w, g * h * w, w, 1}));
+      memory dst = Alias(values_[spec_.num_inputs + k], memory::desc(dims, type, to));
       calls_.push_back(Reorder(src, dst));
       return;
     }
@@ -769,6 +907,10 @@ class RegionExec {
     const Value& in = values_[s.data];
     memory::dims x = in.desc.dims();
     if (x.size() != 4) Fail(k, "scale_shift needs an NCHW tensor");
+    // In integers: u8/s8 in and out, the vectors already in the output's units (docs/byoc.md).
+    bool integer = in.desc.data_type() == dt::u8 || in.desc.data_type() == dt::s8;
+    if (integer != s.quant.on) Fail(k, s.quant.on ? "scale_shift in integers reads u8 or s8" : "scale_shift reads float32");
+    dt dst_type = integer ? QuantType(s.quant.dst_type) : dt::f32;
     memory::desc vec({1, x[1], 1, 1}, dt::f32, tag::abcd);
     memory scale = Vector(k, s.weight, vec), shift = Vector(k, s.bias, vec);
     for (int role : {s.weight, s.bias}) {
@@ -780,7 +922,7 @@ class RegionExec {
     if (!s.activation.empty()) ops.append_eltwise(1.f, Activation(s.activation), s.activation == "silu" ? 1.f : s.alpha, s.beta);
     dnnl::primitive_attr attr;
     attr.set_post_ops(ops);
-    dnnl::binary::desc desc(dnnl::algorithm::binary_mul, in.desc, vec, memory::desc(x, dt::f32, tag::any));
+    dnnl::binary::desc desc(dnnl::algorithm::binary_mul, in.desc, vec, memory::desc(x, dst_type, tag::any));
     dnnl::binary::primitive_desc pd(desc, attr, CpuEngine());
     Call c;
     c.prim = dnnl::binary(pd);
@@ -805,6 +947,7 @@ class RegionExec {
   /*! \brief Concatenation along the step's axis, reading every input in the layout it has, then
    *         the step's ReLU (ShuffleNet's concat + ReLU). */
   void SetupConcat(size_t k, const std::vector<DLTensor*>& t) {
+    if (spec_.steps[k].quant.on) return SetupQuantizedConcat(k, t);
     const StepSpec& s = spec_.steps[k];
     memory::dims y = OutputDims(k, t);
     if (s.axis < 0 || s.axis >= static_cast<int64_t>(y.size())) Fail(k, "concat axis outside the output");
@@ -820,11 +963,51 @@ class RegionExec {
     if (s.relu) ReluInPlace(dst);
   }
 
+  /*!
+   * \brief Concatenation in integers: each input requantized to the output's scale and zero point
+   *        by one reorder into its slice of the output (nhwc for NCHW values, so any channel offset
+   *        is a view; plain otherwise). Inputs of the output's own scale and zero point are copies.
+   */
+  void SetupQuantizedConcat(size_t k, const std::vector<DLTensor*>& t) {
+    const StepSpec& s = spec_.steps[k];
+    const QuantSpec& q = s.quant;
+    memory::dims y = OutputDims(k, t);
+    if (s.axis < 0 || s.axis >= static_cast<int64_t>(y.size())) Fail(k, "concat axis outside the output");
+    dt type = QuantType(q.dst_type);
+    memory::desc y_md = y.size() == 4 ? memory::desc(y, type, tag::nhwc) : Plain(y, type);
+    Output(k, y_md);
+    const Value& out = values_[spec_.num_inputs + k];
+    memory::dims offsets(y.size(), 0);
+    for (size_t i = 0; i < s.inputs.size(); ++i) {
+      const Value& in = values_[s.inputs[i]];
+      memory::dims d = in.desc.dims();
+      if (d.size() != y.size() || (in.desc.data_type() != dt::u8 && in.desc.data_type() != dt::s8)) {
+        Fail(k, "a concat in integers joins u8/s8 values of the output's rank");
+      }
+      memory to = Alias(out, y_md.submemory_desc(d, offsets));
+      offsets[s.axis] += d[s.axis];
+      dnnl::primitive_attr attr;
+      attr.set_output_scales(0, {q.scales[i]});
+      if (q.src_zero_points[i] != 0) attr.set_zero_points(DNNL_ARG_SRC, 0, {q.src_zero_points[i]});
+      if (q.dst_zero_point != 0) attr.set_zero_points(DNNL_ARG_DST, 0, {q.dst_zero_point});
+      Call c;
+      c.prim = dnnl::reorder(dnnl::reorder::primitive_desc(in.mem, to, attr));
+      c.args = {{DNNL_ARG_FROM, in.mem}, {DNNL_ARG_TO, to}};
+      calls_.push_back(std::move(c));
+    }
+    if (offsets[s.axis] != y[s.axis]) Fail(k, "the inputs do not fill the concat's output");
+  }
+
   void Execute(const ffi::PackedArgs& args) {
     PointArena();
     for (auto& [m, arg] : bindings_) m.set_data_handle(Arg(args, arg)->data);
     uint64_t generation = weights_generation_->load(std::memory_order_acquire);
+    bool single = false;  // whether the calling thread's OpenMP count is 1 now (a small step's)
     for (Call& c : calls_) {
+      if (c.single != single) {
+        SetOmpThreads(c.single ? 1 : team_);
+        single = c.single;
+      }
       if (c.weight_arg >= 0) {  // new weights (first call, new address, or parameters set): reorder once
         void* w = Arg(args, c.weight_arg)->data;
         if (w == c.weight_seen && generation == c.generation_seen) continue;
@@ -838,6 +1021,7 @@ class RegionExec {
       }
       c.prim.execute(stream_, c.args);
     }
+    if (single) SetOmpThreads(team_);
     stream_.wait();
   }
 
@@ -848,6 +1032,8 @@ class RegionExec {
   std::shared_ptr<std::atomic<uint64_t>> weights_generation_;
   /*! \brief Whether Setup has run. */
   bool ready_ = false;
+  /*! \brief OpenMP's thread count when Setup ran: what steps above kParallelWork run on. */
+  int team_ = 1;
   /*! \brief The region's stream on the CPU engine. */
   dnnl::stream stream_{CpuEngine()};
   /*! \brief Every value: the call's inputs, then each step's output (setup only). */

@@ -13,6 +13,8 @@
 #include <tvm/ffi/extra/json.h>
 #include <tvm_hetero/backends/dnnl_region.h>
 
+#include <algorithm>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -94,6 +96,7 @@ QuantSpec ParseQuant(const json::Object& step, const std::string& where) {
   q.src_zero_point = static_cast<int32_t>(IntOr(obj, "src_zero_point", 0, at));
   q.dst_zero_point = static_cast<int32_t>(IntOr(obj, "dst_zero_point", 0, at));
   q.shift = static_cast<float>(FloatOr(obj, "shift", 0.0));
+  for (int64_t zp : IntList(obj, "src_zero_points", at)) q.src_zero_points.push_back(static_cast<int32_t>(zp));
   return q;
 }
 
@@ -135,8 +138,15 @@ StepSpec ParseStep(const json::Object& obj, const std::vector<int64_t>& args, in
   s.quant = ParseQuant(obj, where);
   bool requant = s.op == "quantize" || s.op == "dequantize";
   if (requant && (!s.quant.on || s.quant.scales.size() != 1)) kReader.Fail(where, s.op + " needs quant with one scale");
-  if (s.quant.on && !requant && s.op != "conv2d" && s.op != "matmul" && s.op != "add") {
-    kReader.Fail(where, "only conv2d, matmul and add run in integers, not " + s.op);
+  static const char* const kIntegerOps[] = {"conv2d", "matmul", "add", "max_pool2d", "avg_pool2d", "concat",
+                                            "scale_shift"};
+  bool integer_op = std::any_of(std::begin(kIntegerOps), std::end(kIntegerOps), [&](const char* op) { return s.op == op; });
+  if (s.quant.on && !requant && !integer_op) {
+    kReader.Fail(where, "only conv2d, matmul, add, pooling, concat and scale_shift run in integers, not " + s.op);
+  }
+  if (s.quant.on && s.op == "concat" &&
+      (s.quant.scales.size() != s.inputs.size() || s.quant.src_zero_points.size() != s.inputs.size())) {
+    kReader.Fail(where, "a concat in integers needs one scale and one source zero point per input");
   }
   if (s.op == "add" && (s.inputs.size() != 2 || !s.quant.on || s.quant.scales.size() != 2)) {
     kReader.Fail(where, "add needs two inputs and quant with two scales");

@@ -37,7 +37,11 @@ namespace dnnl_backend {
  *        type the value it reads has (u8 or s8), weights are s8 and a bias s32 in the accumulator's
  *        units; the accumulator times `scales` (one, or one per output channel) plus
  *        `dst_zero_point` is rounded to nearest even and saturated to `dst_type`. A `quantize` step
- *        is `x * scales[0] + dst_zero_point`, a `dequantize` step `(x - src_zero_point) * scales[0]`.
+ *        is `round(x / scales[0]) + dst_zero_point` (ONNX's order), a `dequantize` step `(x - src_zero_point) * scales[0]`.
+ *        Pooling in integers is `pool(x) * scales[0] + shift` (the zero points folded into `shift`);
+ *        a concat's input i is requantized to the output as `(x - src_zero_points[i]) * scales[i] +
+ *        dst_zero_point`; a scale_shift in integers reads u8/s8 data and float per-channel vectors
+ *        already in the output's units (zero points folded in by the compiler).
  */
 struct QuantSpec {
   /*! \brief Whether the step is quantized at all (the field was present). */
@@ -51,6 +55,8 @@ struct QuantSpec {
   /*! \brief add: added to `scales[0] * a + scales[1] * b` before the activation (the sources' zero
    *         points, folded). */
   float shift = 0.f;
+  /*! \brief concat: each input's zero point (subtracted before its scale). */
+  std::vector<int32_t> src_zero_points;
 };
 
 /*!

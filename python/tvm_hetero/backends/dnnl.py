@@ -46,6 +46,7 @@ from .dnnl_int8 import (
     requantize_patterns,
     unshare_qdq,
 )
+from .dnnl_int8_rewrites import fold_quantized_affine, simplify_qdq
 
 _FORMAT = "tvm-hetero-dnnl/1"
 _F32_MAX = float(np.finfo(np.float32).max)
@@ -106,11 +107,14 @@ class DnnlBackend(Backend):
         return out + requantize_patterns()  # last: what QDQ is left around float regions
 
     def prepare(self, mod: tvm.IRModule, entry: str) -> tvm.IRModule:
+        mod = simplify_qdq(entry)(mod)  # quantized constants as constants
         mod = fold_param_dequantize(entry)(mod)  # a QDQ model's batch norm constants as floats
         mod = SimplifyStackSum(entry)(mod)  # before DropNoOps: it matches the broadcasts
         mod = DropNoOps(entry)(mod)
+        mod = simplify_qdq(entry)(mod)  # what a dropped op leaves: quantize(dequantize(x)) is x
         mod = FoldConvAffine(entry)(mod)
         mod = FoldChannelAffine(entry)(mod)
+        mod = fold_quantized_affine(entry)(mod)  # per-channel affine QDQ units in integer units
         mod = UnshareConstantReshapes(entry)(mod)
         return unshare_qdq(entry)(mod)  # last: the rewrites above merge equal bindings
 
@@ -351,8 +355,9 @@ def _check_channel_shuffle(ctx: Any) -> bool:
     ann = ctx.annotated_expr
     x, grouped, out = _shape(ann["data"]), _shape(ann["grouped"]), _shape(ctx.matched_expr)
     axes = ann["swapped"].attrs.axes
-    if x is None or grouped is None or len(x) != 4 or out != x or not _all_f32(ann["data"]):
-        return False
+    dtype = getattr(getattr(ann["data"], "ty", None), "dtype", None)
+    if x is None or grouped is None or len(x) != 4 or out != x or str(dtype) not in ("float32", "uint8", "int8"):
+        return False  # data movement: a QDQ model's shuffle moves its u8 / s8 values as they are
     n, c, h, w = x
     g = grouped[1] if len(grouped) == 5 else 0
     return (

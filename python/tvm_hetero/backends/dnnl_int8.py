@@ -36,15 +36,17 @@ import numpy as np
 import tvm
 from tvm import relax
 from tvm.relax.backend.utils import has_leaking_intermediate_variables
-from tvm.relax.dpl import is_const, is_op, wildcard
+from tvm.relax.dpl import is_const, is_op, is_tuple, wildcard
 from tvm.relax.transform import FusionPattern
 
-from .qdq import DEQUANTIZE, QUANTIZE, find_qdq_units
+from .qdq import DEQUANTIZE, QUANTIZE
 
 #: Attribute of an int8 composite: its ``quant`` (docs/byoc.md) as JSON.
 QUANT_ATTR = "tvm_hetero.quant"
 #: Pattern names whose regions compute in integers.
-INT8_PATTERNS = ("dnnl.qconv2d", "dnnl.qmatmul", "dnnl.qadd")
+INT8_PATTERNS = ("dnnl.qconv2d", "dnnl.qmatmul", "dnnl.qadd", "dnnl.qpool", "dnnl.qconcat", "dnnl.qscale_shift")
+#: The most inputs an integer concat pattern takes (Inception joins 4, DenseNet 2).
+MAX_INT8_CONCAT_INPUTS = 16
 _TYPES = {"uint8": "u8", "int8": "s8"}
 
 
@@ -56,9 +58,16 @@ def int8_patterns() -> list[FusionPattern]:
         for act in ("relu", "clip", None):
             out.append(_qconv_pattern(bias, act))
     for bias in (True, False):
-        out.append(_qmatmul_pattern(bias))
+        for quantized in (True, False):
+            out.append(_qmatmul_pattern(bias, quantized))
     for relu in (True, False):
         out.append(_qadd_pattern(relu))
+    for op in ("max_pool2d", "avg_pool2d", "mean"):
+        out.append(_qpool_pattern(op))
+    for n in range(2, MAX_INT8_CONCAT_INPUTS + 1):
+        out.append(_qconcat_pattern(n))
+    for clip in (True, False):
+        out.append(_qscale_shift_pattern(clip))
     return out
 
 
@@ -111,7 +120,9 @@ def _qconv_pattern(bias: bool, act: str | None) -> FusionPattern:
     return FusionPattern(name, top, ann, _check_qconv, _quant_attrs)
 
 
-def _qmatmul_pattern(bias: bool) -> FusionPattern:
+def _qmatmul_pattern(bias: bool, quantized: bool) -> FusionPattern:
+    """An integer matmul (ONNX MatMul or Gemm with int8 weights); its output quantized, or, unquantized
+    (a classifier's logits), float32: the accumulator times ``sx * sw``."""
     ann: dict = {}
     x = _dequantize("x", ann)
     w = _dequantize("w", ann, is_const())
@@ -119,8 +130,10 @@ def _qmatmul_pattern(bias: bool) -> FusionPattern:
     ann.update(anchor=mm, matmul=mm)
     if bias:
         top = is_op("relax.add")(top, _dequantize("b", ann, is_const()))
-    top = _quantize(top, ann)
-    return FusionPattern("dnnl.qmatmul" + "_bias" * bias, top, ann, _check_qmatmul, _quant_attrs)
+    name = "dnnl.qmatmul" + "_bias" * bias
+    if not quantized:
+        return FusionPattern(name + "_f32", top, ann, _check_qmatmul, _quant_attrs)
+    return FusionPattern(name, _quantize(top, ann), ann, _check_qmatmul, _quant_attrs)
 
 
 def _qadd_pattern(relu: bool) -> FusionPattern:
@@ -130,6 +143,40 @@ def _qadd_pattern(relu: bool) -> FusionPattern:
     ann.update(anchor=add, add=add)
     top = _quantize(_act(top, "relu" if relu else None, ann), ann)
     return FusionPattern("dnnl.qadd" + "_relu" * relu, top, ann, _check_qadd, _quant_attrs)
+
+
+def _qpool_pattern(op: str) -> FusionPattern:
+    """``quantize(pool(dequantize(x)))``: max / average pooling or a global mean on the integers,
+    requantized by a linear post-op (max and mean commute with the affine dequantize)."""
+    ann: dict = {}
+    x = _dequantize("x", ann)
+    pool = is_op(f"relax.nn.{op}" if op != "mean" else "relax.mean")(x)
+    ann.update(anchor=pool, pool=pool)
+    return FusionPattern(f"dnnl.qpool_{op}", _quantize(pool, ann), ann, _check_qpool, _pool_quant_attrs)
+
+
+def _qconcat_pattern(n: int) -> FusionPattern:
+    """``quantize(concat(dequantize(x_0), ..., dequantize(x_n-1)))``: each input requantized into
+    its slice of the output."""
+    ann: dict = {}
+    fields = [_dequantize(f"x{i}", ann) for i in range(n)]
+    concat = is_op("relax.concat")(is_tuple(fields))
+    ann.update(anchor=concat, concat=concat)
+    return FusionPattern(f"dnnl.qconcat{n}", _quantize(concat, ann), ann, _check_qconcat, _concat_quant_attrs)
+
+
+def _qscale_shift_pattern(clip: bool) -> FusionPattern:
+    """What :func:`.dnnl_int8_rewrites.fold_quantized_affine` makes of a per-channel affine unit (a
+    batch norm, a multiply or an add by constants): ``quantize(clip(dequantize(x, 1, 0) * a + b), 1, 0)``."""
+    ann: dict = {}
+    x = _dequantize("x", ann)
+    mul = is_op("relax.multiply")(x, is_const())
+    top = add = is_op("relax.add")(mul, is_const())
+    if clip:
+        top = ann["clip"] = is_op("relax.clip")(top, wildcard(), wildcard())
+    ann.update(anchor=mul, multiply=mul, add=add, data=x)
+    name = "dnnl.qscale_shift" + "_clip" * clip
+    return FusionPattern(name, _quantize(top, ann), ann, _check_qscale_shift, _scale_shift_quant_attrs)
 
 
 # ---- checks -----------------------------------------------------------------------------------
@@ -147,7 +194,8 @@ def _per_tensor(ctx: Any, name: str, types: tuple[str, ...] = ("uint8", "int8"))
 
 
 def _check_activation_and_output(ctx: Any) -> bool:
-    return _per_tensor(ctx, "x") and _per_tensor(ctx, "y")
+    """x per tensor, and the output: per tensor, or not quantized at all (float32)."""
+    return _per_tensor(ctx, "x") and ("q" not in ctx.annotated_expr or _per_tensor(ctx, "y"))
 
 
 def _weights_ok(ctx: Any, channels: int, axis: int) -> bool:
@@ -193,12 +241,11 @@ def _check_qmatmul(ctx: Any) -> bool:
     x_shape = mm.args[0].ty.shape.values
     if len(w.ty.shape.values) != 2 or not 2 <= len(x_shape) <= 5:
         return False
-    transposed = not mm.args[1].same_as(ctx.annotated_expr["w_dq"])
-    if transposed:
-        bound = ctx.matched_bindings.get(mm.args[1])
-        if bound is not None and (not hasattr(bound.attrs, "axes") or bound.attrs.axes is None
-                                  or [int(v) for v in bound.attrs.axes] != [1, 0]):
-            return False  # only a permute_dims swapping the two axes is a transposed weight
+    # The matmul reads a variable: what it is bound to says whether the weight is transposed (Gemm).
+    bound = ctx.matched_bindings.get(mm.args[1], mm.args[1])
+    transposed = isinstance(bound, relax.Call) and bound.op.name == "relax.permute_dims"
+    if transposed and (bound.attrs.axes is None or [int(v) for v in bound.attrs.axes] != [1, 0]):
+        return False  # only a permute_dims swapping the two axes is a transposed weight
     n = int(mm.ty.shape.values[-1])
     return _weights_ok(ctx, n, 0 if transposed else 1) and _bias_ok(ctx)
 
@@ -211,6 +258,65 @@ def _check_qadd(ctx: Any) -> bool:
     add = ctx.annotated_expr["add"]
     shapes = [tuple(int(d) for d in v.ty.shape.values) for v in (add.args[0], add.args[1], add)]
     return shapes[0] == shapes[1] == shapes[2] and 1 <= len(shapes[0]) <= 5
+
+
+def _check_qpool(ctx: Any) -> bool:
+    if has_leaking_intermediate_variables(ctx) or not _check_activation_and_output(ctx):
+        return False
+    e = ctx.annotated_expr
+    pool = e["pool"]
+    shape = _shape(pool.args[0])
+    if shape is None or len(shape) != 4:
+        return False
+    if pool.op.name == "relax.mean":
+        axes = pool.attrs.axis
+        return axes is not None and bool(pool.attrs.keepdims) and sorted(int(a) % 4 for a in axes) == [2, 3]
+    a = pool.attrs
+    if a.layout != "NCHW" or a.out_layout != "NCHW" or bool(a.ceil_mode):
+        return False
+    # Padding counted in an average is float 0.0, the integer zero point: only that is what oneDNN pads.
+    padded = any(int(p) for p in a.padding)
+    return not (pool.op.name == "relax.nn.avg_pool2d" and bool(a.count_include_pad) and padded
+                and _scalar(e["x_zp"]) != 0)
+
+
+def _check_qconcat(ctx: Any) -> bool:
+    if has_leaking_intermediate_variables(ctx) or not _per_tensor(ctx, "y"):
+        return False
+    e = ctx.annotated_expr
+    n = len(e["concat"].args[0].fields)
+    if not all(_per_tensor(ctx, f"x{i}") for i in range(n)):
+        return False
+    shape = _shape(e["concat"])
+    return shape is not None and 1 <= len(shape) <= 5
+
+
+def _check_qscale_shift(ctx: Any) -> bool:
+    """Only the form :func:`fold_quantized_affine` writes: unit scales, zero points 0, vectors of
+    one value per channel of an NCHW tensor."""
+    if has_leaking_intermediate_variables(ctx) or not _check_activation_and_output(ctx):
+        return False
+    e = ctx.annotated_expr
+    for name in ("x", "y"):
+        if _scalar(e[f"{name}_scale"]) != 1.0 or _scalar(e[f"{name}_zp"]) != 0:
+            return False
+    shape = _shape(e["x_src"])
+    if shape is None or len(shape) != 4:
+        return False
+    for role in ("multiply", "add"):
+        v = _shape(e[role].args[1])
+        if v != (1, shape[1], 1, 1) or str(e[role].args[1].ty.dtype) != "float32":
+            return False
+    return _clip_ok(ctx)
+
+
+def _shape(expr: Any) -> tuple[int, ...] | None:
+    ty = getattr(expr, "ty", None)
+    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
+        return None
+    if not all(isinstance(d, tvm.tirx.IntImm) for d in ty.shape.values):
+        return None
+    return tuple(int(d) for d in ty.shape.values)
 
 
 def _clip_ok(ctx: Any) -> bool:
@@ -239,10 +345,11 @@ def _scalar(expr: Any) -> float:
 def _quant_attrs(matched: dict) -> dict[str, str]:
     """``quant`` of an integer unit (its constants arrive as composite parameters, so they are
     recorded on the composite): output scales, zero points and the output type."""
-    y_scale = _scalar(matched["y_scale"])
+    quantized = "q" in matched  # else a float32 output: y_scale 1, no zero point
+    y_scale = _scalar(matched["y_scale"]) if quantized else 1.0
     quant: dict[str, Any] = {
-        "dst_type": _TYPES[str(matched["q"].ty.dtype)],
-        "dst_zero_point": int(_scalar(matched["y_zp"])),
+        "dst_type": _TYPES[str(matched["q"].ty.dtype)] if quantized else "f32",
+        "dst_zero_point": int(_scalar(matched["y_zp"])) if quantized else 0,
     }
     if "add" in matched:
         sa, sb = _scalar(matched["a_scale"]), _scalar(matched["b_scale"])
@@ -250,11 +357,36 @@ def _quant_attrs(matched: dict) -> dict[str, str]:
         quant["scales"] = [sa / y_scale, sb / y_scale]
         quant["shift"] = -(sa * za + sb * zb) / y_scale
     else:
-        x_scale = _scalar(matched["x_scale"])
-        w_scale = _value(matched["w_scale"]).astype(np.float64).reshape(-1)
-        quant["scales"] = [float(v) for v in x_scale * w_scale / y_scale]
+        # In float32, in ONNX Runtime's order ((sx * sw) / sy, its QLinearConv / QLinearMatMul): a
+        # multiplier one ulp off flips the rounding of accumulators that sit on a half.
+        x_scale, y32 = np.float32(_scalar(matched["x_scale"])), np.float32(y_scale)
+        w_scale = _value(matched["w_scale"]).astype(np.float32).reshape(-1)
+        quant["scales"] = [float(v) for v in (x_scale * w_scale) / y32]
         quant["src_zero_point"] = int(_scalar(matched["x_zp"]))
     return {QUANT_ATTR: json.dumps(quant)}
+
+
+def _pool_quant_attrs(matched: dict) -> dict[str, str]:
+    """Pooling on the integers: ``pool(x) * sx / sy + (zy - zx * sx / sy)``."""
+    scale = _scalar(matched["x_scale"]) / _scalar(matched["y_scale"])
+    shift = _scalar(matched["y_zp"]) - _scalar(matched["x_zp"]) * scale
+    quant = {"dst_type": _TYPES[str(matched["q"].ty.dtype)], "scales": [scale], "shift": shift}
+    return {QUANT_ATTR: json.dumps(quant)}
+
+
+def _concat_quant_attrs(matched: dict) -> dict[str, str]:
+    """Each input's scale relative to the output's and its zero point."""
+    n = len(matched["concat"].args[0].fields)
+    y_scale = _scalar(matched["y_scale"])
+    quant = {"dst_type": _TYPES[str(matched["q"].ty.dtype)],
+             "scales": [_scalar(matched[f"x{i}_scale"]) / y_scale for i in range(n)],
+             "src_zero_points": [int(_scalar(matched[f"x{i}_zp"])) for i in range(n)],
+             "dst_zero_point": int(_scalar(matched["y_zp"]))}
+    return {QUANT_ATTR: json.dumps(quant)}
+
+
+def _scale_shift_quant_attrs(matched: dict) -> dict[str, str]:
+    return {QUANT_ATTR: json.dumps({"dst_type": _TYPES[str(matched["q"].ty.dtype)], "scales": [1.0]})}
 
 
 def _requant_attrs(matched: dict) -> dict[str, str]:
@@ -263,7 +395,7 @@ def _requant_attrs(matched: dict) -> dict[str, str]:
         quant = {"dst_type": "f32", "scales": [_scalar(call.args[1])], "src_zero_point": int(_scalar(call.args[2]))}
     else:
         call = matched["q"]
-        quant = {"dst_type": _TYPES[str(call.ty.dtype)], "scales": [1.0 / _scalar(call.args[1])],
+        quant = {"dst_type": _TYPES[str(call.ty.dtype)], "scales": [_scalar(call.args[1])],
                  "dst_zero_point": int(_scalar(call.args[2]))}
     return {QUANT_ATTR: json.dumps(quant)}
 
@@ -298,6 +430,32 @@ def describe_int8(composite: relax.Function, pattern: str) -> dict:
                 w = bound.get(value.args[1])
                 spec.update(op="matmul", data=source(value.args[0]), weight=source(value.args[1]),
                             weight_transposed=w is not None and w.op.name == "relax.permute_dims")
+            elif pattern.startswith("dnnl.qpool"):
+                if op == "relax.mean":
+                    h, w = _shape(value.args[0])[2:]
+                    spec.update(op="avg_pool2d", data=source(value.args[0]), pool_size=[h, w], strides=[1, 1],
+                                padding=[0, 0, 0, 0], dilation=[1, 1], count_include_pad=False)
+                elif op != DEQUANTIZE and op != QUANTIZE:
+                    a = value.attrs
+                    spec.update(op=op.removeprefix("relax.nn."), data=source(value.args[0]),
+                                count_include_pad=bool(a.count_include_pad),
+                                **{n: [int(v) for v in getattr(a, n)]
+                                   for n in ("strides", "padding", "dilation", "pool_size")})
+            elif op == "relax.concat":
+                rank = len(_shape(value))
+                spec.update(op="concat", axis=int(value.attrs.axis) % rank,
+                            inputs=[source(f) for f in value.args[0].fields])
+            elif pattern.startswith("dnnl.qscale_shift"):
+                if op == DEQUANTIZE:
+                    spec.update(op="scale_shift", data=source(value.args[0]))
+                elif op == "relax.multiply":
+                    spec["weight"] = source(value.args[1])
+                elif op == "relax.add":
+                    spec["bias"] = source(value.args[1])
+                elif op == "relax.clip":
+                    lo, hi = (float(_value(a)) if isinstance(a, tvm.ir.Constant) else float(a.value)
+                              for a in value.args[1:])
+                    spec.update(activation="clip", alpha=lo, beta=hi)
             elif op == "relax.add" and pattern.startswith("dnnl.qadd"):
                 spec.update(op="add", inputs=[source(value.args[0]), source(value.args[1])])
             elif op == "relax.add":
@@ -312,11 +470,13 @@ def describe_int8(composite: relax.Function, pattern: str) -> dict:
 
 
 # ---- prepare ----------------------------------------------------------------------------------
-#: Readers of a dequantized constant that keep it quantized (the integer units' weights and biases).
-_KEEPS_QUANTIZED = frozenset({"relax.nn.conv2d", "relax.matmul", "relax.permute_dims", "relax.reshape",
-                              "relax.add"})
-#: Readers of a dequantized activation that get their own copy of it.
-_OWN_COPY = frozenset({"relax.nn.conv2d", "relax.matmul", "relax.add"})
+#: Readers of a dequantized constant that keep it quantized (the integer units' weights), and those
+#: of an int32 one (a bias, added after a reshape).
+_KEEPS_QUANTIZED = frozenset({"relax.nn.conv2d", "relax.matmul", "relax.permute_dims", "relax.reshape"})
+_KEEPS_BIAS = frozenset({"relax.add", "relax.reshape"})
+#: Readers of a dequantized activation that get their own copy of it (each integer unit's own).
+_OWN_COPY = frozenset({"relax.nn.conv2d", "relax.matmul", "relax.add", "relax.nn.max_pool2d", "relax.nn.avg_pool2d",
+                       "relax.mean", "relax.concat"})
 
 
 def fold_param_dequantize(entry: str = "main") -> tvm.transform.Pass:
@@ -349,7 +509,8 @@ def _qdq_pass(entry: str, fold: bool, name: str) -> tvm.transform.Pass:
         folded = {}
         if fold:
             for v, x in dqs.items():
-                if isinstance(x.args[0], tvm.ir.Constant) and any(r not in _KEEPS_QUANTIZED for r in readers[v]):
+                src = x.args[0]
+                if isinstance(src, tvm.ir.Constant) and not _stays_quantized(x, readers[v]):
                     folded[v] = _fold(x)
             if not folded:
                 return mod
@@ -360,7 +521,9 @@ def _qdq_pass(entry: str, fold: bool, name: str) -> tvm.transform.Pass:
                 value = b.value
                 if isinstance(value, relax.Call) and isinstance(block, relax.DataflowBlock):
                     copy_own = not fold and _op(value) in _OWN_COPY
-                    args = [_remap(arg, folded, dqs, copy_own, bindings) for arg in value.args]
+                    args = [relax.Tuple([_remap(f, folded, dqs, copy_own, bindings) for f in arg.fields])
+                            if isinstance(arg, relax.Tuple) else _remap(arg, folded, dqs, copy_own, bindings)
+                            for arg in value.args]
                     if not fold and _op(value) in (DEQUANTIZE, QUANTIZE):
                         args[1:3] = [_fresh(a) for a in args[1:3]]
                     value = relax.Call(value.op, args, value.attrs, value.ty_args)
@@ -373,6 +536,17 @@ def _qdq_pass(entry: str, fold: bool, name: str) -> tvm.transform.Pass:
         return relax.transform.DeadCodeElimination([entry])(mod)
 
     return tvm.transform.module_pass(run, opt_level=0, name=name)
+
+
+def _stays_quantized(dq: relax.Call, readers: list[str]) -> bool:
+    """Whether a dequantized constant is one an integer unit takes as it is: int8 weights with zero
+    points 0 read by a conv / matmul (through a transpose or reshape), or an int32 bias. Any other
+    (uint8 weights with a zero point, a batch norm's scale) is folded into a float constant."""
+    dtype = str(dq.args[0].ty.dtype)
+    if dtype == "int32":
+        return all(r in _KEEPS_BIAS | _KEEPS_QUANTIZED for r in readers)
+    zero = isinstance(dq.args[2], tvm.ir.Constant) and not np.any(_value(dq.args[2]))
+    return dtype == "int8" and zero and all(r in _KEEPS_QUANTIZED for r in readers)
 
 
 def _fresh(expr: Any) -> Any:
@@ -418,38 +592,5 @@ def _args(value: Any) -> list[Any]:
     return out
 
 
-# ---- the build report -------------------------------------------------------------------------
-def qdq_report(mod: tvm.IRModule, region_docs: list[str], node_funcs: list[str], entry: str = "main") -> str | None:
-    """One line on how the QDQ units of ``mod`` (the module as given to the build) ran, or None for a
-    model without any: int8 (a oneDNN integer primitive, by kind), float inside a oneDNN block
-    (between a dequantize and a quantize step), and the rest as TVM kernels (fallbacks). Read
-    from the region documents the build's libraries hold (``region_docs``) and the graph's
-    ``node_funcs`` (a region symbol called from several nodes counts once per node)."""
-    units = find_qdq_units(mod[entry])
-    if not units:
-        return None
-    calls: dict[str, int] = {}
-    for name in node_funcs:
-        calls[name] = calls.get(name, 0) + 1
-    int8: dict[str, int] = {}
-    in_block: dict[str, int] = {}
-    for doc in region_docs:
-        for region in json.loads(doc).get("regions", []):
-            n = calls.get(region["name"], 0)
-            steps = region["steps"] if region.get("op") == "block" else [region]
-            for k, step in enumerate(steps):
-                op = step["op"]
-                if "quant" in step and op not in ("quantize", "dequantize"):
-                    int8[op] = int8.get(op, 0) + n
-                elif op == "quantize" and k > 0 and steps[k - 1]["op"] not in ("quantize", "dequantize"):
-                    before = steps[k - 1]["op"]
-                    in_block[before] = in_block.get(before, 0) + n
-    done = sum(int8.values()) + sum(in_block.values())
-    fallback = max(len(units) - done, 0)
-
-    def kinds(d: dict[str, int]) -> str:
-        return ", ".join(f"{k} {v}" for k, v in sorted(d.items())) or "none"
-
-    return (f"QDQ units: {len(units)}; int8 in oneDNN {sum(int8.values())} ({kinds(int8)}); "
-            f"float inside oneDNN blocks {sum(in_block.values())} ({kinds(in_block)}); "
-            f"fallback to TVM kernels {fallback}")
+# ---- the build report: dnnl_int8_report.py (importable from here too) --------------------------
+from .dnnl_int8_report import qdq_report  # noqa: F401

@@ -12,20 +12,21 @@ import tempfile
 
 import numpy as np
 
-from .models import model_inputs
+from .export_models import sample_inputs
 
 
 def qdq_model(model, per_channel: bool, calibration_batches: int = 4, seed: int = 0):
     """A QDQ copy of the ONNX ``model``: ``quantize_static`` (QDQ format, uint8 activations with zero
     points, int8 symmetric weights, per output channel when ``per_channel``), calibrated with the
-    min-max method on ``calibration_batches`` seeded batches of :func:`model_inputs`."""
+    min-max method on ``calibration_batches`` seeded batches of :func:`.export_models.sample_inputs`
+    (standard normal floats, token ids and attention masks for a BERT)."""
     import onnx
     import onnx.version_converter
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
     class _Batches(CalibrationDataReader):
         def __init__(self) -> None:
-            self._batches = iter([model_inputs(model, seed=seed + i) for i in range(calibration_batches)])
+            self._batches = iter([sample_inputs(model, seed=seed + i) for i in range(calibration_batches)])
 
         def get_next(self):
             return next(self._batches, None)
