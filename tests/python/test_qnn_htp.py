@@ -304,12 +304,14 @@ def test_automatic_placement_weighs_each_htp_group_against_the_host(tmp_path, mo
     from tvm_hetero.cli import main
 
     monkeypatch.setenv("TVM_HETERO_CACHE", str(tmp_path))  # an empty device cost table
-    # A tiny group: one QNN call (~0.16 ms) costs more than the host computing it.
+    # Each group: modeled from QNN's cycles, measured on the host, the faster side chosen. (Which
+    # side wins is the machine's: on a loaded host even a tiny group can take milliseconds.)
     tiny = tvm_hetero.build(_relax(conv_unary_conv("Relu")), [CPU, "qnn-htp"], placement="auto")
     (row,) = tiny.build_report.htp["auto"]
-    assert not row["on_htp"] and row["host_seconds"] < row["htp_seconds"] and row["htp_source"].startswith("modeled")
-    assert tiny.build_report.htp["graph_executions"] == 0 and "moved to the host" in tiny.report()
-    # A wide group: modeled from QNN's cycles, measured on the host, the faster side chosen.
+    assert row["htp_source"].startswith("modeled") and row["htp_seconds"] > 0.16e-3 and row["host_seconds"] > 0
+    assert row["on_htp"] == (row["htp_seconds"] < row["host_seconds"])
+    assert tiny.build_report.htp["graph_executions"] == int(row["on_htp"])
+    assert ("stays on the HTP" if row["on_htp"] else "moved to the host") in tiny.report()
     model = _wide_conv_model()
     wide = tvm_hetero.build(_relax(model), [CPU, "qnn-htp"], placement="auto")
     (row,) = wide.build_report.htp["auto"]
