@@ -19,10 +19,7 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from typing import Any
-
-import numpy as np
 
 from .htp_costs import graph_key, graph_seconds
 
@@ -59,43 +56,9 @@ def host_time(model: bytes, host_target: Any) -> float:
             f.write(model)
         job = json.dumps({"model": path, "device": [int(spec.device.dlpack_device_type()), int(spec.device.index)],
                           "target": str(spec.target)})
-        done = subprocess.run([sys.executable, "-m", "tvm_hetero.htp_placement", job], capture_output=True,
+        done = subprocess.run([sys.executable, "-m", "tvm_hetero.htp_host_timing", job], capture_output=True,
                               text=True, timeout=600, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"automatic placement: timing an HTP group on the host failed: "
                            f"{(done.stderr.strip().splitlines() or ['no output'])[-1]}")
     return float(done.stdout.strip().splitlines()[-1])
-
-
-def _time_alone(job: dict) -> float:
-    """The child's job: build the group for the host device and time it."""
-    import onnx
-    import tvm
-
-    from . import build
-    from .importers import from_onnx
-
-    proto = onnx.load(job["model"])
-    device = tvm.runtime.device(*job["device"])
-    art = build(from_onnx(proto), [(device, job["target"])])
-    runtime = art.create(execution="serial")
-    rng = np.random.default_rng(0)
-    for value in proto.graph.input:
-        tensor = value.type.tensor_type
-        shape = [d.dim_value for d in tensor.shape.dim]
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)
-        data = (rng.standard_normal(shape) if np.issubdtype(dtype, np.floating)
-                else rng.integers(0, 8, size=shape)).astype(dtype)
-        runtime.set_input(value.name, data)
-    runtime.run()  # warm-up: first touch of memory, oneDNN's primitive creation
-    times = []
-    for _ in range(HOST_RUNS):
-        start = time.perf_counter()
-        runtime.run()
-        times.append(time.perf_counter() - start)
-    runtime.close()
-    return min(times)
-
-
-if __name__ == "__main__":
-    print(_time_alone(json.loads(sys.argv[1])))
