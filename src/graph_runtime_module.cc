@@ -37,6 +37,21 @@ ffi::Optional<ffi::Function> GraphRuntimeModule::GetFunction(const ffi::String& 
       rt->SetInput(input_index(key), value);
     });
   }
+  if (n == "bind_input") {
+    // Zero copy: the default frame reads the input from `value` (checked; see RunFrame::BindInput).
+    return ffi::Function::FromTyped([self, rt, input_index](ffi::AnyView key, ffi::Tensor value) {
+      rt->default_frame().BindInput(input_index(key), std::move(value));
+    });
+  }
+  if (n == "bind_output") {
+    return ffi::Function::FromTyped(
+        [self, rt](int index, ffi::Tensor out) { rt->default_frame().BindOutput(index, std::move(out)); });
+  }
+  if (n == "frame") {
+    ffi::ObjectPtr<ffi::ModuleObj> me = ffi::GetObjectPtr<ffi::ModuleObj>(static_cast<ffi::ModuleObj*>(this));
+    return ffi::Function::FromTyped([me, rt]() { return CreateFrameModule(ffi::Module(me), rt->Frame()); });
+  }
+  if (n == "plan") return ffi::Function::FromTyped([self, rt]() { return ffi::String(rt->PlanText()); });
   if (n == "run") return ffi::Function::FromTyped([self, rt]() { rt->Run(); });
   if (n == "get_output") {
     return ffi::Function::FromPacked([self, rt](ffi::PackedArgs args, ffi::Any* rv) {
