@@ -122,7 +122,7 @@ void GraphRuntime::SetExecution(ExecutionMode mode, std::vector<ExecutorOptions>
   SetupExecution();
 }
 
-std::unique_ptr<RunFrame> GraphRuntime::Frame() const {
+std::unique_ptr<RunFrame> GraphRuntime::Frame(const FrameOptions& options) const {
   for (const DLDevice& dev : devices_) {
     if (support::IsRemote(dev)) {
       TVM_FFI_THROW(ValueError) << "frame: device " << DeviceName(dev)
@@ -130,7 +130,7 @@ std::unique_ptr<RunFrame> GraphRuntime::Frame() const {
                                    "own memory): use one runtime per thread there";
     }
   }
-  std::unique_ptr<RunFrame> frame(new RunFrame(this, plan_, default_frame_.get()));
+  std::unique_ptr<RunFrame> frame(new RunFrame(this, plan_, default_frame_.get(), options));
   frame->StartExecutors(schedule_);
   return frame;
 }

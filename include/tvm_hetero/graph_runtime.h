@@ -84,7 +84,7 @@ class GraphRuntime {
    *        runtime (not copied). Frames run concurrently with each other and with the runtime's own
    *        Run. Needs local devices (an offload runner serves the default frame's memory only).
    */
-  std::unique_ptr<RunFrame> Frame() const;
+  std::unique_ptr<RunFrame> Frame(const FrameOptions& options = FrameOptions()) const;
   /*! \brief The frame behind SetInput / Run / GetOutput. */
   RunFrame& default_frame() { return *default_frame_; }
   /*! \brief The plan, one line per step (ExecutionPlan::ToString). */

@@ -32,6 +32,19 @@ struct ExecutionSchedule;
 struct PreparedCall;
 struct GroupCall;
 
+/*! \brief How GraphRuntime::Frame makes a frame (the defaults suit one frame per thread). */
+struct FrameOptions {
+  /*! \brief Inputs read from the default frame's memory even if not set yet (a pipeline stage's
+   *         declared parameters, loaded later); Run refuses while the default frame lacks any
+   *         parameter. Parameters already set are shared anyway. */
+  std::vector<int> shared_inputs;
+  /*! \brief Use the plan's kernel call sites instead of asking the library for the frame's own:
+   *         only where no two frames of the runtime ever run at once (a pipeline stage's worker
+   *         runs its frames one after another), so a backend keeps its state (oneDNN's reordered
+   *         weights) once. */
+  bool share_call_sites = false;
+};
+
 /*! \brief Per-run state of a GraphRuntime (see the file comment). */
 class RunFrame {
  public:
@@ -67,9 +80,10 @@ class RunFrame {
  private:
   friend class GraphRuntime;
   /*! \brief Memory for `plan` (parameter entries from `shared` when given), arguments packed. */
-  RunFrame(const GraphRuntime* runtime, std::shared_ptr<const ExecutionPlan> plan, const RunFrame* shared);
+  RunFrame(const GraphRuntime* runtime, std::shared_ptr<const ExecutionPlan> plan, const RunFrame* shared,
+           const FrameOptions& options = FrameOptions());
   /*! \brief Allocate the pool, the tensors of every id and their DLTensors. */
-  void AllocateTensors(const RunFrame* shared);
+  void AllocateTensors(const RunFrame* shared, const FrameOptions& options);
   /*! \brief Pack every step's arguments and build the hot-loop calls (after memory changes). */
   void PrepareCalls();
   /*! \brief Start executors for `schedule` (none: the serial loop on the caller). */
@@ -130,6 +144,9 @@ class RunFrame {
   int num_inputs_unset_ = 0;
   /*! \brief Per input: a parameter shared with the default frame (frames other than it only). */
   std::vector<uint8_t> input_shared_;
+  /*! \brief The frame holding shared_inputs not set when this one was made (else null): Run
+   *         refuses while it has inputs unset. */
+  const RunFrame* params_from_ = nullptr;
   /*! \brief Non-CPU devices to synchronise at the end of Run. */
   std::vector<DLDevice> devices_to_sync_;
   std::unique_ptr<DeviceExecutors> executors_;

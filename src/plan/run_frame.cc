@@ -36,7 +36,8 @@ constexpr uintptr_t kKernelAlignment = 64;
 
 }  // namespace
 
-RunFrame::RunFrame(const GraphRuntime* runtime, std::shared_ptr<const ExecutionPlan> plan, const RunFrame* shared)
+RunFrame::RunFrame(const GraphRuntime* runtime, std::shared_ptr<const ExecutionPlan> plan, const RunFrame* shared,
+                   const FrameOptions& options)
     : runtime_(runtime), plan_(std::move(plan)), executors_(std::make_unique<DeviceExecutors>()) {
   const size_t num_inputs = runtime_->input_nodes_.size();
   input_set_.assign(num_inputs, 0);
@@ -47,8 +48,8 @@ RunFrame::RunFrame(const GraphRuntime* runtime, std::shared_ptr<const ExecutionP
   for (const DLDevice& dev : runtime_->devices_) {
     if (support::NeedsDrain(dev)) support::AddUnique(&devices_to_sync_, dev);
   }
-  AllocateTensors(shared);
-  if (shared != nullptr) {
+  AllocateTensors(shared, options);
+  if (shared != nullptr && !options.share_call_sites) {
     // A call site of its own per kernel: a library may keep per-call-site state (oneDNN regions).
     PlanInputs in = runtime_->Inputs();
     own_kernels_.resize(plan_->steps.size());
@@ -64,7 +65,7 @@ RunFrame::~RunFrame() {
   executors_->Stop();
 }
 
-void RunFrame::AllocateTensors(const RunFrame* shared) {
+void RunFrame::AllocateTensors(const RunFrame* shared, const FrameOptions& options) {
   const Graph& graph = runtime_->graph_;
   const StoragePlan& storage = runtime_->storage_plan_;
   const std::vector<DLDevice>& devices = runtime_->devices_;
@@ -72,8 +73,13 @@ void RunFrame::AllocateTensors(const RunFrame* shared) {
   // is not allocated (weights once, whatever the number of frames).
   std::vector<uint8_t> shared_entry(plan_->num_entries, 0);
   if (shared != nullptr) {
+    std::vector<uint8_t> asked(runtime_->input_nodes_.size(), 0);
+    for (int i : options.shared_inputs) {
+      asked[CheckedIndex(i, false)] = 1;
+      if (!shared->input_set_[i]) params_from_ = shared;
+    }
     for (size_t i = 0; i < runtime_->input_nodes_.size(); ++i) {
-      if (!runtime_->input_is_param_[i] || !shared->input_set_[i]) continue;
+      if (!asked[i] && (!runtime_->input_is_param_[i] || !shared->input_set_[i])) continue;
       shared_entry[graph.entry_id(runtime_->input_nodes_[i], 0)] = 1;
       input_shared_[i] = 1;
       input_set_[i] = 1;
@@ -360,6 +366,7 @@ void RunFrame::ThrowUnsetInputs() const {
 void RunFrame::Run() {
   ExclusiveUse use(this, "run");
   if (num_inputs_unset_ != 0) ThrowUnsetInputs();
+  if (params_from_ != nullptr && params_from_->num_inputs_unset_ != 0) params_from_->ThrowUnsetInputs();
   RunOnce();
 }
 
