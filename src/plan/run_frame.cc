@@ -133,7 +133,6 @@ void RunFrame::AllocateTensors(const RunFrame* shared, const FrameOptions& optio
 
 void RunFrame::PrepareCalls() {
   const ExecutionPlan& plan = *plan_;
-  const std::vector<DLDevice>& devices = runtime_->devices_;
   size_t num_args = 0;
   for (const PlanStep& step : plan.steps) num_args += step.kind == PlanStep::Kind::kKernel ? step.args.size() : 0;
   args_.clear();
@@ -197,7 +196,6 @@ void RunFrame::PrepareCalls() {
   for (PreparedCall& call : calls_) {
     if (call.mode == PreparedCall::Mode::kRemoteGroup) call.args = group_calls_[call.num_args].call_args.data();
   }
-  (void)devices;
 }
 
 void RunFrame::StartExecutors(std::shared_ptr<const ExecutionSchedule> schedule) {

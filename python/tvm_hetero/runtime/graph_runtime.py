@@ -273,7 +273,8 @@ class GraphModule:
         Every input must have been set (parameters count once loaded), else ValueError names those
         never set. One call at a time per runtime: while another thread is in ``run`` (or
         ``set_input``, ``set_params``, ``load_params``, ``get_output(i, out)``) on this runtime, the
-        call raises RuntimeError "runtime is busy" instead of corrupting shared buffers.
+        call raises RuntimeError "runtime is busy" instead of corrupting shared buffers; threads that
+        run at the same time each take a :meth:`frame`.
         """
         if self._watchdog is None:
             if inputs:
