@@ -82,7 +82,8 @@ class GraphRuntime {
   /*!
    * \brief A new frame: memory for one run of the plan, the parameters set so far shared with the
    *        runtime (not copied). Frames run concurrently with each other and with the runtime's own
-   *        Run. Needs local devices (an offload runner serves the default frame's memory only).
+   *        Run. Needs local devices (an offload runner serves the default frame's memory only). A frame
+   *        keeps the execution mode (SetExecution) in force when it was made.
    */
   std::unique_ptr<RunFrame> Frame(const FrameOptions& options = FrameOptions()) const;
   /*! \brief The frame behind SetInput / Run / GetOutput. */
