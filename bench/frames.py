@@ -8,7 +8,10 @@
    time; ``two runtimes``: two threads, each with its own runtime (the way before frames). Every thread keeps TVM's and OpenMP's pools at one thread (TVM_NUM_THREADS=1,
    OMP_NUM_THREADS=1), so one thread uses one core. Rounds alternate the two configurations
    (interleaved, so machine load hits both alike); per round each thread runs ``--inferences``
-   inferences; the ratio is two-thread throughput / one-thread throughput per round, median.
+   inferences; the ratio is two-thread throughput / one-thread throughput per round, median. The
+   process's CPU seconds per wall second (the cores it got from a shared machine) are recorded too,
+   and throughput per core obtained: near equal for one and two threads means the frames scale with
+   the cores they get, whatever other processes take.
 2. Memory for N frames: the runtime's pool (weights and one set of activations, its default
    frame) once, and each extra frame's own allocation (activations only: parameter slots are shared);
    then the process's resident-set growth for N frames against N runtimes, each run once.
@@ -65,24 +68,32 @@ def throughput(artifact, rt, inputs: dict, rounds: int, inferences: int) -> dict
         for _ in range(inferences):
             runner.run()
 
-    def timed(pair, num_threads: int) -> float:
+    def timed(pair, num_threads: int) -> tuple[float, float]:
+        """(inferences per second, cores this process got: its CPU seconds per second)."""
         barrier = threading.Barrier(num_threads + 1)
         threads = [threading.Thread(target=serve, args=(pair[t], barrier)) for t in range(num_threads)]
         for t in threads:
             t.start()
         barrier.wait()
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         for t in threads:
             t.join()
-        return num_threads * inferences / (time.perf_counter() - start)
+        wall = time.perf_counter() - start
+        return num_threads * inferences / wall, (time.process_time() - cpu_start) / wall
 
     rates: dict[str, list[float]] = {"one thread": [], "two frames": [], "two runtimes": []}
+    cores: dict[str, list[float]] = {name: [] for name in rates}
     for r in range(rounds):
-        rates["one thread"].append(timed(runners["frames"], 1))
-        rates["two frames"].append(timed(runners["frames"], 2))
-        rates["two runtimes"].append(timed(runners["runtimes"], 2))
-        print(f"  round {r}: " + ", ".join(f"{k} {v[-1]:.2f} inf/s" for k, v in rates.items())
+        for name, pair, num_threads in (("one thread", runners["frames"], 1), ("two frames", runners["frames"], 2),
+                                        ("two runtimes", runners["runtimes"], 2)):
+            rate, used = timed(pair, num_threads)
+            rates[name].append(rate)
+            cores[name].append(used)
+        print(f"  round {r}: " + ", ".join(f"{k} {v[-1]:.2f} inf/s on {cores[k][-1]:.2f} cores" for k, v in rates.items())
               + f" (load {load_average()})", flush=True)
+    # Throughput per core obtained: what scaling gives when the other processes leave a share free.
+    for name, used in cores.items():
+        rates[name + " per core"] = [rate / c for rate, c in zip(rates[name], used)]
     return rates
 
 
@@ -196,11 +207,12 @@ def main() -> None:
             memory(artifact, rt, inputs, set(inputs))
         if "throughput" not in skip:
             rates = throughput(artifact, rt, inputs, args.rounds, args.inferences)
-            one = rates["one thread"]
-            for name in ("two frames", "two runtimes"):
-                ratios = [two / base for two, base in zip(rates[name], one)]
-                print(f"{name} / one thread throughput: median {statistics.median(ratios):.2f} "
-                      f"(min {min(ratios):.2f}, max {max(ratios):.2f})")
+            for per in ("", " per core"):
+                one = rates["one thread" + per]
+                for name in ("two frames", "two runtimes"):
+                    ratios = [two / base for two, base in zip(rates[name + per], one)]
+                    print(f"{name} / one thread throughput{per}: median {statistics.median(ratios):.2f} "
+                          f"(min {min(ratios):.2f}, max {max(ratios):.2f})")
             print(f"load average now {load_average()}")
     if "copies" not in skip:
         copies(args.rounds)

@@ -11,6 +11,8 @@
 #include <memory>
 #include <string>
 
+#include "module_calls.h"
+
 namespace tvm_hetero {
 
 namespace ffi = tvm::ffi;
@@ -28,14 +30,7 @@ class FrameModule : public ffi::ModuleObj {
     ffi::ObjectPtr<ffi::Object> self = ffi::GetObjectPtr<ffi::Object>(static_cast<ffi::Object*>(this));
     RunFrame* frame = frame_.get();
     const GraphRuntime* rt = &static_cast<GraphRuntimeModule*>(runtime_module_.operator->())->runtime;
-    auto input_index = [rt](const ffi::AnyView& key) -> int {
-      if (auto name = key.try_cast<ffi::String>()) {
-        int index = rt->GetInputIndex(std::string(*name));
-        if (index < 0) TVM_FFI_THROW(KeyError) << "the graph has no input named '" << *name << "'";
-        return index;
-      }
-      return key.cast<int>();
-    };
+    auto input_index = [rt](const ffi::AnyView& key) { return InputIndexOf(*rt, key); };
     std::string n(name);
     if (n == "set_input") {
       return ffi::Function::FromTyped(
@@ -51,17 +46,7 @@ class FrameModule : public ffi::ModuleObj {
           [self, frame](int index, ffi::Tensor out) { frame->BindOutput(index, std::move(out)); });
     }
     if (n == "run") return ffi::Function::FromTyped([self, frame]() { frame->Run(); });
-    if (n == "get_output") {
-      return ffi::Function::FromPacked([self, frame](ffi::PackedArgs args, ffi::Any* rv) {
-        int index = args[0].cast<int>();
-        if (args.size() > 1) {
-          frame->CopyOutputTo(index, args[1].cast<DLTensor*>());
-          *rv = args[1];
-        } else {
-          *rv = frame->GetOutput(index);
-        }
-      });
-    }
+    if (n == "get_output") return GetOutputFunction(self, frame);
     if (n == "get_input") {
       return ffi::Function::FromTyped([self, frame, input_index](ffi::AnyView key) { return frame->GetInput(input_index(key)); });
     }

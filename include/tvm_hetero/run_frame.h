@@ -111,6 +111,8 @@ class RunFrame {
   /*! \brief Run `runs` times timing every step (per run: start and end, -1 where not run). */
   std::vector<std::vector<std::pair<double, double>>> TimedRuns(int runs, bool serial);
   [[noreturn]] void ThrowUnsetInputs() const;
+  /*! \brief "input 'x'" for errors; throws for a parameter shared with the runtime (not this frame's). */
+  std::string OwnInputName(int index) const;
   int CheckedIndex(int index, bool output) const;
 
   /*! \brief The runtime this frame runs (graph, devices, names). */

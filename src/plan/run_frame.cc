@@ -269,15 +269,19 @@ void RunFrame::CheckBindable(uint32_t eid, const DLTensor* value, const std::str
   }
 }
 
-void RunFrame::SetInput(int index, const DLTensor* value) {
-  ExclusiveUse use(this, "set_input");
+std::string RunFrame::OwnInputName(int index) const {
   CheckedIndex(index, false);
   const std::string what = "input '" + runtime_->GetInputName(index) + "'";
   if (input_shared_[index]) {
     TVM_FFI_THROW(ValueError) << what << " is a parameter shared by every frame of the runtime; set it on the "
                               << "runtime (set_params), not on one frame";
   }
-  WriteInput(index, value, what);
+  return what;
+}
+
+void RunFrame::SetInput(int index, const DLTensor* value) {
+  ExclusiveUse use(this, "set_input");
+  WriteInput(index, value, OwnInputName(index));
 }
 
 void RunFrame::WriteInput(int index, const DLTensor* value, const std::string& what) {
@@ -294,12 +298,7 @@ void RunFrame::WriteInput(int index, const DLTensor* value, const std::string& w
 
 void RunFrame::BindInput(int index, ffi::Tensor value) {
   ExclusiveUse use(this, "set_input");
-  CheckedIndex(index, false);
-  const std::string what = "input '" + runtime_->GetInputName(index) + "'";
-  if (input_shared_[index]) {
-    TVM_FFI_THROW(ValueError) << what << " is a parameter shared by every frame of the runtime; it cannot be "
-                              << "bound on one frame";
-  }
+  const std::string what = OwnInputName(index);
   const uint32_t eid = runtime_->graph_.entry_id(runtime_->input_nodes_[index], 0);
   CheckBindable(eid, value.GetDLTensorPtr(), what);
   Repoint(eid, value.GetDLTensorPtr());
