@@ -75,7 +75,7 @@ class RunFrame {
   /*! \brief Bytes set_input and get_output-into-a-tensor copied since the frame was made. */
   int64_t io_bytes_copied() const { return io_bytes_copied_; }
   /*! \brief Bytes of memory this frame allocated (pool slots not shared, copy buffers, staging). */
-  int64_t allocated_bytes() const { return allocated_bytes_; }
+  int64_t allocated_bytes() const { return allocated_bytes_ + staging_bytes_; }
 
  private:
   friend class GraphRuntime;
@@ -151,13 +151,17 @@ class RunFrame {
   const RunFrame* params_from_ = nullptr;
   /*! \brief Non-CPU devices to synchronise at the end of Run. */
   std::vector<DLDevice> devices_to_sync_;
+  /*! \brief This frame's device executors (started only when the schedule asks for them). */
   std::unique_ptr<DeviceExecutors> executors_;
   /*! \brief Set while TimedRuns records step times (read between runs only). */
   bool tracing_ = false;
+  /*! \brief Start of the traced run, and each step's span in it (µs; -1: not run). */
   std::chrono::steady_clock::time_point run_start_;
   std::vector<double> span_start_us_, span_end_us_;
+  /*! \brief Bytes SetInput and CopyOutputTo copied. */
   int64_t io_bytes_copied_ = 0;
-  int64_t allocated_bytes_ = 0;
+  /*! \brief Pool slots and copy buffers allocated; staging buffers (remade with the calls). */
+  int64_t allocated_bytes_ = 0, staging_bytes_ = 0;
   /*! \brief A call using the frame's memory is in progress (a flag, not a lock). */
   std::atomic<bool> in_use_{false};
 

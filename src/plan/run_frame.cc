@@ -138,6 +138,7 @@ void RunFrame::PrepareCalls() {
   args_.clear();
   args_.reserve(num_args);  // calls point into args_: it must not move once filled
   staging_.assign(plan.steps.size(), ffi::Tensor());
+  staging_bytes_ = 0;
   calls_.assign(plan.steps.size(), PreparedCall());
   group_calls_.clear();
   for (size_t i = 0; i < plan.steps.size(); ++i) {
@@ -159,7 +160,7 @@ void RunFrame::PrepareCalls() {
         if (step.staged) {
           staging_[i] = support::StagingBuffer(call.from->device, call.to->device,
                                                ffi::ShapeView(call.to->shape, call.to->ndim), call.to->dtype);
-          allocated_bytes_ += static_cast<int64_t>(ffi::GetDataSize(*call.to));
+          staging_bytes_ += static_cast<int64_t>(ffi::GetDataSize(*call.to));
           call.staging = Mutable(staging_[i]);
         }
         break;
