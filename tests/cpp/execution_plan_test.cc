@@ -214,5 +214,48 @@ TEST(GraphRuntimeFrames, AFrameSharesParametersAndRefusesToWriteThem) {
   EXPECT_THROW(rt.Run(), ffi::Error);  // the runtime's own frame never had A and B set
 }
 
+/*! \brief A tensor over memory the test owns (or none: checks fail before data is touched). */
+struct Borrowed {
+  void* data;
+  void AllocData(DLTensor* t) { t->data = data; }
+  void FreeData(DLTensor*) {}
+};
+
+ffi::Tensor BorrowedFloats(void* data, DLDevice device, int64_t length = 4) {
+  return ffi::Tensor::FromNDAlloc(Borrowed{data}, ffi::Shape({length}), DLDataType{kDLFloat, 32, 1}, device);
+}
+
+TEST(GraphRuntimeFrames, BoundInputsAndOutputsAreUsedInPlaceAndCheckedNamingTheInput) {
+  GraphRuntime rt;
+  rt.Init(SimplexJSON(), ffi::Module(ffi::make_object<PureKernels>()), {kCpu0, kCpu1});
+  std::unique_ptr<RunFrame> frame = rt.Frame();
+  alignas(64) float a[4] = {1, 2, 3, 4}, out[4] = {0, 0, 0, 0};
+  alignas(64) float unaligned[5] = {0, 0, 0, 0, 0};
+  auto expect_error = [](auto call, const std::string& text) {
+    try {
+      call();
+      ADD_FAILURE() << "no error; expected one containing: " << text;
+    } catch (const ffi::Error& err) {
+      EXPECT_NE(err.message().find(text), std::string::npos) << err.message();
+    }
+  };
+  expect_error([&] { frame->BindInput(0, BorrowedFloats(a, DLDevice{kDLCUDA, 0})); },
+               "input 'A': bound without a copy, it must be on cpu:1");
+  expect_error([&] { frame->BindInput(0, BorrowedFloats(unaligned + 1, kCpu1)); },
+               "input 'A': bound without a copy, its data must be 64-byte aligned");
+  expect_error([&] { frame->BindInput(0, BorrowedFloats(a, kCpu1, 3)); }, "input 'A': expected shape (4,)");
+  frame->BindInput(0, BorrowedFloats(a, kCpu0));  // cpu:0 shares cpu:1's memory: accepted
+  frame->BindOutput(0, BorrowedFloats(out, kCpu0));
+  SetFloats(*frame, 1, {10, 20, 30, 40});
+  SetFloats(*frame, 2, {1, 1, 1, 1});
+  frame->Run();
+  EXPECT_EQ(std::vector<float>(out, out + 4), (std::vector<float>{10, 21, 32, 43}));
+  a[0] = 101;  // the frame reads the caller's memory on every run
+  frame->Run();
+  EXPECT_EQ(out[0], 110);
+  EXPECT_EQ(frame->GetOutput(0).data_ptr(), static_cast<void*>(out));
+  EXPECT_EQ(frame->io_bytes_copied(), 32);  // B and C were copied; A and the output were not
+}
+
 }  // namespace
 }  // namespace tvm_hetero
