@@ -20,13 +20,13 @@ for variant in build-tests build-asan; do
   ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 ctest --test-dir "$variant" --output-on-failure
 done
 
-echo "== gtest (build-tsan: pipeline and concurrency)"
+echo "== gtest (build-tsan: pipeline, concurrency and frames)"
 cmake -S . -B build-tsan -G Ninja -DPython3_EXECUTABLE="$py" -DTVM_HETERO_BUILD_TESTS=ON -DTVM_HETERO_TSAN=ON \
   -DCMAKE_BUILD_TYPE=Debug >/dev/null
 cmake --build build-tsan >/dev/null
 # No suppressions: the tests keep each stage's TVM thread pool at one thread. libtvm_runtime itself is
 # not instrumented, so races inside its thread pool could not be seen anyway.
-TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" ctest --test-dir build-tsan -R "Pipeline|StepSchedule|DeviceExecutors|Concurrent" --output-on-failure
+TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" ctest --test-dir build-tsan -R "Pipeline|StepSchedule|DeviceExecutors|Concurrent|GraphRuntimeFrames" --output-on-failure
 
 # A model across this host and an emulated aarch64 board (QEMU user mode). Preparing the board takes
 # minutes the first time (cached in ~/.cache/tvm-hetero/board afterwards), hence its own step; the

@@ -10,6 +10,7 @@
 #include <tvm_hetero/graph_runtime_module.h>
 
 #include "concurrency/device_executors.h"
+#include "module_calls.h"
 
 #include <memory>
 #include <string>
@@ -22,14 +23,7 @@ ffi::Optional<ffi::Function> GraphRuntimeModule::GetFunction(const ffi::String& 
   // The closures hold a reference so the module outlives the functions taken from it.
   ffi::ObjectPtr<ffi::Object> self = ffi::GetObjectPtr<ffi::Object>(static_cast<ffi::Object*>(this));
   GraphRuntime* rt = &runtime;
-  auto input_index = [rt](const ffi::AnyView& key) -> int {
-    if (auto name = key.try_cast<ffi::String>()) {
-      int index = rt->GetInputIndex(std::string(*name));
-      if (index < 0) TVM_FFI_THROW(KeyError) << "the graph has no input named '" << *name << "'";
-      return index;
-    }
-    return key.cast<int>();
-  };
+  auto input_index = [rt](const ffi::AnyView& key) { return InputIndexOf(*rt, key); };
   std::string n(name);
   if (n == "set_input") {
     return ffi::Function::FromTyped([self, rt, input_index](ffi::AnyView key, DLTensor* value) {
@@ -37,18 +31,23 @@ ffi::Optional<ffi::Function> GraphRuntimeModule::GetFunction(const ffi::String& 
       rt->SetInput(input_index(key), value);
     });
   }
-  if (n == "run") return ffi::Function::FromTyped([self, rt]() { rt->Run(); });
-  if (n == "get_output") {
-    return ffi::Function::FromPacked([self, rt](ffi::PackedArgs args, ffi::Any* rv) {
-      int index = args[0].cast<int>();
-      if (args.size() > 1) {
-        rt->CopyOutputTo(index, args[1].cast<DLTensor*>());
-        *rv = args[1];
-      } else {
-        *rv = rt->GetOutput(index);
-      }
+  if (n == "bind_input") {
+    // Zero copy: the default frame reads the input from `value` (checked; see RunFrame::BindInput).
+    return ffi::Function::FromTyped([self, rt, input_index](ffi::AnyView key, ffi::Tensor value) {
+      rt->default_frame().BindInput(input_index(key), std::move(value));
     });
   }
+  if (n == "bind_output") {
+    return ffi::Function::FromTyped(
+        [self, rt](int index, ffi::Tensor out) { rt->default_frame().BindOutput(index, std::move(out)); });
+  }
+  if (n == "frame") {
+    ffi::ObjectPtr<ffi::ModuleObj> me = ffi::GetObjectPtr<ffi::ModuleObj>(static_cast<ffi::ModuleObj*>(this));
+    return ffi::Function::FromTyped([me, rt]() { return CreateFrameModule(ffi::Module(me), rt->Frame()); });
+  }
+  if (n == "plan") return ffi::Function::FromTyped([self, rt]() { return ffi::String(rt->PlanText()); });
+  if (n == "run") return ffi::Function::FromTyped([self, rt]() { rt->Run(); });
+  if (n == "get_output") return GetOutputFunction(self, rt);
   if (n == "get_input") {
     return ffi::Function::FromTyped([self, rt, input_index](ffi::AnyView key) { return rt->GetInput(input_index(key)); });
   }

@@ -254,7 +254,7 @@ void PipelineExecutor::SetupWiring(const PipelineConfig& config) {
         }
         b = StageOutputBoundary(source.stage, source.output);
       }
-      StageCopy feed{b, rt.GetInput(index), ffi::Tensor()};
+      StageCopy feed{b, rt.GetInput(index), ffi::Tensor(), index};
       const DLTensor* dst = feed.stage_tensor.GetDLTensorPtr();
       const Boundary& from = boundaries_[b];
       if (!support::SameType(dst, from.shape, from.dtype)) {
@@ -302,7 +302,8 @@ void PipelineExecutor::SetupWiring(const PipelineConfig& config) {
     Stage& stage = stages_[s];
     for (int index = 0; index < stage.runtime->NumOutputs(); ++index) {
       if (output_boundary_[s][index] >= 0) {
-        stage.drains.push_back(StageCopy{output_boundary_[s][index], stage.runtime->GetOutput(index), ffi::Tensor()});
+        stage.drains.push_back(
+            StageCopy{output_boundary_[s][index], stage.runtime->GetOutput(index), ffi::Tensor(), index});
       }
     }
   }
@@ -322,6 +323,7 @@ void PipelineExecutor::SetupFrames() {
     queues_.push_back(std::make_unique<FrameQueue>());
     queues_.back()->ring.assign(capacity_, -1);
   }
+  for (Stage& stage : stages_) SetupStageFrames(stage);
   for (Stage& stage : stages_) {
     for (const StageCopy& feed : stage.feeds) {
       DLDevice dev = support::CopyApiDevice(boundaries_[feed.boundary].device, feed.stage_tensor.device());
@@ -329,6 +331,48 @@ void PipelineExecutor::SetupFrames() {
     }
     for (const StageCopy& drain : stage.drains) {
       if (!support::IsHost(drain.stage_tensor.device())) support::AddUnique(&stage.drain_devices, drain.stage_tensor.device());
+    }
+  }
+}
+
+void PipelineExecutor::SetupStageFrames(Stage& stage) {
+  const size_t num_frames = frame_ptrs_.size() / std::max<size_t>(boundaries_.size(), 1);
+  stage.copies_without_frames = static_cast<int64_t>(stage.feeds.size() + stage.drains.size());
+  FrameOptions options;
+  for (const std::string& name : stage.params) options.shared_inputs.push_back(stage.runtime->GetInputIndex(name));
+  options.share_call_sites = true;  // the stage's one worker runs its frames one after another
+  try {
+    for (size_t f = 0; f < num_frames; ++f) stage.frames.push_back(stage.runtime->Frame(options));
+  } catch (const ffi::Error&) {
+    stage.frames.clear();  // remote devices: the runtime's own frame, boundaries copied
+    return;
+  }
+  const size_t num_boundaries = boundaries_.size();
+  auto tensor = [&](size_t f, int b) { return frame_tensors_[f * num_boundaries + b]; };
+  // A boundary binds when the first pipeline frame's tensor can stand in for the stage's own (its
+  // device shares the stage tensor's memory): every pipeline frame's tensors are made alike.
+  std::vector<StageCopy> feeds, drains;
+  for (StageCopy& feed : stage.feeds) {
+    try {
+      for (size_t f = 0; f < num_frames; ++f) stage.frames[f]->BindInput(feed.index, tensor(f, feed.boundary));
+    } catch (const ffi::Error&) {
+      for (size_t f = 0; f < num_frames; ++f) stage.frames[f]->MarkInputSet(feed.index);  // written by the copy
+      feeds.push_back(std::move(feed));
+    }
+  }
+  for (StageCopy& drain : stage.drains) {
+    try {
+      for (size_t f = 0; f < num_frames; ++f) stage.frames[f]->BindOutput(drain.index, tensor(f, drain.boundary));
+    } catch (const ffi::Error&) {
+      drains.push_back(std::move(drain));
+    }
+  }
+  stage.feeds = std::move(feeds);
+  stage.drains = std::move(drains);
+  for (size_t f = 0; f < num_frames; ++f) {
+    for (const StageCopy& feed : stage.feeds) stage.feed_to.push_back(support::Mutable(stage.frames[f]->GetInput(feed.index)));
+    for (const StageCopy& drain : stage.drains) {
+      stage.drain_from.push_back(support::Mutable(stage.frames[f]->GetOutput(drain.index)));
     }
   }
 }
@@ -439,6 +483,22 @@ void PipelineExecutor::Work(int s) {
 }
 
 void PipelineExecutor::RunStage(Stage& stage, int frame) {
+  if (!stage.frames.empty()) {
+    // Bound boundaries are read and written in place; the rest is copied to and from this frame's.
+    const size_t num_feeds = stage.feeds.size(), num_drains = stage.drains.size();
+    for (size_t k = 0; k < num_feeds; ++k) {
+      const StageCopy& feed = stage.feeds[k];
+      support::CopyAcrossDevices(FrameTensor(frame, feed.boundary), stage.feed_to[frame * num_feeds + k],
+                                 feed.staging.defined() ? support::Mutable(feed.staging) : nullptr);
+    }
+    for (const DLDevice& dev : stage.feed_devices) DeviceAPI::Get(dev)->StreamSync(dev, nullptr);
+    stage.frames[frame]->Run();
+    for (size_t k = 0; k < num_drains; ++k) {
+      support::CopyAcrossDevices(stage.drain_from[frame * num_drains + k], FrameTensor(frame, stage.drains[k].boundary));
+    }
+    for (const DLDevice& dev : stage.drain_devices) DeviceAPI::Get(dev)->StreamSync(dev, nullptr);
+    return;
+  }
   for (const StageCopy& feed : stage.feeds) {
     support::CopyAcrossDevices(FrameTensor(frame, feed.boundary), support::Mutable(feed.stage_tensor),
                       feed.staging.defined() ? support::Mutable(feed.staging) : nullptr);
@@ -680,8 +740,11 @@ std::string PipelineExecutor::StatsJSON() const {
   {
     std::lock_guard<std::mutex> lock(mu_);
     double elapsed = submitted_ == 0 ? 0.0 : std::chrono::duration<double>(Clock::now() - first_run_).count();
+    int64_t boundary_copies = 0, copies_without_frames = 0;
     for (size_t s = 0; s < stages_.size(); ++s) {
       const Stage& stage = stages_[s];
+      boundary_copies += static_cast<int64_t>(stage.feeds.size() + stage.drains.size());
+      copies_without_frames += stage.copies_without_frames;
       stages.push_back(json::Object{{ffi::String("name"), ffi::String(stage.name)},
                                     {ffi::String("busy_s"), stage.busy_s},
                                     {ffi::String("inferences"), stage.count},
@@ -702,6 +765,8 @@ std::string PipelineExecutor::StatsJSON() const {
         {ffi::String("elapsed_s"), elapsed},
         {ffi::String("throughput"), elapsed > 0 ? static_cast<double>(completed_) / elapsed : 0.0},
         {ffi::String("stopped"), stopped_},
+        {ffi::String("boundary_copies"), boundary_copies},
+        {ffi::String("boundary_copies_without_frames"), copies_without_frames},
         {ffi::String("failed"), failure_.has_value()},
     };
   }

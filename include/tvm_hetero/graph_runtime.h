@@ -1,7 +1,10 @@
 /*!
  * \file tvm_hetero/graph_runtime.h
- * \brief The heterogeneous graph runtime: everything is looked up, allocated and packed in Init;
- *        Run() is one flat loop over prepared calls (graph_runtime_steps.h).
+ * \brief The heterogeneous graph runtime in three pieces: an immutable plan (src/plan/execution_plan.h)
+ *        built once from the graph, devices and kernel libraries; frames (tvm_hetero/run_frame.h)
+ *        holding each run's memory and bindings; executors running (plan, frame)
+ *        (src/plan/step_execution.cc). SetInput / Run / GetOutput use a default frame; Frame() gives
+ *        more, so several threads run one model at once with the weights held once.
  */
 #ifndef TVM_HETERO_GRAPH_RUNTIME_H_
 #define TVM_HETERO_GRAPH_RUNTIME_H_
@@ -15,9 +18,9 @@
 #include <tvm/ffi/string.h>
 #include <tvm_hetero/execution.h>
 #include <tvm_hetero/graph.h>
+#include <tvm_hetero/run_frame.h>
 #include <tvm_hetero/storage_plan.h>
 
-#include <atomic>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -25,8 +28,9 @@
 
 namespace tvm_hetero {
 
-struct MemoryRegion;
-struct StepAccess;
+struct ExecutionPlan;
+struct ExecutionSchedule;
+struct PlanInputs;
 
 /*!
  * \brief Name of the optional function a kernel library (or an import) provides to drop caches
@@ -35,16 +39,11 @@ struct StepAccess;
  */
 inline constexpr const char* kInvalidateCachesFunction = "__tvm_hetero_invalidate_caches";
 
-struct OpExec;
-struct OffloadSegment;
-/*! \brief The prepared steps (graph_runtime_steps.h, private to the library). */
-struct RuntimeSteps;
-
 /*! \brief Consecutive steps on one device; an offload device is entered once per group. */
 struct ExecGroup {
   /*! \brief Device position. */
   int device = 0;
-  /*! \brief Steps [begin, end) of the runtime's step array. */
+  /*! \brief Steps [begin, end) of the plan (positions before offload runners were attached). */
   uint32_t begin = 0, end = 0;
 };
 
@@ -75,9 +74,22 @@ class GraphRuntime {
    * Rules checked here (docs/runtime.md): every input must have been set (parameters count once
    * loaded or set), else an error names those never set; one call at a time per runtime: Run,
    * SetInput, SetParam(s), LoadParams, ShareParams, CopyOutputTo and ProfileJSON raise "runtime is
-   * busy" instead of waiting while another thread is inside one of them on this runtime.
+   * busy" instead of waiting while another thread is inside one of them on this runtime. Threads
+   * that run at the same time each use a frame of their own (Frame()).
    */
   void Run();
+
+  /*!
+   * \brief A new frame: memory for one run of the plan, the parameters set so far shared with the
+   *        runtime (not copied). Frames run concurrently with each other and with the runtime's own
+   *        Run. Needs local devices (an offload runner serves the default frame's memory only). A frame
+   *        keeps the execution mode (SetExecution) in force when it was made.
+   */
+  std::unique_ptr<RunFrame> Frame(const FrameOptions& options = FrameOptions()) const;
+  /*! \brief The frame behind SetInput / Run / GetOutput. */
+  RunFrame& default_frame() { return *default_frame_; }
+  /*! \brief The plan, one line per step (ExecutionPlan::ToString). */
+  std::string PlanText() const;
 
   /*!
    * \brief Choose how Run executes the devices (default: concurrent, no executor options). In
@@ -145,60 +157,26 @@ class GraphRuntime {
   std::string ProfileJSON(int repeat);
 
   const Graph& graph() const { return graph_; }
-  const std::vector<ExecGroup>& groups() const { return groups_; }
+  const std::vector<ExecGroup>& groups() const;
+  const ExecutionPlan& plan() const { return *plan_; }
   const std::vector<DLDevice>& devices() const { return devices_; }
   const StoragePlan& storage_plan() const { return storage_plan_; }
 
  private:
-  void SetupStorage();
-  void SetupOpExecs();
-  void SetupGroups();
-  void SetupOffloadSegments();
-  /*! \brief Point each segment's call arguments at its inputs' host bytes (after steps change). */
-  void SetupSegmentCalls();
-  /*! \brief Write the bytes a segment's call returned into its outputs' host tensors. */
-  void ReceiveSegmentOutputs(const OffloadSegment& segment, const tvm::ffi::Any& returned) const;
-  /*! \brief What each step reads and writes, in step order (concurrency/step_schedule.h). */
-  const std::vector<StepAccess>& StepAccesses() const;
+  friend class RunFrame;
+  /*! \brief What the plan passes read (pointers into this runtime). */
+  PlanInputs Inputs() const;
   /*! \brief Find the libraries' cache-invalidation hooks. */
   void SetupCacheHooks();
   /*! \brief Parameter values changed: call every cache-invalidation hook. */
   void InvalidateCaches() const;
-  void RunStep(const OpExec& step, tvm::ffi::Any* rv) const;
-  /*! \brief Everything but a local kernel call: remote calls (counted), copies, skips. */
-  void RunOtherStep(uint32_t index, tvm::ffi::Any* rv);
-  /*! \brief Build the hot-loop calls from the steps. */
-  void SetupPreparedCalls();
+  /*! \brief Replace the plan (after a plan pass) and re-prepare the default frame for it. */
+  void UsePlan(ExecutionPlan plan);
+  /*! \brief Derive the schedule for the current plan and mode; restart the default frame's executors. */
+  void SetupExecution();
   int CheckedInputIndex(int index, const char* what) const;
-  /*! \brief Throw naming the input unless `value` matches its shape and dtype. */
-  void CheckCompatible(uint32_t eid, const DLTensor* value, const std::string& what) const;
-  /*! \brief Copy into input `index` (checked) and count it as set. */
-  void WriteInput(int index, const DLTensor* value, const std::string& what);
   /*! \brief Write checked parameters, mark them parameters, invalidate caches once. */
   void BindParams(const std::vector<std::pair<int, const DLTensor*>>& params);
-  /*! \brief Throw naming every input never set. */
-  [[noreturn]] void ThrowUnsetInputs() const;
-  /*! \brief Marks the runtime in use for one call; another call meanwhile raises "busy". */
-  class ExclusiveUse;
-  /*! \brief Executors, the schedule's memory accesses and trace buffers (concurrency/). */
-  struct Concurrency;
-  /*! \brief Rebuild the step schedule and restart the executors (after steps change). */
-  void SetupExecution();
-  /*! \brief The kernel argument for entry `eid` read by node `nid`: the entry, a view of it
-   *         carrying the node's device (devices sharing memory), or a copy on the node's device. */
-  DLTensor* KernelInput(uint32_t nid, uint32_t eid);
-  /*! \brief Bytes of entry `eid` in its pool slot. */
-  MemoryRegion EntryRegion(uint32_t eid) const;
-  /*! \brief What node `nid` reads for entry `eid`: the entry, or its implicit copy. */
-  MemoryRegion InputRegion(uint32_t nid, uint32_t eid) const;
-  /*! \brief One execution of the graph, serial or concurrent (callers check use and inputs). */
-  void RunOnce();
-  /*! \brief Run step `i` (the body of Run's loop); errors name the node and device. */
-  static void RunStepOnExecutor(void* self, uint32_t i);
-  /*! \brief `err` with the step's node and device in front. */
-  tvm::ffi::Error ErrorAt(uint32_t i, const tvm::ffi::Error& err) const;
-  /*! \brief Run every step on the calling thread, in order. */
-  void RunSerial();
 
   /*! \brief The validated graph. */
   Graph graph_;
@@ -212,49 +190,24 @@ class GraphRuntime {
   std::vector<int> node_device_;
   /*! \brief Pool slots and the slot of each entry. */
   StoragePlan storage_plan_;
-  /*! \brief One allocation per slot, on its device. */
-  std::vector<tvm::ffi::Tensor> pool_;
-  /*! \brief One view per entry into its pool slot (or a shared parameter). */
-  std::vector<tvm::ffi::Tensor> data_entry_;
   /*! \brief Node id of each input (arg_nodes order). */
   std::vector<uint32_t> input_nodes_;
   /*! \brief Input name -> input index. */
   std::unordered_map<std::string, int> input_index_;
-  /*! \brief The prepared steps, their hot-loop calls and offload segments. */
-  std::unique_ptr<RuntimeSteps> steps_;
-  /*! \brief Runs of steps on one device. */
-  std::vector<ExecGroup> groups_;
+  /*! \brief The immutable plan every frame runs (replaced whole by AttachOffloadRunner). */
+  std::shared_ptr<const ExecutionPlan> plan_;
+  /*! \brief How frames execute the plan (replaced whole by SetExecution). */
+  std::shared_ptr<const ExecutionSchedule> schedule_;
+  /*! \brief The frame behind SetInput / Run / GetOutput; it holds the parameters frames share. */
+  std::unique_ptr<RunFrame> default_frame_;
   /*! \brief Cache-invalidation hooks of the libraries (kInvalidateCachesFunction). */
   std::vector<tvm::ffi::Function> invalidate_caches_;
-  /*! \brief Compute calls into other processes by the last Run (remote kernels or segments). */
-  std::atomic<int64_t> remote_compute_calls_{0};
-  /*! \brief Copies to or from other processes by the last Run. */
-  std::atomic<int64_t> remote_copies_{0};
   /*! \brief Serial or concurrent, and each device's executor options. */
   ExecutionMode execution_ = ExecutionMode::kConcurrent;
   std::vector<ExecutorOptions> executor_options_;
-  /*! \brief Views of entries read by kernels of another device that shares memory with the
-   *         entry's device: same bytes, the reader's device (TVM kernels check the device). */
-  std::vector<tvm::ffi::Tensor> shared_views_;
-  /*! \brief Buffers on a reader's device for entries whose device does not share memory with it
-   *         and that the graph does not copy itself (a graph compiled for two CPUs, run with one of
-   *         them remote). Indexed after the graph's entries in GetEntry / OffloadPlanJSON. */
-  std::vector<tvm::ffi::Tensor> implicit_copies_;
-  /*! \brief Each output as the caller sees it: the entry, or a view on the primary device. */
-  std::vector<tvm::ffi::Tensor> output_views_;
-  /*! \brief Bytes moved by copy steps per Run (graph copies and implicit ones). */
-  int64_t bytes_copied_per_run_ = 0;
-  std::unique_ptr<Concurrency> concurrency_;
-  /*! \brief Non-CPU devices to synchronise at the end of Run. */
-  std::vector<DLDevice> devices_to_sync_;
-  /*! \brief Per input: written at least once (SetInput, a parameter path, or MarkInputSet). */
-  std::vector<uint8_t> input_set_;
-  /*! \brief Inputs not yet written: Run refuses to start while it is not zero. */
-  int num_inputs_unset_ = 0;
-  /*! \brief Per input: bound as a parameter, so writing it invalidates derived caches. */
+  /*! \brief Per input: bound as a parameter, so writing it invalidates derived caches and frames
+   *         share it. */
   std::vector<uint8_t> input_is_param_;
-  /*! \brief A call that uses the runtime's memory is in progress (see Run). */
-  std::atomic<bool> in_use_{false};
 };
 
 }  // namespace tvm_hetero

@@ -10,6 +10,8 @@
 #include <tvm/ffi/function.h>
 #include <tvm_hetero/graph_runtime.h>
 
+#include <memory>
+
 namespace tvm_hetero {
 
 /*! \brief Exposes a GraphRuntime through GetFunction, like TVM's GraphExecutor. */
@@ -22,6 +24,13 @@ class GraphRuntimeModule : public tvm::ffi::ModuleObj {
   int GetPropertyMask() const final { return tvm::ffi::Module::kRunnable; }
   tvm::ffi::Optional<tvm::ffi::Function> GetFunction(const tvm::ffi::String& name) final;
 };
+
+/*!
+ * \brief A frame as a TVM module: set_input / bind_input / bind_output / run / get_output /
+ *        get_input, for one thread's requests on a shared model (frame_module.cc). It keeps
+ *        `runtime_module` alive.
+ */
+tvm::ffi::Module CreateFrameModule(tvm::ffi::Module runtime_module, std::unique_ptr<RunFrame> frame);
 
 }  // namespace tvm_hetero
 

@@ -169,6 +169,8 @@ class PipelineExecutor {
     tvm::ffi::Tensor stage_tensor;
     /*! \brief Host buffer when no single device API can do the copy, else undefined. */
     tvm::ffi::Tensor staging;
+    /*! \brief The stage runtime's input (feed) or output (drain) index. */
+    int index = 0;
   };
   /*! \brief A bounded FIFO of frame indices; guarded by mu_. */
   struct FrameQueue {
@@ -202,6 +204,16 @@ class PipelineExecutor {
     std::vector<StageCopy> feeds;
     /*! \brief Runtime output -> frame copies, after Run. */
     std::vector<StageCopy> drains;
+    /*! \brief One frame of the stage's runtime per pipeline frame, its wired inputs and used
+     *         outputs bound to that pipeline frame's boundary tensors where the devices allow (no
+     *         copy); `feeds` and `drains` keep only the rest. Empty: the stage runs its runtime's
+     *         default frame and copies every boundary (a stage with remote devices). */
+    std::vector<std::unique_ptr<RunFrame>> frames;
+    /*! \brief Per pipeline frame f, feed k: the stage frame's input it copies into ([f * feeds + k]);
+     *         likewise the outputs the drains copy from. */
+    std::vector<DLTensor*> feed_to, drain_from;
+    /*! \brief Boundary copies per inference before binding (every feed and drain). */
+    int64_t copies_without_frames = 0;
     /*! \brief Non-host devices doing the feed copies, synchronised before Run. */
     std::vector<DLDevice> feed_devices;
     /*! \brief Non-host devices the drains write to, synchronised before the frame moves on. */
@@ -237,6 +249,8 @@ class PipelineExecutor {
   void SetupWiring(const PipelineConfig& config);
   /*! \brief Allocate every frame and the queues. */
   void SetupFrames();
+  /*! \brief Give stage `stage` one runtime frame per pipeline frame, binding what can be bound. */
+  void SetupStageFrames(Stage& stage);
   /*! \brief Start one worker per stage and wait until each has set up its thread. */
   void StartWorkers();
   /*! \brief Boundary id of (stage, output), creating it on first use. */

@@ -144,7 +144,8 @@ def mutated_graphs(draw):
             if draw(st.booleans()) and isinstance(target, dict):
                 target.pop(path[-1], None)
             else:
-                target[path[-1]] = copy.deepcopy(draw(JSON_LEAVES))  # st.just shares one list: never nest it in itself
+                # A copy: a drawn container reused by a later draw would nest inside itself.
+                target[path[-1]] = copy.deepcopy(draw(JSON_LEAVES))
         except (KeyError, IndexError, TypeError):
             continue
     return json.dumps(doc)

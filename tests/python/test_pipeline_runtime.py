@@ -239,3 +239,27 @@ def test_no_thread_outlives_the_pipeline(kernels, kernels8):
         with pytest.raises(Exception, match="pipeline stage 1 'back' failed"):
             pipe.get_output()
     assert thread_count() == baseline
+
+
+def test_stages_sharing_memory_hand_frames_along_without_copying_boundaries(kernels):
+    # cpu:0 and cpu:1 share memory: each stage reads its inputs from, and writes its outputs into,
+    # the pipeline frame's boundary tensors (x, y in; s, p across; q out: 7 copies before frames).
+    reference = sequential(kernels)
+    batch = random_inputs(200, seed=3)
+    with make_pipeline(kernels) as pipe:
+        results = pipe.run_batch(batch)
+        stats = pipe.stats()
+    assert stats["boundary_copies_without_frames"] == 7
+    assert stats["boundary_copies"] == 0
+    for i, (inputs, got) in enumerate(zip(batch, results)):
+        assert_bit_identical(got, reference(inputs["x"], inputs["y"]), i)
+
+
+def test_a_stage_parameter_loaded_after_creation_reaches_every_frame_and_is_required(kernels):
+    pipe = pipeline_runtime.create([front_graph(), back_graph()], kernels, DEVICES, WIRING)
+    x = np.ones(4, "float32")
+    with pytest.raises(Exception, match="never set: 'W'"):
+        pipe.run_batch([{"x": x, "y": x}])
+    pipe = make_pipeline(kernels)  # W set after the stages' frames were made
+    got = pipe.run_batch([{"x": x, "y": x}])[0]
+    assert_bit_identical(got, sequential(kernels)(x, x), 0)

@@ -156,6 +156,34 @@ def _create_remote(graph_json, lib, devices, device_index_kind) -> GraphModule:
     return GraphModule(fcreate(graph_json, lib, device_index_kind, *devices), devices[0])
 
 
+def _as_bindable(value: Any, what: str) -> tvm.runtime.Tensor:
+    """``value`` as a TVM tensor sharing its memory (a TVM tensor, or any DLPack tensor)."""
+    if isinstance(value, tvm.runtime.Tensor):
+        return value
+    if hasattr(value, "__dlpack__"):
+        return tvm_ffi.from_dlpack(value)
+    raise TypeError(f"{what}: binding without a copy needs a TVM or DLPack tensor, got {type(value).__name__}")
+
+
+def _set_one_input(module: Any, setter: Any, key: int | str, value: Any, copy: bool) -> None:
+    """Check ``key`` and ``value`` and hand them to ``setter`` (copying or binding)."""
+    if isinstance(key, str):
+        if module._get_input_index(key) < 0:
+            raise KeyError(f"the graph has no input named {key!r}")
+        what = f"input {key!r}"
+    elif isinstance(key, (int, np.integer)):
+        key = int(key)
+        num_inputs = module._get_num_inputs()
+        if not 0 <= key < num_inputs:
+            raise IndexError(f"input index {key} is out of range: the graph has {num_inputs} inputs")
+        what = f"input {key} ({module._get_input_name(key)!r})"
+    else:
+        raise TypeError(f"input key must be a name or an index, got {type(key).__name__}")
+    if value is None:
+        raise ValueError(f"{what}: no value given")
+    setter(key, module._to_tensor(value, what) if copy else _as_bindable(value, what))
+
+
 class GraphModule:
     """A loaded graph: set inputs, run, read outputs (TVM's GraphModule API).
 
@@ -189,33 +217,29 @@ class GraphModule:
         self._stats = module["stats"]
         self._profile = module["profile"]
         self._trace = module["trace"]
+        self._bind_input = module["bind_input"]
+        self._bind_output = module["bind_output"]
+        self._frame = module["frame"]
+        self._plan = module["plan"]
 
     # ---- inputs ----------------------------------------------------------------------------
     def _to_tensor(self, value: Any, what: str) -> tvm.runtime.Tensor:
         return as_tensor(value, what, self.primary_device if is_remote(self.primary_device) else None)
 
-    def set_input(self, key: int | str | None = None, value: Any = None, **params: Any) -> None:
-        """Set one input by name or index (numpy array or TVM tensor), and/or several by keyword."""
-        if key is not None:
-            self._set_one(key, value)
-        for name, val in params.items():
-            self._set_one(name, val)
+    def set_input(self, key: int | str | None = None, value: Any = None, copy: bool = True, **params: Any) -> None:
+        """Set one input by name or index (numpy array or TVM tensor), and/or several by keyword.
 
-    def _set_one(self, key: int | str, value: Any) -> None:
-        if isinstance(key, str):
-            if self._get_input_index(key) < 0:
-                raise KeyError(f"the graph has no input named {key!r}")
-            what = f"input {key!r}"
-        elif isinstance(key, (int, np.integer)):
-            key = int(key)
-            if not 0 <= key < self.get_num_inputs():
-                raise IndexError(f"input index {key} is out of range: the graph has {self.get_num_inputs()} inputs")
-            what = f"input {key} ({self._get_input_name(key)!r})"
-        else:
-            raise TypeError(f"input key must be a name or an index, got {type(key).__name__}")
-        if value is None:
-            raise ValueError(f"{what}: no value given")
-        self._set_input(key, self._to_tensor(value, what))
+        ``copy=False`` binds the tensor instead of copying it: the steps read the caller's memory
+        from now on (a TVM tensor, or any DLPack tensor, on the input's device, contiguous and
+        64-byte aligned -- ``tvm.runtime.empty`` gives one); a mismatch raises naming the input.
+        """
+        if key is not None:
+            self._set_one(key, value, copy)
+        for name, val in params.items():
+            self._set_one(name, val, copy)
+
+    def _set_one(self, key: int | str, value: Any, copy: bool = True) -> None:
+        _set_one_input(self, self._set_input if copy else self._bind_input, key, value, copy)
 
     def get_input(self, key: int | str) -> tvm.runtime.Tensor:
         return self._get_input(key)
@@ -249,7 +273,8 @@ class GraphModule:
         Every input must have been set (parameters count once loaded), else ValueError names those
         never set. One call at a time per runtime: while another thread is in ``run`` (or
         ``set_input``, ``set_params``, ``load_params``, ``get_output(i, out)``) on this runtime, the
-        call raises RuntimeError "runtime is busy" instead of corrupting shared buffers.
+        call raises RuntimeError "runtime is busy" instead of corrupting shared buffers; threads that
+        run at the same time each take a :meth:`frame`.
         """
         if self._watchdog is None:
             if inputs:
@@ -278,6 +303,26 @@ class GraphModule:
     def get_outputs(self) -> list[np.ndarray]:
         """Every output as a numpy array, like :meth:`PipelineModule.get_output`."""
         return [self._get_output(i).numpy() for i in range(self.num_outputs)]
+
+    def bind_output(self, index: int, out: Any) -> None:
+        """Zero copy: every later run writes output ``index`` straight into ``out`` (checked like
+        ``set_input(..., copy=False)``)."""
+        self._bind_output(index, _as_bindable(out, f"output {index}"))
+
+    def frame(self) -> Frame:
+        """A new frame: the per-run memory of this model, sharing its plan and parameters (set the
+        parameters first). Each thread that runs at the same time as others takes its own frame::
+
+            frame = rt.frame()
+            frame.set_input("x", x)
+            frame.run()
+            y = frame.get_output(0).numpy()
+        """
+        return Frame(self._frame(), self)
+
+    def plan(self) -> str:
+        """The execution plan, one line per step: kind, node, device, arguments, memory touched."""
+        return str(self._plan())
 
     # ---- parameters ------------------------------------------------------------------------
     def set_params(self, params: dict[str, Any]) -> None:
@@ -349,3 +394,66 @@ class GraphModule:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class Frame:
+    """The per-run state of one compiled model (``GraphModule.frame()``): inputs, outputs, storage.
+
+    Frames of one runtime share its plan and parameters (held once); each thread serving requests
+    at the same time as others uses its own frame. One call at a time per frame.
+    """
+
+    def __init__(self, module: tvm.runtime.Module, runtime: GraphModule):
+        self.module = module
+        self.runtime = runtime  # the runtime must outlive the frame (the module keeps it too)
+        self._set_input = module["set_input"]
+        self._bind_input = module["bind_input"]
+        self._bind_output = module["bind_output"]
+        self._run = module["run"]
+        self._get_output = module["get_output"]
+        self._get_input = module["get_input"]
+        self._io_bytes_copied = module["io_bytes_copied"]
+        self._allocated_bytes = module["allocated_bytes"]
+        self._get_input_index = runtime._get_input_index
+        self._get_input_name = runtime._get_input_name
+        self._get_num_inputs = runtime._get_num_inputs
+        self._to_tensor = runtime._to_tensor
+
+    def set_input(self, key: int | str | None = None, value: Any = None, copy: bool = True, **params: Any) -> None:
+        """Like :meth:`GraphModule.set_input` (``copy=False`` binds without copying)."""
+        if key is not None:
+            _set_one_input(self, self._set_input if copy else self._bind_input, key, value, copy)
+        for name, val in params.items():
+            _set_one_input(self, self._set_input if copy else self._bind_input, name, val, copy)
+
+    def bind_output(self, index: int, out: Any) -> None:
+        """Zero copy: every later run writes output ``index`` straight into ``out``."""
+        self._bind_output(index, _as_bindable(out, f"output {index}"))
+
+    def run(self, **inputs: Any) -> None:
+        """Set the given inputs by name (copied), then execute the graph once."""
+        if inputs:
+            self.set_input(**inputs)
+        self._run()
+
+    def get_input(self, key: int | str) -> tvm.runtime.Tensor:
+        return self._get_input(key)
+
+    def get_output(self, index: int, out: tvm.runtime.Tensor | None = None) -> tvm.runtime.Tensor:
+        """Output ``index``: the frame's own tensor (valid until its next run), or copied into ``out``."""
+        if out is not None:
+            return self._get_output(index, out)
+        return self._get_output(index)
+
+    def get_outputs(self) -> list[np.ndarray]:
+        return [self._get_output(i).numpy() for i in range(self.runtime.num_outputs)]
+
+    @property
+    def io_bytes_copied(self) -> int:
+        """Bytes ``set_input`` and ``get_output(i, out)`` copied in this frame so far."""
+        return int(self._io_bytes_copied())
+
+    @property
+    def allocated_bytes(self) -> int:
+        """Memory this frame allocated (parameters are the runtime's, not counted here)."""
+        return int(self._allocated_bytes())

@@ -1,0 +1,371 @@
+/*!
+ * \file plan/run_frame.cc
+ * \brief A frame's memory and bindings: the pool (parameter-only slots taken from the default frame),
+ *        one tensor per plan tensor id, the DLTensors every argument points at, the packed calls;
+ *        SetInput copies, BindInput / BindOutput re-point DLTensors at the caller's memory.
+ *
+ * Why binding costs nothing per run: every packed argument points at the frame's DLTensor of its
+ * tensor id, so binding changes that DLTensor's data pointer (and its shared views'), never the
+ * packed calls. An input or output entry is live for the whole run (VerifyStoragePlan), so no other
+ * entry shares its bytes and moving it elsewhere changes no other tensor.
+ */
+#include <tvm_hetero/graph_runtime.h>
+#include <tvm_hetero/run_frame.h>
+
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+
+#include "concurrency/device_executors.h"
+#include "plan/execution_plan.h"
+#include "plan/execution_schedule.h"
+#include "plan/prepared_call.h"
+#include "plan/run_frame_use.h"
+#include "support/device.h"
+#include "support/tensor_check.h"
+
+namespace tvm_hetero {
+
+namespace ffi = tvm::ffi;
+using support::Mutable;
+
+namespace {
+
+/*! \brief The alignment TVM's kernels assume of every tensor (its allocator's). */
+constexpr uintptr_t kKernelAlignment = 64;
+
+}  // namespace
+
+RunFrame::RunFrame(const GraphRuntime* runtime, std::shared_ptr<const ExecutionPlan> plan, const RunFrame* shared,
+                   const FrameOptions& options)
+    : runtime_(runtime), plan_(std::move(plan)), executors_(std::make_unique<DeviceExecutors>()) {
+  const size_t num_inputs = runtime_->input_nodes_.size();
+  input_set_.assign(num_inputs, 0);
+  input_shared_.assign(num_inputs, 0);
+  num_inputs_unset_ = static_cast<int>(num_inputs);
+  bound_inputs_.resize(num_inputs);
+  bound_outputs_.resize(runtime_->graph_.heads.size());
+  for (const DLDevice& dev : runtime_->devices_) {
+    if (support::NeedsDrain(dev)) support::AddUnique(&devices_to_sync_, dev);
+  }
+  AllocateTensors(shared, options);
+  if (shared != nullptr && !options.share_call_sites) {
+    // A call site of its own per kernel: a library may keep per-call-site state (oneDNN regions).
+    PlanInputs in = runtime_->Inputs();
+    own_kernels_.resize(plan_->steps.size());
+    for (size_t i = 0; i < plan_->steps.size(); ++i) {
+      if (plan_->steps[i].kind == PlanStep::Kind::kKernel) own_kernels_[i] = FindKernel(in, plan_->steps[i].node);
+    }
+  }
+  PrepareCalls();
+}
+
+RunFrame::~RunFrame() {
+  // The executor threads run steps of this frame: stop them before any member goes away.
+  executors_->Stop();
+}
+
+void RunFrame::AllocateTensors(const RunFrame* shared, const FrameOptions& options) {
+  const Graph& graph = runtime_->graph_;
+  const StoragePlan& storage = runtime_->storage_plan_;
+  const std::vector<DLDevice>& devices = runtime_->devices_;
+  // Parameters shared with `shared`: their entries come from there, and a slot holding nothing else
+  // is not allocated (weights once, whatever the number of frames).
+  std::vector<uint8_t> shared_entry(plan_->num_entries, 0);
+  if (shared != nullptr) {
+    std::vector<uint8_t> asked(runtime_->input_nodes_.size(), 0);
+    for (int i : options.shared_inputs) {
+      asked[CheckedIndex(i, false)] = 1;
+      if (!shared->input_set_[i]) params_from_ = shared;
+    }
+    for (size_t i = 0; i < runtime_->input_nodes_.size(); ++i) {
+      if (!asked[i] && (!runtime_->input_is_param_[i] || !shared->input_set_[i])) continue;
+      shared_entry[graph.entry_id(runtime_->input_nodes_[i], 0)] = 1;
+      input_shared_[i] = 1;
+      input_set_[i] = 1;
+      --num_inputs_unset_;
+    }
+  }
+  std::vector<uint8_t> slot_needed(storage.slots.size(), 0);
+  for (uint32_t eid = 0; eid < plan_->num_entries; ++eid) {
+    if (!shared_entry[eid]) slot_needed[storage.entry_slot[eid]] = 1;
+  }
+  pool_.assign(storage.slots.size(), ffi::Tensor());
+  for (size_t s = 0; s < storage.slots.size(); ++s) {
+    if (!slot_needed[s]) continue;
+    int64_t nbytes = static_cast<int64_t>(std::max<size_t>(storage.slots[s].nbytes, 1));
+    pool_[s] = support::AllocTensor(ffi::Shape({nbytes}), DLDataType{kDLUInt, 8, 1}, devices[storage.slots[s].device]);
+    allocated_bytes_ += nbytes;
+  }
+  tensors_.clear();
+  for (const PlanTensor& t : plan_->tensors) {
+    const uint32_t eid = t.entry;
+    ffi::Shape shape(graph.shapes[eid]);
+    switch (t.source) {
+      case PlanTensor::Source::kEntry:
+        if (shared_entry[eid]) {
+          tensors_.push_back(shared->tensors_[eid]);
+        } else {
+          const ffi::Tensor& base = pool_[storage.entry_slot[eid]];
+          tensors_.push_back(support::ViewOf(base, storage.entry_offset[eid], shape, graph.dtypes[eid], base.device()));
+        }
+        break;
+      case PlanTensor::Source::kSharedView:
+        // Same bytes, the reader's device: the edge costs a wait, not a copy.
+        tensors_.push_back(support::ViewOf(tensors_[eid], 0, shape, graph.dtypes[eid], devices[t.device]));
+        break;
+      case PlanTensor::Source::kCopyBuffer:
+        tensors_.push_back(support::AllocTensor(shape, graph.dtypes[eid], devices[t.device]));
+        allocated_bytes_ += static_cast<int64_t>(EntryBytes(graph.shapes[eid], graph.dtypes[eid]));
+        break;
+    }
+  }
+  dl_.clear();
+  for (const ffi::Tensor& t : tensors_) dl_.push_back(*t.GetDLTensorPtr());
+  // Outputs are read on the primary device; one made on a device sharing its memory is shown there.
+  output_views_.clear();
+  for (const EntryRef& head : graph.heads) {
+    const ffi::Tensor& entry = tensors_[graph.entry_id(head)];
+    bool view = !support::SameDevice(entry.device(), devices[0]) && support::SharesMemory(entry.device(), devices[0]);
+    output_views_.push_back(view ? support::ViewOf(entry, 0, entry.shape(), entry.dtype(), devices[0]) : entry);
+  }
+}
+
+void RunFrame::PrepareCalls() {
+  const ExecutionPlan& plan = *plan_;
+  size_t num_args = 0;
+  for (const PlanStep& step : plan.steps) num_args += step.kind == PlanStep::Kind::kKernel ? step.args.size() : 0;
+  args_.clear();
+  args_.reserve(num_args);  // calls point into args_: it must not move once filled
+  staging_.assign(plan.steps.size(), ffi::Tensor());
+  staging_bytes_ = 0;
+  calls_.assign(plan.steps.size(), PreparedCall());
+  group_calls_.clear();
+  for (size_t i = 0; i < plan.steps.size(); ++i) {
+    const PlanStep& step = plan.steps[i];
+    PreparedCall& call = calls_[i];
+    switch (step.kind) {
+      case PlanStep::Kind::kKernel:
+        call.mode = step.remote ? PreparedCall::Mode::kRemoteCall : PreparedCall::Mode::kCall;
+        call.function = static_cast<const ffi::FunctionObj*>(own_kernels_.empty() ? step.function.get()
+                                                                                  : own_kernels_[i].get());
+        call.args = args_.data() + args_.size();
+        call.num_args = static_cast<int32_t>(step.args.size());
+        for (uint32_t t : step.args) args_.emplace_back(&dl_[t]);
+        break;
+      case PlanStep::Kind::kCopy:
+        call.mode = step.remote ? PreparedCall::Mode::kRemoteCopy : PreparedCall::Mode::kCopy;
+        call.from = &dl_[step.args[0]];
+        call.to = &dl_[step.args[1]];
+        if (step.staged) {
+          staging_[i] = support::StagingBuffer(call.from->device, call.to->device,
+                                               ffi::ShapeView(call.to->shape, call.to->ndim), call.to->dtype);
+          staging_bytes_ += static_cast<int64_t>(ffi::GetDataSize(*call.to));
+          call.staging = Mutable(staging_[i]);
+        }
+        break;
+      case PlanStep::Kind::kNop:
+        call.mode = PreparedCall::Mode::kNop;
+        break;
+      case PlanStep::Kind::kOffloadGroup: {
+        const OffloadSegment& segment = plan.segments[step.segment];
+        GroupCall group;
+        group.device = segment.device;
+        group.index = segment.index;
+        for (uint32_t k = 0; k < segment.sub_steps.size(); ++k) {
+          const PlanStep& sub = segment.sub_steps[k];
+          if (sub.kind != PlanStep::Kind::kCopy) continue;
+          if (k < segment.num_body_steps) {
+            const DLTensor& from = dl_[sub.args[0]];
+            group.input_bytes.push_back(
+                TVMFFIByteArray{static_cast<const char*>(from.data) + from.byte_offset, ffi::GetDataSize(from)});
+          } else {
+            group.outputs.push_back(&dl_[sub.args[1]]);
+          }
+        }
+        group.call_args.emplace_back(group.index);
+        for (TVMFFIByteArray& bytes : group.input_bytes) group.call_args.emplace_back(&bytes);
+        call.mode = PreparedCall::Mode::kRemoteGroup;
+        call.function = static_cast<const ffi::FunctionObj*>(step.function.get());
+        call.num_args = static_cast<int32_t>(group_calls_.size());
+        group_calls_.push_back(std::move(group));
+        break;
+      }
+    }
+  }
+  // group_calls_ is complete: point each group step at its packed call (stable from now on).
+  for (PreparedCall& call : calls_) {
+    if (call.mode == PreparedCall::Mode::kRemoteGroup) call.args = group_calls_[call.num_args].call_args.data();
+  }
+}
+
+void RunFrame::StartExecutors(std::shared_ptr<const ExecutionSchedule> schedule) {
+  executors_->Stop();
+  schedule_ = std::move(schedule);
+  span_start_us_.assign(plan_->steps.size(), -1.0);
+  span_end_us_.assign(plan_->steps.size(), -1.0);
+  if (schedule_->use_executors) {
+    executors_->Start(schedule_->schedule, &RunFrame::RunStepOnExecutor, this, schedule_->options);
+  }
+}
+
+int RunFrame::CheckedIndex(int index, bool output) const {
+  int limit = output ? static_cast<int>(runtime_->graph_.heads.size()) : static_cast<int>(runtime_->input_nodes_.size());
+  const char* what = output ? "output" : "input";
+  if (index < 0 || index >= limit) {
+    TVM_FFI_THROW(IndexError) << what << " index " << index << " is out of range: the graph has " << limit << " "
+                              << what << "(s)";
+  }
+  return index;
+}
+
+void RunFrame::MarkInputSet(int index) {
+  CheckedIndex(index, false);
+  if (!input_set_[index]) {
+    input_set_[index] = 1;
+    --num_inputs_unset_;
+  }
+}
+
+void RunFrame::Repoint(uint32_t entry, const DLTensor* value) {
+  auto point = [&](uint32_t t) {
+    if (value == nullptr) {
+      dl_[t].data = tensors_[t].GetDLTensorPtr()->data;
+      dl_[t].byte_offset = tensors_[t].GetDLTensorPtr()->byte_offset;
+    } else {
+      // Kernels reject a nonzero byte_offset: fold it into the pointer (CheckBindable allowed it).
+      dl_[t].data = static_cast<char*>(value->data) + value->byte_offset;
+      dl_[t].byte_offset = 0;
+    }
+  };
+  for (uint32_t t = 0; t < plan_->tensors.size(); ++t) {
+    const PlanTensor& pt = plan_->tensors[t];
+    if (pt.entry == entry && pt.source != PlanTensor::Source::kCopyBuffer) point(t);
+  }
+  // Remote groups send input bytes from pointers taken at preparation: refresh them.
+  if (!group_calls_.empty()) PrepareCalls();
+}
+
+void RunFrame::CheckBindable(uint32_t eid, const DLTensor* value, const std::string& what) const {
+  const Graph& graph = runtime_->graph_;
+  support::CheckTensor(value, graph.shapes[eid], graph.dtypes[eid], what);
+  const DLDevice want = tensors_[eid].device();
+  if (!support::SameDevice(value->device, want) && !support::SharesMemory(value->device, want)) {
+    TVM_FFI_THROW(ValueError) << what << ": bound without a copy, it must be on " << support::DeviceName(want)
+                              << ", got a tensor on " << support::DeviceName(value->device)
+                              << " (pass copy=True to copy it there)";
+  }
+  if (support::IsRemote(want)) {
+    TVM_FFI_THROW(ValueError) << what << ": a remote device's tensor cannot be bound without a copy";
+  }
+  if (value->byte_offset != 0 && !support::OffsetsUsable(want)) {
+    TVM_FFI_THROW(ValueError) << what << ": a tensor with a byte offset cannot be bound on "
+                              << support::DeviceName(want);
+  }
+  uintptr_t address = reinterpret_cast<uintptr_t>(value->data) + value->byte_offset;
+  if (address % kKernelAlignment != 0) {
+    TVM_FFI_THROW(ValueError) << what << ": bound without a copy, its data must be " << kKernelAlignment
+                              << "-byte aligned (kernels assume it); address " << reinterpret_cast<void*>(address)
+                              << " is not (allocate it with tvm.runtime.empty, or pass copy=True)";
+  }
+}
+
+std::string RunFrame::OwnInputName(int index) const {
+  CheckedIndex(index, false);
+  const std::string what = "input '" + runtime_->GetInputName(index) + "'";
+  if (input_shared_[index]) {
+    TVM_FFI_THROW(ValueError) << what << " is a parameter shared by every frame of the runtime; set it on the "
+                              << "runtime (set_params), not on one frame";
+  }
+  return what;
+}
+
+void RunFrame::SetInput(int index, const DLTensor* value) {
+  ExclusiveUse use(this, "set_input");
+  WriteInput(index, value, OwnInputName(index));
+}
+
+void RunFrame::WriteInput(int index, const DLTensor* value, const std::string& what) {
+  const uint32_t eid = runtime_->graph_.entry_id(runtime_->input_nodes_[index], 0);
+  support::CheckTensor(value, runtime_->graph_.shapes[eid], runtime_->graph_.dtypes[eid], what);
+  if (bound_inputs_[index].defined()) {
+    Repoint(eid, nullptr);
+    bound_inputs_[index] = ffi::Tensor();
+  }
+  support::CopyOnce(value, Mutable(tensors_[eid]));
+  io_bytes_copied_ += static_cast<int64_t>(ffi::GetDataSize(*value));
+  MarkInputSet(index);
+}
+
+void RunFrame::BindInput(int index, ffi::Tensor value) {
+  ExclusiveUse use(this, "set_input");
+  const std::string what = OwnInputName(index);
+  const uint32_t eid = runtime_->graph_.entry_id(runtime_->input_nodes_[index], 0);
+  CheckBindable(eid, value.GetDLTensorPtr(), what);
+  Repoint(eid, value.GetDLTensorPtr());
+  bound_inputs_[index] = std::move(value);
+  MarkInputSet(index);
+}
+
+void RunFrame::BindOutput(int index, ffi::Tensor out) {
+  ExclusiveUse use(this, "bind_output");
+  CheckedIndex(index, true);
+  const Graph& graph = runtime_->graph_;
+  const EntryRef& head = graph.heads[index];
+  const std::string what = "output " + std::to_string(index) + " (" + graph.describe_node(head.node_id) + ")";
+  const GraphNode& node = graph.nodes[head.node_id];
+  if (node.is_input() || node.func_name == "__nop") {
+    TVM_FFI_THROW(ValueError) << what << " is not computed by a step (an input or a __nop's): it cannot be bound";
+  }
+  for (size_t k = 0; k < graph.heads.size(); ++k) {
+    if (static_cast<int>(k) != index && graph.entry_id(graph.heads[k]) == graph.entry_id(head)) {
+      TVM_FFI_THROW(ValueError) << what << " is also output " << k << ": one tensor cannot be bound to two";
+    }
+  }
+  const uint32_t eid = graph.entry_id(head);
+  CheckBindable(eid, out.GetDLTensorPtr(), what + " destination");
+  Repoint(eid, out.GetDLTensorPtr());
+  bound_outputs_[index] = std::move(out);
+}
+
+ffi::Tensor RunFrame::GetInput(int index) const {
+  CheckedIndex(index, false);
+  if (bound_inputs_[index].defined()) return bound_inputs_[index];
+  return tensors_[runtime_->graph_.entry_id(runtime_->input_nodes_[index], 0)];
+}
+
+ffi::Tensor RunFrame::GetOutput(int index) const {
+  CheckedIndex(index, true);
+  if (bound_outputs_[index].defined()) return bound_outputs_[index];
+  return output_views_[index];
+}
+
+void RunFrame::CopyOutputTo(int index, DLTensor* out) {
+  ExclusiveUse use(this, "get_output");
+  CheckedIndex(index, true);
+  const uint32_t eid = runtime_->graph_.entry_id(runtime_->graph_.heads[index]);
+  support::CheckTensor(out, runtime_->graph_.shapes[eid], runtime_->graph_.dtypes[eid],
+                       "output " + std::to_string(index) + " destination");
+  support::CopyOnce(&dl_[eid], out);
+  io_bytes_copied_ += static_cast<int64_t>(ffi::GetDataSize(*out));
+}
+
+void RunFrame::ThrowUnsetInputs() const {
+  std::ostringstream names;
+  int listed = 0;
+  for (size_t i = 0; i < input_set_.size(); ++i) {
+    if (input_set_[i]) continue;
+    names << (listed++ ? ", " : "") << "'" << runtime_->graph_.nodes[runtime_->input_nodes_[i]].name << "'";
+  }
+  TVM_FFI_THROW(ValueError) << "run: " << num_inputs_unset_ << " input(s) never set: " << names.str()
+                            << " (set them with set_input, or load the parameters, before run)";
+}
+
+void RunFrame::Run() {
+  ExclusiveUse use(this, "run");
+  if (num_inputs_unset_ != 0) ThrowUnsetInputs();
+  if (params_from_ != nullptr && params_from_->num_inputs_unset_ != 0) params_from_->ThrowUnsetInputs();
+  RunOnce();
+}
+
+}  // namespace tvm_hetero
