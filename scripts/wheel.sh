@@ -13,6 +13,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+build_packages=(cmake g++ ninja-build)
+[ "${TVM_HETERO_WITH_ONEDNN:-ON}" = OFF ] || build_packages+=(libdnnl-dev)
+scripts/apt-install.sh "${build_packages[@]}"
+
 python=${PYTHON:-python3}
 tools=build/wheel-tools  # the build-only tools, pinned; never a dependency of the wheel
 raw=build/wheel-raw      # pip's wheel, before auditwheel
