@@ -18,7 +18,7 @@ from .native import LOADED_LIBRARY
 #: ``tvm-hetero --version`` print.
 ONEDNN_MISSING = (
     "oneDNN: not built in: CPU convolutions and matmuls run as untuned TVM kernels, many times slower "
-    "(about 30x on ResNet-50); install the wheel (scripts/wheel.sh) or rebuild with oneDNN "
+    "(ResNet-50: 36x); install the wheel (scripts/wheel.sh) or rebuild with oneDNN "
     "(apt-get install libdnnl-dev)"
 )
 
