@@ -16,7 +16,7 @@ import sys
 
 from . import devices, importers, pipeline
 from .artifact import Artifact, PipelineArtifact, build, load
-from .built_with import BuildInfo, built_with
+from .build_info import BuildInfo, built_with
 from .compiler.build import BuildReport
 from .compiler.placement import Capabilities, OpInfo
 from .progress import Progress

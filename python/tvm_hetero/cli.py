@@ -475,7 +475,7 @@ class PrintVersion(argparse.Action):
                          help="package, TVM and oneDNN versions and the backends built in, then exit")
 
     def __call__(self, parser, namespace, values, option_string=None) -> None:
-        from .built_with import built_with
+        from .build_info import built_with
 
         print(built_with().describe())
         parser.exit()

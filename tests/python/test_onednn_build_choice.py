@@ -14,7 +14,7 @@ import pytest
 import tvm_hetero
 from tvm_hetero import cli
 from tvm_hetero.backends import dnnl
-from tvm_hetero.built_with import BuildInfo, built_with
+from tvm_hetero.build_info import BuildInfo, built_with
 
 REPO = Path(__file__).resolve().parents[2]
 # Hides every system prefix from CMake's searches: oneDNN (libdnnl-dev, under /usr) is then "not installed".

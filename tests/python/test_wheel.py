@@ -28,7 +28,7 @@ import json, sys
 import numpy as np
 import tvm, tvm_hetero
 from tvm_hetero.backends import dnnl
-from tvm_hetero.built_with import onednn_library
+from tvm_hetero.build_info import onednn_library
 from tvm_hetero.testing import models
 
 out_dir = sys.argv[1]

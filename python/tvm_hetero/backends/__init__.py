@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ..built_with import ONEDNN_MISSING
+from ..build_info import ONEDNN_MISSING
 from .base import Backend, MovedOp, Region
 from .dnnl import DnnlBackend
 from .qnn import QnnBackend
