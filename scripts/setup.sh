@@ -4,15 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-missing=()
-for pkg in cmake g++ ninja-build libgtest-dev libdnnl-dev g++-aarch64-linux-gnu; do
-  dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
-  echo "== apt-get install ${missing[*]}"
-  $sudo apt-get update -q && $sudo apt-get install -y -q "${missing[@]}"
-fi
+# libdnnl-dev: oneDNN 2.6, which the default build needs (CMake stops without it).
+scripts/apt-install.sh cmake g++ ninja-build libgtest-dev libdnnl-dev g++-aarch64-linux-gnu
 
 python=${PYTHON:-python3.11}
 command -v "$python" >/dev/null || python=python3

@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
-# Set up, then run every test: pytest (against the installed package), gtest through ctest, the
-# gtest suite once more under AddressSanitizer + UndefinedBehaviorSanitizer, the pipeline
-# gtests under ThreadSanitizer, and the board tests against an emulated aarch64 board (needs root).
+# Set up, then run every test: pytest (against the installed package), the built wheel installed into a
+# fresh venv outside the source tree, gtest through ctest, the gtest suite once more under
+# AddressSanitizer + UndefinedBehaviorSanitizer, the pipeline gtests under ThreadSanitizer, and the
+# board tests against an emulated aarch64 board (needs root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 py="$PWD/.venv/bin/python"
 
 echo "== pytest"
-"$py" -m pytest -q tests/python
+"$py" -m pytest -q -m "not wheel" tests/python
+
+# The wheel a user installs, away from this checkout: catches a wheel that only works from the source tree.
+echo "== wheel: scripts/wheel.sh, then install it into a fresh venv and run a model through it"
+scripts/wheel.sh
+TVM_HETERO_WHEEL="$(ls dist/tvm_hetero-*.whl)" "$py" -m pytest -q -m wheel tests/python
 
 for variant in build-tests build-asan; do
   extra=()

@@ -16,10 +16,15 @@ import sys
 
 from . import devices, importers, pipeline
 from .artifact import Artifact, PipelineArtifact, build, load
+from .build_info import BuildInfo, built_with
 from .compiler.build import BuildReport
 from .compiler.placement import Capabilities, OpInfo
 from .progress import Progress
 from .runtime import graph_runtime, offload, pipeline_runtime, rpc, timeline
+
+#: "0.1.0+tvm0.27.0.post1.onednn2.6.3": the package version and, as a local label, what the loaded
+#: runtime library was built with (``built_with()`` has the details).
+__version__ = built_with().version
 
 # The names these modules had before the package was layered (``import tvm_hetero.rpc``) keep working.
 for _module in (graph_runtime, offload, pipeline_runtime, rpc, timeline):
@@ -28,12 +33,14 @@ del _module
 
 __all__ = [
     "Artifact",
+    "BuildInfo",
     "BuildReport",
     "Capabilities",
     "OpInfo",
     "PipelineArtifact",
     "Progress",
     "build",
+    "built_with",
     "devices",
     "graph_runtime",
     "importers",

@@ -4,6 +4,7 @@
     tvm-hetero compile model.onnx --device cpu:0=llvm --device cpu:1=llvm --place conv2d=1 -o out/
     tvm-hetero run out/ --input data=x.npy --cluster 0=0 --cluster 1=1 --trace run.json
     tvm-hetero inspect out/ --dot graph.dot --timeline timeline.png
+    tvm-hetero --version                              # package, TVM and oneDNN versions, backends built in
 """
 
 from __future__ import annotations
@@ -476,9 +477,25 @@ def to_dot(graph: dict) -> str:
     return "\n".join(lines)
 
 
+class PrintVersion(argparse.Action):
+    """``--version``: what the installed library was built with. An action rather than argparse's
+    static version string, so that other commands' start does not load the library for it."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help="package, TVM and oneDNN versions and the backends built in, then exit")
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        from .build_info import built_with
+
+        print(built_with().describe())
+        parser.exit()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tvm-hetero", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action=PrintVersion)
     sub = parser.add_subparsers(dest="command", required=True)
 
     def debug_flag(p):

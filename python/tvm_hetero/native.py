@@ -28,8 +28,12 @@ def library_path() -> Path:
     )
 
 
-def load_library() -> ctypes.CDLL:
-    return ctypes.CDLL(str(library_path()), mode=ctypes.RTLD_GLOBAL)
+def load_library(path: Path) -> ctypes.CDLL:
+    # RTLD_GLOBAL: its dependencies (oneDNN, OpenMP) join the global scope, where the library looks
+    # up omp_set_num_threads at run time.
+    return ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
 
 
-_LIB = load_library()
+#: The runtime library this process loaded.
+LOADED_LIBRARY = library_path()
+_LIB = load_library(LOADED_LIBRARY)

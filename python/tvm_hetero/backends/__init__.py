@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from ..build_info import ONEDNN_MISSING
 from .base import Backend, MovedOp, Region
 from .dnnl import DnnlBackend
 from .qnn import QnnBackend
@@ -43,9 +44,7 @@ def default_backends(cpu_devices: Sequence[int]) -> tuple[list[Backend], list[st
         return [], []
     dnnl = DnnlBackend(device=None, devices=cpu_devices)
     if not dnnl.available():
-        return [], [
-            "oneDNN: not built into libtvm_hetero (libdnnl-dev absent at build time); TVM kernels run every op"
-        ]
+        return [], [ONEDNN_MISSING]
     return [dnnl], []
 
 
