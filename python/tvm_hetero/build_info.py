@@ -86,7 +86,11 @@ def onednn_library() -> Path | None:
 @functools.cache
 def built_with() -> BuildInfo:
     """What the loaded runtime library was built with (asked once per process)."""
-    raw = tvm_ffi.get_global_func("tvm_hetero.build_info")()
+    found = tvm_ffi.get_global_func("tvm_hetero.build_info", allow_missing=True)
+    if found is None:  # a library built from an older checkout (a stale build/ beside the sources)
+        raise ImportError(f"tvm_hetero: the runtime library {LOADED_LIBRARY} predates this package (it has no "
+                          "tvm_hetero.build_info); rebuild it (cmake --build build, or pip install .)")
+    raw = found()
     return BuildInfo(
         package=str(raw["package"]),
         tvm=str(raw["tvm"]),

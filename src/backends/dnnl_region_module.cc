@@ -32,6 +32,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <sstream>
 
 #ifdef TVM_HETERO_WITH_ONEDNN
@@ -142,6 +143,54 @@ int64_t Elements(const memory::dims& dims) {
 }  // namespace
 
 /*!
+ * \brief Weights reordered into a primitive's layout, shared by every call site that reads the same
+ *        weights the same way (the frames of one runtime each have their own call sites of a region,
+ *        and read the runtime's one copy of the parameters).
+ *
+ * Guarantee: a buffer is (re)ordered by one call site at a time, under `mu`, and only when the
+ * weights are new to that call site (its first call, a new address, parameters set); a call site
+ * whose weights are current reads it without a lock. Parameters are not set while frames run
+ * (docs/runtime.md), so nothing writes a buffer another call is reading.
+ */
+/*! \brief Weight reorders executed in this process (first calls, parameters set): what tests count. */
+std::atomic<uint64_t> g_weight_reorders{0};
+
+struct SharedWeight {
+  memory::desc desc;
+  std::shared_ptr<void> buffer;
+  std::mutex mu;
+  /*! \brief What the buffer holds (under `mu`): the source address and parameter generation. */
+  bool filled = false;
+  void* seen = nullptr;
+  uint64_t generation = 0;
+};
+
+/*! \brief The module's shared weights, by call-site key (region, step, argument, source address). */
+class WeightCache {
+ public:
+  /*! \brief The entry for `key` in layout `want`; null when the key holds another layout (then the
+   *         call site keeps a buffer of its own). */
+  std::shared_ptr<SharedWeight> Get(const std::string& key, const memory::desc& want) {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::shared_ptr<SharedWeight>& entry = entries_[key];
+    if (!entry) {
+      auto made = std::make_shared<SharedWeight>();
+      size_t bytes = std::max<size_t>((want.get_size() + 63) / 64 * 64, 64);
+      void* data = std::aligned_alloc(64, bytes);
+      if (data == nullptr) throw std::bad_alloc();
+      made->buffer = std::shared_ptr<void>(data, std::free);
+      made->desc = want;
+      entry = std::move(made);
+    }
+    return entry->desc == want ? entry : nullptr;
+  }
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<std::string, std::shared_ptr<SharedWeight>> entries_;
+};
+
+/*!
  * \brief One call site of a region: the steps' primitives, the reorders at the region's edges, and
  *        the plan of its arena (every value passed between steps), made on the first call.
  *        Every later call points the memories bound to call arguments at them and runs a flat list
@@ -155,8 +204,11 @@ int64_t Elements(const memory::dims& dims) {
  */
 class RegionExec {
  public:
-  RegionExec(RegionSpec spec, std::shared_ptr<std::atomic<uint64_t>> weights_generation)
-      : spec_(std::move(spec)), weights_generation_(std::move(weights_generation)) {}
+  RegionExec(RegionSpec spec, std::shared_ptr<std::atomic<uint64_t>> weights_generation,
+             std::shared_ptr<WeightCache> weight_cache)
+      : spec_(std::move(spec)),
+        weights_generation_(std::move(weights_generation)),
+        weight_cache_(std::move(weight_cache)) {}
 
   /*! \brief Run with the call's tensors: inputs, then the output. */
   void Run(ffi::PackedArgs args) {
@@ -195,6 +247,8 @@ class RegionExec {
     int weight_arg = -1;
     void* weight_seen = nullptr;
     uint64_t generation_seen = 0;
+    /*! \brief The shared buffer it reorders into (null: one of its own). */
+    std::shared_ptr<SharedWeight> shared;
     /*! \brief Copy: from and to call arguments, and how many bytes. */
     int copy_from = -1, copy_to = -1;
     size_t copy_bytes = 0;
@@ -268,6 +322,7 @@ class RegionExec {
     Check(args);
     std::vector<DLTensor*> t;
     for (int i = 0; i < args.size(); ++i) t.push_back(Arg(args, i));
+    setup_tensors_ = &t;  // for the keys of shared weights (setup only)
     int n = spec_.num_inputs, steps = static_cast<int>(spec_.steps.size());
     values_.assign(n + steps, Value{});
     for (int i = 0; i < n; ++i) {
@@ -305,6 +360,7 @@ class RegionExec {
     } catch (const dnnl::error& e) {
       Fail(std::min(k, spec_.steps.size() - 1), std::string("cannot create the primitive: ") + e.what());
     }
+    setup_tensors_ = nullptr;
     PlanArena();
     ready_ = true;
   }
@@ -432,9 +488,13 @@ class RegionExec {
     if (id < 0 || id >= spec_.num_inputs) Fail(k, "weights must be inputs of the region");
     memory from = Bound(user, id);
     if (want == user) return from;
-    memory owned(want, CpuEngine());
+    std::ostringstream key;
+    key << spec_.name << '/' << k << '/' << id << '/' << (*setup_tensors_)[id]->data;
+    std::shared_ptr<SharedWeight> shared = weight_cache_ ? weight_cache_->Get(key.str(), want) : nullptr;
+    memory owned = shared ? memory(want, CpuEngine(), shared->buffer.get()) : memory(want, CpuEngine());
     Call c = Reorder(from, owned);
     c.weight_arg = id;
+    c.shared = std::move(shared);
     calls_.push_back(std::move(c));
     return owned;
   }
@@ -1013,6 +1073,19 @@ class RegionExec {
         if (w == c.weight_seen && generation == c.generation_seen) continue;
         c.weight_seen = w;
         c.generation_seen = generation;
+        if (c.shared) {  // another call site (another frame) may have reordered them already
+          SharedWeight& sw = *c.shared;
+          std::lock_guard<std::mutex> lock(sw.mu);
+          if (sw.filled && sw.seen == w && sw.generation == generation) continue;
+          c.prim.execute(stream_, c.args);
+          stream_.wait();
+          g_weight_reorders.fetch_add(1, std::memory_order_relaxed);
+          sw.filled = true;
+          sw.seen = w;
+          sw.generation = generation;
+          continue;
+        }
+        g_weight_reorders.fetch_add(1, std::memory_order_relaxed);
       } else if (c.copy_from >= 0) {
         void* from = Arg(args, c.copy_from)->data;
         void* to = Arg(args, c.copy_to)->data;
@@ -1030,6 +1103,10 @@ class RegionExec {
   RegionSpec spec_;
   /*! \brief The module's parameter generation (see DnnlRegionModule). */
   std::shared_ptr<std::atomic<uint64_t>> weights_generation_;
+  /*! \brief The module's shared reordered weights. */
+  std::shared_ptr<WeightCache> weight_cache_;
+  /*! \brief The first call's tensors while Setup runs (null otherwise). */
+  const std::vector<DLTensor*>* setup_tensors_ = nullptr;
   /*! \brief Whether Setup has run. */
   bool ready_ = false;
   /*! \brief OpenMP's thread count when Setup ran: what steps above kParallelWork run on. */
@@ -1058,6 +1135,8 @@ int OmpMaxThreads() {
   return fn ? fn() : -1;
 }
 
+uint64_t WeightReorders() { return g_weight_reorders.load(std::memory_order_relaxed); }
+
 void OmpSetNumThreads(int n) {
   using Fn = void (*)(int);
   auto fn = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"));
@@ -1078,9 +1157,12 @@ std::string Info() {
 
 bool DnnlAvailable() { return false; }
 
+class WeightCache {};
+
 class RegionExec {
  public:
-  RegionExec(RegionSpec spec, std::shared_ptr<std::atomic<uint64_t>>) : spec_(std::move(spec)) {}
+  RegionExec(RegionSpec spec, std::shared_ptr<std::atomic<uint64_t>>, std::shared_ptr<WeightCache>)
+      : spec_(std::move(spec)) {}
   void Run(ffi::PackedArgs) {
     TVM_FFI_THROW(RuntimeError) << "oneDNN region '" << spec_.name
                                 << "': libtvm_hetero was built without oneDNN (install libdnnl-dev and rebuild)";
@@ -1091,13 +1173,15 @@ class RegionExec {
 };
 
 namespace {
+uint64_t WeightReorders() { return 0; }
 void OmpSetNumThreads(int) {}
 std::string Info() { return "{\"available\": false}"; }
 }  // namespace
 
 #endif  // TVM_HETERO_WITH_ONEDNN
 
-DnnlRegionModule::DnnlRegionModule(std::string json_text) : json_text_(std::move(json_text)) {
+DnnlRegionModule::DnnlRegionModule(std::string json_text)
+    : json_text_(std::move(json_text)), weight_cache_(std::make_shared<WeightCache>()) {
   for (RegionSpec& spec : ParseRegions(json_text_)) {
     std::string name = spec.name;
     regions_[name] = std::move(spec);
@@ -1113,8 +1197,9 @@ ffi::Optional<ffi::Function> DnnlRegionModule::GetFunction(const ffi::String& na
   }
   auto it = regions_.find(std::string(name));
   if (it == regions_.end()) return std::nullopt;
-  // A fresh executor per request: each call site owns its memories and reordered weights.
-  auto region = std::make_shared<RegionExec>(it->second, weights_generation_);
+  // A fresh executor per request: each call site owns its memories; reordered weights are shared
+  // between the call sites reading the same weights (the frames of one runtime).
+  auto region = std::make_shared<RegionExec>(it->second, weights_generation_, weight_cache_);
   return ffi::Function::FromPacked([region](ffi::PackedArgs args, ffi::Any*) { region->Run(args); });
 }
 
@@ -1132,7 +1217,8 @@ TVM_FFI_STATIC_INIT_BLOCK() {
            [](ffi::Bytes bytes) { return CreateDnnlRegionModule(std::string(bytes)); })
       .def("tvm_hetero.dnnl.available", []() { return DnnlAvailable(); })
       .def("tvm_hetero.dnnl.info", []() { return ffi::String(Info()); })
-      .def("tvm_hetero.dnnl.set_num_threads", [](int n) { OmpSetNumThreads(n); });
+      .def("tvm_hetero.dnnl.set_num_threads", [](int n) { OmpSetNumThreads(n); })
+      .def("tvm_hetero.dnnl.weight_reorders", []() { return static_cast<int64_t>(WeightReorders()); });
 }
 
 }  // namespace dnnl_backend

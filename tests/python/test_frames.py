@@ -138,3 +138,28 @@ def test_the_plan_prints_one_line_per_step(two_devices):
     text = rt.plan()
     assert rt.stats()["num_ops"] == len(text.strip().splitlines())
     assert "kernel" in text and "on device 1" in text and "view of e" in text
+
+
+def test_frames_share_the_onednn_weights_reordered_once():
+    """oneDNN keeps weights in its own layout: the frames of one runtime share that copy (reordered
+    by the first call that needs it), so weights are held once with oneDNN regions too."""
+    import tvm_ffi
+
+    if not tvm_ffi.get_global_func("tvm_hetero.dnnl.available")():
+        pytest.skip("built without oneDNN: no oneDNN regions")
+    reorders = tvm_ffi.get_global_func("tvm_hetero.dnnl.weight_reorders")
+    art = tvm_hetero.build(SMALL_CNN, [("cpu:0", "llvm")], params=PARAMS)
+    assert "dnnl" in art.report()
+    rt = art.create()
+    before = reorders()
+    rt.set_input("x", make_input(0))
+    rt.run()
+    first = reorders() - before
+    assert first > 0  # the convolutions' weights, reordered into oneDNN's blocked layout
+    expected = rt.get_output(0).numpy()
+    for _ in range(3):
+        frame = rt.frame()
+        frame.set_input("x", make_input(0))
+        frame.run()
+        np.testing.assert_array_equal(frame.get_output(0).numpy(), expected)
+    assert reorders() - before == first  # no frame made a copy of its own

@@ -127,6 +127,8 @@ bool DnnlAvailable();
 class RegionExec;
 
 /*! \brief Runs the regions of one graph; binary-serializable, so export_library packs it. */
+class WeightCache;
+
 class DnnlRegionModule : public tvm::ffi::ModuleObj {
  public:
   explicit DnnlRegionModule(std::string json_text);
@@ -147,6 +149,8 @@ class DnnlRegionModule : public tvm::ffi::ModuleObj {
   std::unordered_map<std::string, RegionSpec> regions_;
   /*! \brief Bumped when parameter values change; executors re-reorder their weights when it moves. */
   std::shared_ptr<std::atomic<uint64_t>> weights_generation_ = std::make_shared<std::atomic<uint64_t>>(0);
+  /*! \brief Weights reordered for the primitives, shared by the call sites that read them alike. */
+  std::shared_ptr<WeightCache> weight_cache_;
 };
 
 }  // namespace dnnl_backend
