@@ -367,3 +367,29 @@ def test_an_htp_in_a_separate_process_turns_a_vendor_crash_into_an_error() -> No
 def test_an_unknown_process_choice_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="process 'other': expected 'same' or 'separate'"):
         tvm_hetero.build(_relax(conv_unary_conv("Relu")), [CPU, {"kind": "qnn-htp", "process": "other"}])
+
+
+def test_a_qnn_graph_never_waits_for_a_long_host_branch_beside_it() -> None:
+    """An HTP tower and a host tower (Sin, which QNN has no builder for) joined by an add: the add
+    does not join the tower's QNN graph, which would then wait for the whole host tower instead of
+    running beside it."""
+    from onnx import helper
+
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1])]
+    host = "x"
+    for k in range(8):  # 8 x 100k elements of host work
+        nodes.append(helper.make_node("Sin", [host], [f"s{k}"]))
+        host = f"s{k}"
+    nodes.append(helper.make_node("Add", ["c2", host], ["y"]))
+    model = _onnx_model(nodes, [_tensor("x", [1, 32, 56, 56])], [_tensor("y", None)],
+                        [_conv_weight("w1", 32, 32, 1), _conv_weight("w2", 32, 32, 2)])
+    art = tvm_hetero.build(_relax(model), [CPU, "qnn-htp"], htp_min_group_flops=0)
+    htp = art.build_report.htp
+    tower = max(htp["regions"], key=lambda r: r["ops"])
+    assert tower["ops"] == 3 and htp["graph_executions"] == 2  # the tower, and the add on its own
+    x = {"x": np.random.default_rng(2).standard_normal((1, 32, 56, 56)).astype("float32")}
+    _rt, y = _run(art, x)
+    ref = _reference(model, x)
+    assert np.abs(y - ref).max() <= 1e-2 * np.abs(ref).max()

@@ -108,12 +108,12 @@ class Backend:
         earlier steps' outputs) and ``shape``."""
         return self.merge
 
-    def blocks_wait_for_inputs(self) -> bool:
-        """Whether a block may wait for several inputs made on other devices. By default a block
-        holds a member fed across devices only as its source (:mod:`.merge_regions`), so work that
-        does not need that input can start without it; a backend whose every call costs more than
-        such waiting (a QNN graph execution) joins them instead."""
-        return False
+    def block_wait_budget(self) -> int:
+        """How much work of other devices (elements their ops make) a block may make one of its
+        members wait for (:mod:`.merge_regions`). By default none: a block holds a member fed across
+        devices only as its source, so work that does not need that input can start without it; a
+        backend whose every call costs more than a short wait (a QNN graph execution) allows some."""
+        return 0
 
     def without_blocks(self) -> Backend:
         """A copy that makes one region per match (for callers that cut the graph between nodes

@@ -13,8 +13,11 @@ read by the function's output or by any op outside the group is never absorbed.
 
 A block starts when all its inputs are ready, so a member *fed across devices* (an argument made
 on another device) must not hold back members that need not wait for it: a group holds such a
-member only as a source, every other member depending on it (through members), except for a
-backend whose calls cost more than the wait (``wait_for_inputs``: a QNN graph execution). A chain that
+member only as a source, every other member depending on it (through members). A backend whose
+calls cost more than a short wait (a QNN graph execution) gives a ``wait_budget``: a member may then
+join when no member would wait for more than that much of the other devices' work (elements their
+ops make, in binding order) beyond its own inputs; a branch the host computes beside the block's
+own work is never waited for. A chain that
 continues on this device after a value from another device is still one block; a concat fed by
 both devices' branches on a split placement is not joined with its own device's branch.
 
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import tvm
 from tvm import relax
 
@@ -40,13 +44,14 @@ BLOCK_SIZE_ATTR = "tvm_hetero.block_size"
 
 def merge_regions(
     mod: tvm.IRModule, entry: str, regions: dict[str, Region], backend: str,
-    device_of: dict[relax.Var, int] | None = None, wait_for_inputs: bool = False,
+    device_of: dict[relax.Var, int] | None = None, wait_budget: int = 0,
 ) -> tuple[tvm.IRModule, dict[str, Region]]:
     """Join ``backend``'s region calls in ``entry`` into blocks; returns the module and every
     region still called (the blocks and the calls left alone), by symbol. ``device_of``: the
     placement's device of the entry's other bindings, where known (to see values fed across
-    devices by ops that are no region). ``wait_for_inputs``: a block may hold several members fed
-    across devices (for a backend whose calls cost more than the wait)."""
+    devices by ops that are no region). ``wait_budget``: how much work of the other devices (elements
+    their ops make, in binding order) a block may make any member wait for beyond what it waits for
+    anyway (0: a member fed across devices is held only as a source)."""
     func = mod[entry]
     calls: dict[relax.Var, tuple[Region, relax.Call]] = {}
     order: list[relax.Var] = []
@@ -73,6 +78,7 @@ def merge_regions(
     fed_across = {var for var in order
                   if any((d := made_on(arg)) is not None and d != calls[var][0].device for arg in calls[var][1].args)}
     order_of = {var: k for k, var in enumerate(order)}
+    ready = _ready_after(func, calls, made_on) if wait_budget > 0 else {}
     group_of: dict[relax.Var, relax.Var] = {}  # member -> its group's sink
     groups: dict[relax.Var, list[relax.Var]] = {}
     for sink in reversed(order):
@@ -89,8 +95,9 @@ def merge_regions(
                         continue
                     if calls[arg][0].device != calls[sink][0].device:
                         continue
-                    if users.get(arg) and users[arg] <= members and (wait_for_inputs or _waits_for_nothing_new(
-                            arg, members, fed_across, calls, order_of)):
+                    if users.get(arg) and users[arg] <= members and (
+                            _waits_for_nothing_new(arg, members, fed_across, calls, order_of)
+                            or (wait_budget > 0 and _waits_within(arg, members, calls, order_of, ready, wait_budget))):
                         members.add(arg)
                         group_of[arg] = sink
                         changed = True
@@ -146,15 +153,55 @@ def _waits_for_nothing_new(candidate: relax.Var, members: set[relax.Var], fed_ac
             stack.extend(a for a in calls[var][1].args if a in group)
         return False
 
-    # Members computed from constants alone (a weight's dequantize, its bias reshaped after the
-    # bias's dequantize) wait for nothing and cost nothing worth starting early.
+    free = _free_members(group, calls, order_of)
+
+    return all(depends_on(other, source) for source in group & fed_across for other in group
+               if not other.same_as(source) and other not in free)
+
+
+def _free_members(group: set[relax.Var], calls: dict[relax.Var, tuple[Region, relax.Call]],
+                  order_of: dict[relax.Var, int]) -> set[relax.Var]:
+    """Members computed from constants alone (a weight's dequantize, its bias reshaped after the
+    bias's dequantize): they wait for nothing and cost nothing worth starting early."""
     free: set[relax.Var] = set()
     for var in sorted(group, key=lambda v: order_of[v]):
         if all(isinstance(a, tvm.ir.Constant) or a in free for a in calls[var][1].args):
             free.add(var)
+    return free
 
-    return all(depends_on(other, source) for source in group & fed_across for other in group
-               if not other.same_as(source) and other not in free)
+
+def _ready_after(func: relax.Function, calls: dict[relax.Var, tuple[Region, relax.Call]],
+                 made_on: Any) -> dict[relax.Var, int]:
+    """Per region call, how much work of other devices comes before its latest input from them:
+    the elements the ops outside this backend's regions make, summed in binding order up to the
+    binding of that input (the order the other devices run them; an input of the function is 0)."""
+    done, upto = 0, {}
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            if binding.var not in calls:
+                ty = binding.var.ty
+                if isinstance(ty, relax.TensorType) and isinstance(ty.shape, relax.ShapeExpr):
+                    done += int(np.prod([int(d) for d in ty.shape.values], dtype=np.int64))
+            upto[binding.var] = done
+    ready = {}
+    for var, (region, call) in calls.items():
+        ready[var] = max((upto.get(a, 0) for a in call.args
+                          if (d := made_on(a)) is not None and d != region.device), default=0)
+    return ready
+
+
+def _waits_within(candidate: relax.Var, members: set[relax.Var], calls: dict[relax.Var, tuple[Region, relax.Call]],
+                  order_of: dict[relax.Var, int], ready: dict[relax.Var, int], budget: int) -> bool:
+    """Whether adding ``candidate`` makes no member wait for more than ``budget`` work of other
+    devices beyond its own inputs' (through members): a block starts when its latest input is
+    ready, so a member needing only earlier ones waits for the difference."""
+    group = members | {candidate}
+    free = _free_members(group, calls, order_of)
+    own: dict[relax.Var, int] = {}
+    for var in sorted(group, key=lambda v: order_of[v]):  # inputs before users
+        own[var] = max([ready[var]] + [own[a] for a in calls[var][1].args if a in group and a in own])
+    start = max(own.values())
+    return all(start - own[var] <= budget for var in group if var not in free)
 
 
 def _block(

@@ -95,7 +95,7 @@ def partition_for_backends(
                 # (the ops it left, where the placement puts them), or a block would wait for them.
                 device_of = place(mod[entry])
             mod, found = merge_regions(mod, entry, found, backend.name, device_of,
-                                       wait_for_inputs=backend.blocks_wait_for_inputs())
+                                       wait_budget=backend.block_wait_budget())
         regions.update(found)
     check_partitioned(mod, entry, regions)
     return mod, regions

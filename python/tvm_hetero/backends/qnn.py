@@ -64,6 +64,8 @@ _LRN_ATTR = "tvm_hetero.lrn"
 _BINDINGS_ATTR = "tvm_hetero.bindings"
 #: What a cached answer means (bumped when the probe asks more of QNN).
 PROBE_VERSION = 11
+#: Host work (elements its ops make) a QNN block may wait for beyond what each member needs.
+WAIT_BUDGET_ELEMENTS = 250_000
 #: The answer for an op of constants only: the build folds it, it runs on no device.
 FOLDED = "constant inputs only: folded at build"
 
@@ -289,8 +291,10 @@ class QnnBackend(Backend):
             return {"op": "onnx", "bindings": keys.split(",") if keys else [], **describe_lrn(composite, scalars)}
         return {"op": "onnx", "bindings": keys.split(",") if keys else [], **describe(composite)}
 
-    def blocks_wait_for_inputs(self) -> bool:
-        return True  # one more QNN graph execution (~0.16 ms) costs more than waiting for the host
+    def block_wait_budget(self) -> int:
+        # One more QNN graph execution (~0.16 ms) costs more than the host making a quarter of a
+        # million elements (about 1 MB of float32, memory-bound work of that order) before it.
+        return WAIT_BUDGET_ELEMENTS
 
     def unique_regions(self) -> bool:
         return True  # each site's weights are compiled into its QNN graph
