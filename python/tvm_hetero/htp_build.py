@@ -26,17 +26,18 @@ from typing import Any
 import numpy as np
 
 from .compiler import build as compiler_build
-from .qnn_ep import CALL_SECONDS, cpu_session, htp_session, us_per_cycle
+from .htp_process import vendor_call
+from .qnn_ep import CALL_SECONDS, cpu_session, us_per_cycle
 
 #: Relative tolerance of an fp16 region (to the largest reference value).
 FP16_TOLERANCE = 1e-2
 #: ... and of a quantized one (int8 steps compound across a graph: a few steps of 1/256).
 QUANTIZED_TOLERANCE = 5e-2
 LOCALIZED_ROUNDS = 3
-#: A group of fewer conv/matmul FLOPs than this is not worth a QNN graph call (~0.16 ms fixed cost
-#: per call on phones, ~3 GFLOP/s of host CPU in that time is well above it): it stays on the CPU,
-#: unless it is the build's largest group.
-MIN_GROUP_FLOPS = 10e6
+#: With ``htp_min_group_flops=N`` (opt-in), a group of fewer conv/matmul FLOPs than N stays on the
+#: CPU unless it is the build's largest. Off by default: every op QNN accepts and verification keeps
+#: goes to the HTP; ``placement="auto"`` weighs each group's call against the host instead.
+MIN_GROUP_FLOPS = 0.0
 
 
 def has_htp(targets: Any) -> bool:
@@ -86,7 +87,7 @@ def build_verified(mod: Any, targets: Any, placement: Any, args: tuple, kwargs: 
             return artifact
         # The gate runs once, on the first build QNN finalizes whole: moving a group back re-forms the
         # others, and gating those again would eat the graph from its edges.
-        if not gated:
+        if not gated and min_group_flops > 0:
             gated = True
             if _gate_small_groups(htp, exclude, min_group_flops):
                 say("small HTP groups stay on the CPU; building again")
@@ -132,8 +133,8 @@ def build_verified(mod: Any, targets: Any, placement: Any, args: tuple, kwargs: 
                       else "verification: the region did not run")
             keys = region["bindings"]
             if rounds <= LOCALIZED_ROUNDS and check is not None and len(keys) > 1:
-                step = _first_bad_step(artifact.htp_references.get(region["name"]), check.feeds,
-                                       htp["options"], tol)
+                step = _first_bad_step(region["name"], artifact.htp_references.get(region["name"]), check.feeds,
+                                       htp["options"], htp.get("process", "same"), tol)
                 steps = _steps_of(artifact, region["name"])
                 if step is not None and steps and step < len(steps):
                     keys = steps[step]
@@ -229,9 +230,11 @@ def _verify(artifact: Any, inputs: dict[str, np.ndarray]) -> dict:
     return dict(results)
 
 
-def _first_bad_step(model: bytes | None, feeds: dict | None, options: dict, tol: float) -> int | None:
+def _first_bad_step(region: str, model: bytes | None, feeds: dict | None, options: dict, process: str,
+                    tol: float) -> int | None:
     """The first step of a region's graph whose value is off on the HTP (every intermediate value
-    compared with the CPU's), or None when that cannot be told."""
+    compared with the CPU's; the HTP's run where the device runs its graphs), or None when that
+    cannot be told."""
     if model is None or not feeds:
         return None
     try:
@@ -245,7 +248,7 @@ def _first_bad_step(model: bytes | None, feeds: dict | None, options: dict, tol:
         debug = proto.SerializeToString()
         names = [o.name for o in proto.graph.output]
         cpu = cpu_session(debug).run(names, feeds)
-        htp = htp_session(debug, options).run(names, feeds)
+        htp = vendor_call(process, options, "htp_outputs", region, debug, feeds, names)
     except Exception:  # noqa: BLE001 (a graph QNN will not take with extra outputs: no localization)
         return None
     step_of = {node.output[0]: int(node.name.split("_")[0][1:]) for node in proto.graph.node

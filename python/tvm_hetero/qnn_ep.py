@@ -260,6 +260,11 @@ def unsupported_nodes(model: bytes, options: dict) -> list[tuple[str, str]]:
     return list(dict.fromkeys(found))
 
 
+def htp_outputs(model: bytes, options: dict, feeds: dict, names: list[str]) -> list:
+    """``names`` of ``model`` run once on the HTP (a graph with extra outputs, for verification)."""
+    return htp_session(model, options).run(names, feeds)
+
+
 def finalize(model: bytes, options: dict) -> bytes:
     """The EP-context model of ``model``: the QNN context binary (the finalized HTP graph)
     embedded in an ONNX model, which :func:`htp_session` opens without finalizing again."""

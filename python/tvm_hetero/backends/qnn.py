@@ -33,9 +33,12 @@ from tvm.relax.dpl import is_op, is_tuple, is_tuple_get_item, wildcard
 from tvm.relax.transform import FusionPattern
 
 from ..devices import KINDS
-from ..qnn_ep import QnnUnavailable, available, finalize, require, unsupported_nodes
+from ..htp_process import HtpProcessDied, vendor_call
+from ..qnn_ep import QnnUnavailable, available, require
 from ..qnn_probe import probe
 from .base import Backend, Region, WeightPredicate
+from .constant_chains import FoldConstantChains
+from .copy_per_reader import CopyPerReader
 from .dnnl import DropNoOps, FoldChannelAffine, FoldConvAffine, SimplifyStackSum, _lrn_pattern
 from .onnx_export import (
     ERF_GELU,
@@ -68,6 +71,10 @@ PROBE_VERSION = 11
 WAIT_BUDGET_ELEMENTS = 250_000
 #: The answer for an op of constants only: the build folds it, it runs on no device.
 FOLDED = "constant inputs only: folded at build"
+#: The note on a unit QNN refuses alone but accepts together with the unit reading it.
+WITH_READER = "accepted together with the op reading it"
+#: Answers given before QNN was asked (nothing to ask again in context).
+_NOT_ASKED = (FOLDED, "no ONNX form")
 
 
 class RegionRefused(RuntimeError):
@@ -98,7 +105,8 @@ class QnnBackend(Backend):
                  devices: Any = None, min_flops: float = 0.0, cache_path: str | os.PathLike | None = None,
                  process: str = "same") -> None:
         super().__init__(device, min_flops, devices, merge=True)
-        #: Where the graphs run: "same" (this process) or "separate" (runtime/htp_process.py).
+        #: Where the graphs run, and the build's vendor calls: "same" (this process) or "separate"
+        #: (htp_process.py).
         self.process = process
         #: The HTP's options (soc_model, htp_arch, precision).
         self.options = {**KINDS["qnn-htp"].default_options, **(options or {})}
@@ -124,9 +132,11 @@ class QnnBackend(Backend):
     # -- capability --
     def prepare(self, mod: tvm.IRModule, entry: str) -> tvm.IRModule:
         require()  # one clear error, naming the extra, when onnxruntime-qnn is missing
+        mod = FoldConstantChains(entry)(mod)  # as ONNX Runtime does before QNN sees a graph
         mod = SimplifyStackSum(entry)(mod)
         mod = DropNoOps(entry)(mod)
         mod = DropIdentityRequantize(entry)(mod)  # after DropNoOps: it leaves the pairs behind
+        mod = CopyPerReader(entry)(mod)  # each QDQ unit whole, a shared small mask in each graph
         mod = FoldConvAffine(entry)(mod)
         mod = FoldChannelAffine(entry)(mod)
         self._ask_qnn(mod[entry])
@@ -183,6 +193,54 @@ class QnnBackend(Backend):
             self.answers[key] = (op, bool(ok), reason)
             if ok:
                 self._accepted.add(var)
+        self._ask_with_readers(func, binding_of, order, unit_of, cache)
+
+    def _ask_with_readers(self, func: relax.Function, binding_of: dict, order: list, unit_of: dict,
+                          cache: dict) -> None:
+        """A QDQ unit QNN refuses alone is asked again together with the one accepted unit that reads
+        it: QNN validates some ops only in context (a quantized Transpose feeding a MatMul, which
+        QNN takes as the MatMul's transposed operand, is refused as a graph of its own). Accepted
+        together, both are accepted; a block that later separates them is refused at finalize and
+        its ops stay on the CPU (:class:`RegionRefused`)."""
+        readers: dict[relax.Var, set[relax.Var]] = {}
+        for var, binding in binding_of.items():
+            for used in relax.analysis.free_vars(binding.value):
+                readers.setdefault(used, set()).add(var)
+        pending: dict[str, bytes] = {}
+        asked: list[tuple[frozenset, str]] = []
+        for unit in {m for m in unit_of.values()}:
+            keys = [self._key_of.get(v) for v in unit]
+            answers = [self.answers.get(k) for k in keys if k is not None]
+            if any(k in self.exclude for k in keys) or not answers or any(a[1] for a in answers) or not all(_asked_qnn(a[2]) for a in answers):
+                continue  # accepted, partly accepted, or refused before QNN saw it
+            outside = {r for v in unit for r in readers.get(v, ()) if r not in unit}
+            reader_units = {unit_of.get(r) for r in outside}
+            if len(reader_units) != 1 or None in reader_units:
+                continue
+            (reader,) = reader_units
+            if not all(v in self._accepted for v in reader):
+                continue
+            together = unit | reader
+            try:
+                spec, weights = _subgraph_spec([binding_of[v] for v in order if v in together])
+            except Unexportable:
+                continue
+            cache_key = self._cache_key(spec, weights)
+            if cache_key not in cache and cache_key not in pending:
+                pending[cache_key] = assemble(spec, weights, "probe")[0]
+            asked.append((unit, cache_key))
+        if pending:
+            for cache_key, found in zip(pending, probe(list(pending.values()), self.options)):
+                cache[cache_key] = list(found)
+            _save_cache(self._cache_path, cache)
+        for unit, cache_key in asked:
+            if not cache[cache_key][0]:
+                continue
+            for var in unit:
+                key = self._key_of.get(var)
+                if key is not None and key not in self.exclude:
+                    self.answers[key] = (self.answers[key][0], True, WITH_READER)
+                    self._accepted.add(var)
 
     def _cache_key(self, spec: dict, weights: dict[int, np.ndarray]) -> str:
         from onnxruntime_qnn import __version__ as qnn_version
@@ -332,11 +390,16 @@ class QnnBackend(Backend):
             model, bound, output = assemble(region.spec, self._region_weights(region), region.name)
             self.reference_models[region.name] = model
             try:
-                context = finalize(model, self.options)
+                context = vendor_call(self.process, self.options, "finalize", region.name, model)
             except QnnUnavailable:
                 raise
+            except HtpProcessDied as died:  # nothing more is asked of a library that crashed on this graph
+                raise RegionRefused(region, f"QNN crashed finalizing its graph in the HTP process ({died.ended})") from None
             except Exception as err:  # noqa: BLE001 (ONNX Runtime's own error types)
-                nodes = unsupported_nodes(model, self.options)
+                try:
+                    nodes = vendor_call(self.process, self.options, "unsupported_nodes", region.name, model)
+                except HtpProcessDied:
+                    nodes = []
                 reason = (f"QNN does not take {', '.join(sorted({t for _n, t in nodes}))} there" if nodes else
                           str(err).strip().splitlines()[-1] if str(err).strip() else repr(err))
                 steps = sorted({int(n.split("_")[0][1:]) for n, _t in nodes if n.startswith("s") and "_" in n})
@@ -366,6 +429,11 @@ class QnnBackend(Backend):
                 if arg < num_inputs and k in values:
                     out[arg] = values[k]
         return out
+
+
+def _asked_qnn(reason: str) -> bool:
+    """Whether a refusal is QNN's own answer (not an op the build folds or cannot export)."""
+    return not reason.startswith(_NOT_ASKED)
 
 
 def _param_info(p: relax.Var) -> dict:

@@ -322,7 +322,7 @@ def lower_as_built(mod: tvm.IRModule, placement: Any, devices: Sequence[tvm.runt
 
 def htp_summary(backend: Any, lowered: LoweredGraph) -> dict:
     """What the report says of an HTP: each op QNN refused and why, each graph (region) it runs."""
-    from ..backends.qnn import region_bindings
+    from ..backends.qnn import WITH_READER, region_bindings
 
     regions = [{"name": r.name, "ops": len(r.ops), "device": r.device, "bindings": region_bindings(r)}
                for r in lowered.regions.values() if r.backend == "qnn"]
@@ -333,8 +333,9 @@ def htp_summary(backend: Any, lowered: LoweredGraph) -> dict:
                for key, (op, ok, reason) in backend.answers.items() if not ok and key not in covered]
     executions = sum(1 for node in lowered.graph.nodes if node.func_name in {r["name"] for r in regions})
     on_htp = {key for r in regions for key in r["bindings"]}
-    return {"options": dict(backend.options), "asked": len(backend.answers),
+    return {"options": dict(backend.options), "process": backend.process, "asked": len(backend.answers),
             "accepted": sum(1 for _op, ok, _r in backend.answers.values() if ok), "refused": refused,
+            "in_context": sum(1 for _op, ok, reason in backend.answers.values() if ok and reason == WITH_READER),
             "regions": regions, "graph_executions": executions, "excluded": dict(backend.exclude),
             "flops": sum(backend.flops.values()),
             "flops_on_htp": sum(f for key, f in backend.flops.items() if key in on_htp),

@@ -22,8 +22,12 @@ def explain_htp(htp: dict, devices: list[str]) -> list[str]:
                  f"{precision}): {htp['accepted']} of {htp['asked']} Relax ops accepted by QNN; "
                  f"{len(htp['regions'])} QNN graphs, {htp['graph_executions']} graph executions per inference")
     if htp.get("flops"):
+        scale, unit = (1e9, "GFLOP") if htp["flops"] >= 1e9 else (1e6, "MFLOP")
         lines.append(f"  HTP: {htp['flops_on_htp'] / htp['flops']:.1%} of conv/matmul FLOPs "
-                     f"({htp['flops_on_htp'] / 1e9:.2f} of {htp['flops'] / 1e9:.2f} GFLOP)")
+                     f"({htp['flops_on_htp'] / scale:.2f} of {htp['flops'] / scale:.2f} {unit})")
+    if htp.get("in_context"):
+        lines.append(f"  HTP: {htp['in_context']} ops QNN refuses alone are accepted together with the op "
+                     "reading them (asked in context)")
     for region in htp["regions"]:
         lines.append(f"    graph {region['name']} on {devices[region['device']]}: {region['ops']} ops")
     refused = [r for r in htp["refused"] if r["binding"] not in htp.get("excluded", {}) and r["reason"] != FOLDED]

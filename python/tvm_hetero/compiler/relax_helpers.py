@@ -66,3 +66,15 @@ def replace_body(func: relax.Function, blocks: list[relax.BindingBlock]) -> rela
     body = relax.SeqExpr(blocks, func.body.body)
     return relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs)
 
+
+
+def with_operands(call: relax.Call, mapping: dict) -> relax.Call:
+    """``call`` with the variables among its operands (tuple fields included) replaced as
+    ``mapping`` says; its type is kept."""
+
+    def operand(expr: Any) -> Any:
+        if isinstance(expr, relax.Tuple):
+            return relax.Tuple([operand(f) for f in expr.fields])
+        return mapping.get(expr, expr) if isinstance(expr, relax.Var) else expr
+
+    return relax.Call(call.op, [operand(a) for a in call.args], call.attrs, call.ty_args, ret_ty=call.ty)
