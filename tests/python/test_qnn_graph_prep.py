@@ -43,7 +43,9 @@ def _gather_module() -> tvm.IRModule:
             half_q = R.quantize(R.const(0.5, "float32"), R.const(0.25, "float32"), R.const(0, "uint8"))
             half = R.dequantize(half_q, R.const(0.25, "float32"), R.const(0, "uint8"))
             big = R.broadcast_to(R.const(1.0, "float32"), R.shape([1, 6, 4]))
-            y = R.add(R.multiply(looked_up, half), R.multiply(x, big))
+            bias = R.reshape(R.dequantize(R.const(np.array([3, -2, 1, 5], "int32")), R.const(0.01, "float32"),
+                                          R.const(0, "int32")), R.shape([1, 1, 4]))
+            y = R.add(R.add(R.multiply(looked_up, half), R.multiply(x, big)), bias)
             R.output(y)
         return y
 
@@ -59,8 +61,10 @@ def test_constant_chains_fold_and_the_function_computes_the_same() -> None:
     ops = _ops(folded)
     # The table's row count became a constant, the quantized scalar too: no shape_of, no quantize left.
     assert "relax.shape_of" not in ops and "relax.shape_to_tensor" not in ops and "relax.quantize" not in ops
-    # The weight's dequantize stays (a QDQ unit must see its weight), and what reads the ids stays.
-    assert ops.count("relax.dequantize") == 2 and "relax.where" in ops and "relax.less" in ops
+    # The weights' dequantizes stay (a QDQ unit must see its weights), the bias reshaped for its add
+    # too, and what reads the ids stays.
+    assert ops.count("relax.dequantize") == 3 and "relax.reshape" in ops
+    assert "relax.where" in ops and "relax.less" in ops
 
 
 def test_a_constant_chain_larger_than_what_it_reads_is_not_folded() -> None:

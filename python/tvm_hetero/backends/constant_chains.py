@@ -15,14 +15,17 @@ Rule, per binding of the entry function in order:
   A frontier binding is replaced by its value as a constant when it is not a dequantize and its
   value is no larger than the constants it reads together, or than ``SMALL_BYTES`` (folding never
   grows the model by more than that per value: a row broadcast from a small table may be folded,
-  a large tensor made from a scalar is not). A dequantize of constants stays: it is a weight, which a QDQ unit needs to see as
-  such (and folding it would quadruple its bytes); its computable operands become the frontier.
+  a large tensor made from a scalar is not). A dequantize of constants stays, and so does a float
+  value made from one (a bias reshaped for its add): they are weights, which a QDQ unit needs to
+  see as such (and folding would quadruple their bytes); their computable operands become the
+  frontier. A value re-quantized from one (a constant embedding row, quantized) is an integer
+  constant and folds.
   A frontier binding too large to fold stays too, with the same consequence.
 - Bindings no longer read are removed.
 
 Guarantee: the function computes the same values (each folded value is what its ops compute on the
 host's LLVM target, evaluated once by Relax's VM); nothing that depends on an input or a parameter
-is folded, and no dequantize of a weight is.
+is folded, and neither is a weight's dequantize nor a float value made from one.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ def fold_constant_chains(func: relax.Function) -> relax.Function:
         if found is not None:
             leaves[var] = found
     computable = {var: sum(constants[c] for c in read) for var, read in leaves.items()}  # var -> bytes read
+    weight_values = _weight_values(value_of, computable)
     if not computable:
         return func
     readers: dict[relax.Var, list[relax.Var]] = {}
@@ -83,7 +87,8 @@ def fold_constant_chains(func: relax.Function) -> relax.Function:
         seen.add(var)
         value = value_of[var]
         is_dequantize = isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name == DEQUANTIZE
-        if not is_dequantize and _static(var.ty) and _bytes_of(var) <= max(computable[var], SMALL_BYTES):
+        weight = var in weight_values and not _integer(var)  # a float weight as its QDQ unit reads it
+        if not is_dequantize and not weight and _static(var.ty) and _bytes_of(var) <= max(computable[var], SMALL_BYTES):
             fold.append(var)
         else:
             frontier += [u for u in relax.analysis.free_vars(value) if u in computable]
@@ -131,6 +136,23 @@ def _operands(call: relax.Call) -> list[Any]:
     for arg in call.args:
         out += list(arg.fields) if isinstance(arg, relax.Tuple) else [arg]
     return out
+
+
+def _weight_values(value_of: dict, computable: dict) -> set:
+    """The computable values made from a dequantize's values (not only its shape): a weight, or a
+    bias reshaped for its add, as a QDQ unit reads it."""
+    out: set = set()
+    for var, value in value_of.items():
+        if var not in computable or not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
+            continue
+        if value.op.name == DEQUANTIZE or (value.op.name != "relax.shape_of" and any(
+                u in out for u in relax.analysis.free_vars(value))):
+            out.add(var)
+    return out
+
+
+def _integer(var: relax.Var) -> bool:
+    return str(var.ty.dtype).startswith(("int", "uint", "bool"))
 
 
 def _static(ty: Any) -> bool:

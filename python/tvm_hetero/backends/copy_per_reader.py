@@ -117,6 +117,8 @@ class _Copies:
         self.copies_of: dict[relax.Var, dict[relax.Var, relax.Var]] = {}  # consumer island -> its copies
         self.emitted: list[relax.Binding] = []
         self.copied = False
+        self.names = {v.name for v in value_of}
+        self.count = 0
 
     def own(self, var: relax.Var, island: relax.Var) -> relax.Var:
         """``var`` for the consumer ``island``: the original if no consumer took it yet, else a copy."""
@@ -131,11 +133,23 @@ class _Copies:
             self.taken.add(var)
             copies[var] = var
             return var
-        fresh = _fresh_var(var)
+        fresh = self._fresh_var(var)
         self.emitted.append(relax.VarBinding(fresh, with_operands(value, operands)))
         self.copied = True
         copies[var] = fresh
         return fresh
+
+    def _fresh_var(self, var: relax.Var) -> relax.Var:
+        """A new variable of ``var``'s kind and type, named apart from every other (exporters and
+        reports name values by their variables)."""
+        self.count += 1
+        kind = relax.DataflowVar if isinstance(var, relax.DataflowVar) else relax.Var
+        name = f"{var.name}_copy{self.count}"
+        while name in self.names:
+            self.count += 1
+            name = f"{var.name}_copy{self.count}"
+        self.names.add(name)
+        return kind(name, var.ty)
 
     def take_emitted(self) -> list[relax.Binding]:
         """The copies made since the last call, in the order they must be bound."""
@@ -188,6 +202,4 @@ def _elements(var: relax.Var) -> int | None:
     return int(np.prod([int(d) for d in ty.shape.values], dtype=np.int64))
 
 
-def _fresh_var(var: relax.Var) -> relax.Var:
-    kind = relax.DataflowVar if isinstance(var, relax.DataflowVar) else relax.Var
-    return kind(f"{var.name}_copy", var.ty)
+
