@@ -36,7 +36,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..compiler.relax_helpers import replace_body, same_kind_block, with_operands
+from ..compiler.relax_helpers import readers, replace_body, same_kind_block, with_operands
 from .qdq import DEQUANTIZE
 
 #: A folded value may be this large whatever it reads (a position embedding's rows, an index table).
@@ -71,13 +71,8 @@ def fold_constant_chains(func: relax.Function) -> relax.Function:
     weight_values = _weight_values(value_of, computable)
     if not computable:
         return func
-    readers: dict[relax.Var, list[relax.Var]] = {}
-    for var, value in value_of.items():
-        for used in relax.analysis.free_vars(value) if isinstance(value, relax.Expr) else []:
-            readers.setdefault(used, []).append(var)
-    returned = set(relax.analysis.free_vars(func.body.body))
-    frontier = [v for v in computable
-                if v in returned or any(r not in computable for r in readers.get(v, []))]
+    read_by = readers(func)
+    frontier = [v for v in computable if any(r is None or r not in computable for r in read_by.get(v, []))]
     fold: list[relax.Var] = []
     seen: set[relax.Var] = set()
     while frontier:

@@ -37,6 +37,7 @@ from tvm.relax.backend.utils import has_leaking_intermediate_variables
 from tvm.relax.dpl import is_const, is_op, is_tuple, is_tuple_get_item, rewrite_call, wildcard
 from tvm.relax.transform import FusionPattern
 
+from ..compiler.relax_helpers import use_counts
 from .base import Backend, Region, WeightPredicate
 from .dnnl_int8 import (
     INT8_PATTERNS,
@@ -843,25 +844,7 @@ def _channel_vector(const: tvm.ir.Constant, channels: int) -> np.ndarray | None:
 def _use_counts(func: relax.Function) -> dict[Any, int]:
     """Number of uses of each bound value (keyed by the value, as DPL matches return values)."""
     value_of = {b.var: b.value for block in func.body.blocks for b in block.bindings}
-    counts: dict[Any, int] = {}
-
-    def visit(expr: Any) -> None:
-        if isinstance(expr, relax.Var) and expr in value_of:
-            key = value_of[expr]
-            counts[key] = counts.get(key, 0) + 1
-        elif isinstance(expr, relax.Call):
-            for arg in expr.args:
-                visit(arg)
-        elif isinstance(expr, relax.Tuple):
-            for f in expr.fields:
-                visit(f)
-        elif isinstance(expr, relax.TupleGetItem):
-            visit(expr.tuple_value)
-
-    for value in value_of.values():
-        visit(value)
-    visit(func.body.body)
-    return counts
+    return {value_of[var]: n for var, n in use_counts(func).items() if var in value_of}
 
 
 def _rewrite(mod: tvm.IRModule, entry: str, pattern: Any, rewriter: Any) -> tvm.IRModule:

@@ -27,6 +27,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from ..compiler.relax_helpers import use_counts
 from .qdq import DEQUANTIZE, QUANTIZE
 from .qdq_identity import DropIdentityRequantize
 from .qdq_identity import _same_quantization as same_quantization  # one rule for "undoes exactly"
@@ -69,7 +70,7 @@ def fold_quantized_affine(entry: str = "main") -> tvm.transform.Pass:
     def run(mod: tvm.IRModule, _ctx: Any) -> tvm.IRModule:
         func = mod[entry]
         values = _values(func)
-        uses = _use_counts(func)
+        uses = use_counts(func)
         plans = {}
         for var, value in values.items():
             if _op(value) == QUANTIZE:
@@ -214,27 +215,6 @@ def _substitute(mod: tvm.IRModule, entry: str, replaced: dict) -> tvm.IRModule:
 
 def _values(func: relax.Function) -> dict:
     return {b.var: b.value for block in func.body.blocks for b in block.bindings if isinstance(b, relax.VarBinding)}
-
-
-def _use_counts(func: relax.Function) -> dict:
-    counts: dict = {}
-
-    def count(expr: Any) -> None:
-        if isinstance(expr, relax.Var):
-            counts[expr] = counts.get(expr, 0) + 1
-        elif isinstance(expr, relax.Call):
-            for a in expr.args:
-                count(a)
-        elif isinstance(expr, relax.Tuple):
-            for f in expr.fields:
-                count(f)
-        elif isinstance(expr, relax.TupleGetItem):
-            count(expr.tuple_value)
-
-    for value in _values(func).values():
-        count(value)
-    count(func.body.body)
-    return counts
 
 
 def _single_use(expr: Any, values: dict, uses: dict) -> Any:

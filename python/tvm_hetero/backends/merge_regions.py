@@ -36,6 +36,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from ..compiler.relax_helpers import readers
 from .base import Region
 
 #: Attribute of a block function: how many regions it joined (for readers of the module).
@@ -66,7 +67,7 @@ def merge_regions(
                     order.append(binding.var)
                 elif region is not None:
                     kept[region.name] = region  # not a tensor: left alone
-    users = _users(func)
+    users = {var: set(read) for var, read in readers(func).items()}
     placed = device_of or {}
     constants = _computed_from_constants(func)
 
@@ -286,15 +287,3 @@ def _type_of(expr: Any) -> Any:
     if ty is None:
         raise ValueError(f"region block: an input ({expr}) has no type")
     return ty
-
-
-def _users(func: relax.Function) -> dict[relax.Var, set[Any]]:
-    """For each bound variable, the binding variables reading it (``None``: the function's output)."""
-    out: dict[relax.Var, set[Any]] = {}
-    for block in func.body.blocks:
-        for binding in block.bindings:
-            for var in relax.analysis.free_vars(binding.value):
-                out.setdefault(var, set()).add(binding.var)
-    for var in relax.analysis.free_vars(func.body.body):
-        out.setdefault(var, set()).add(None)
-    return out

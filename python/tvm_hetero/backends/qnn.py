@@ -32,6 +32,7 @@ from tvm import relax
 from tvm.relax.dpl import is_op, is_tuple, is_tuple_get_item, wildcard
 from tvm.relax.transform import FusionPattern
 
+from ..compiler.relax_helpers import readers
 from ..devices import KINDS
 from ..htp_process import HtpProcessDied, vendor_call
 from ..qnn_ep import QnnUnavailable, available, require
@@ -202,10 +203,7 @@ class QnnBackend(Backend):
         QNN takes as the MatMul's transposed operand, is refused as a graph of its own). Accepted
         together, both are accepted; a block that later separates them is refused at finalize and
         its ops stay on the CPU (:class:`RegionRefused`)."""
-        readers: dict[relax.Var, set[relax.Var]] = {}
-        for var, binding in binding_of.items():
-            for used in relax.analysis.free_vars(binding.value):
-                readers.setdefault(used, set()).add(var)
+        read_by = readers(func)
         pending: dict[str, bytes] = {}
         asked: list[tuple[frozenset, str]] = []
         for unit in {m for m in unit_of.values()}:
@@ -213,7 +211,7 @@ class QnnBackend(Backend):
             answers = [self.answers.get(k) for k in keys if k is not None]
             if any(k in self.exclude for k in keys) or not answers or any(a[1] for a in answers) or not all(_asked_qnn(a[2]) for a in answers):
                 continue  # accepted, partly accepted, or refused before QNN saw it
-            outside = {r for v in unit for r in readers.get(v, ()) if r not in unit}
+            outside = {r for v in unit for r in read_by.get(v, ()) if r not in unit}
             reader_units = {unit_of.get(r) for r in outside}
             if len(reader_units) != 1 or None in reader_units:
                 continue

@@ -78,3 +78,40 @@ def with_operands(call: relax.Call, mapping: dict) -> relax.Call:
         return mapping.get(expr, expr) if isinstance(expr, relax.Var) else expr
 
     return relax.Call(call.op, [operand(a) for a in call.args], call.attrs, call.ty_args, ret_ty=call.ty)
+
+
+def use_counts(func: relax.Function) -> dict[relax.Var, int]:
+    """How many times each variable is read, every occurrence counted (``a * a`` reads ``a`` twice),
+    the function's output included."""
+    counts: dict[relax.Var, int] = {}
+
+    def count(expr: Any) -> None:
+        if isinstance(expr, relax.Var):
+            counts[expr] = counts.get(expr, 0) + 1
+        elif isinstance(expr, relax.Call):
+            for arg in expr.args:
+                count(arg)
+        elif isinstance(expr, relax.Tuple):
+            for field in expr.fields:
+                count(field)
+        elif isinstance(expr, relax.TupleGetItem):
+            count(expr.tuple_value)
+
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            count(binding.value)
+    count(func.body.body)
+    return counts
+
+
+def readers(func: relax.Function) -> dict[relax.Var, list[Any]]:
+    """For each variable, the variables of the bindings reading it, in binding order, once each
+    (``None``: the function's output)."""
+    out: dict[relax.Var, list[Any]] = {}
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            for var in relax.analysis.free_vars(binding.value):
+                out.setdefault(var, []).append(binding.var)
+    for var in relax.analysis.free_vars(func.body.body):
+        out.setdefault(var, []).append(None)
+    return out
