@@ -145,3 +145,36 @@ def test_nothing_shared_or_constant_means_nothing_changed() -> None:
 
     assert copy_per_reader(main) is main
     assert fold_constant_chains(main) is main
+
+
+def _pool_module(padding, count_include_pad, size=7) -> tvm.IRModule:
+    @R.function
+    def main(x: R.Tensor((1, 8, 6, 6), "float32")):
+        with R.dataflow():
+            y = R.nn.avg_pool2d(x, pool_size=[size, size], strides=[1, 1], padding=padding,
+                                count_include_pad=count_include_pad)
+            R.output(y)
+        return y
+
+    return tvm.IRModule({"main": main})
+
+
+def test_an_average_pool_over_the_whole_map_becomes_a_mean() -> None:
+    """Inception-v1's last pool: 7x7 over 6x6, one row and column of padding bottom-right, not counted."""
+    from tvm_hetero.backends.pool_as_mean import PoolAsMean
+
+    x = np.random.default_rng(2).standard_normal((1, 8, 6, 6)).astype("float32")
+    mod = _pool_module([0, 0, 1, 1], False)
+    rewritten = PoolAsMean()(mod)
+    assert _ops(rewritten) == ["relax.mean"]
+    np.testing.assert_allclose(_run(rewritten, x), _run(mod, x), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(_run(rewritten, x), x.mean(axis=(2, 3), keepdims=True), rtol=1e-6, atol=1e-6)
+
+
+def test_pools_that_are_not_one_whole_window_stay_pools() -> None:
+    from tvm_hetero.backends.pool_as_mean import PoolAsMean
+
+    counted = _pool_module([0, 0, 1, 1], True)  # the padding is counted: the divisor is 49, not 36
+    smaller = _pool_module([0, 0, 0, 0], False, size=3)  # several windows
+    for mod in (counted, smaller):
+        assert _ops(PoolAsMean()(mod)) == ["relax.nn.avg_pool2d"]

@@ -52,6 +52,7 @@ from .onnx_export import (
     is_erf_gelu,
     spec_text,
 )
+from .pool_as_mean import PoolAsMean
 from .qdq import find_qdq_units
 from .qdq_identity import DropIdentityRequantize
 
@@ -134,6 +135,7 @@ class QnnBackend(Backend):
     def prepare(self, mod: tvm.IRModule, entry: str) -> tvm.IRModule:
         require()  # one clear error, naming the extra, when onnxruntime-qnn is missing
         mod = FoldConstantChains(entry)(mod)  # as ONNX Runtime does before QNN sees a graph
+        mod = PoolAsMean(entry)(mod)  # QNN computes a whole-map AveragePool with asymmetric pads wrongly
         mod = SimplifyStackSum(entry)(mod)
         mod = DropNoOps(entry)(mod)
         mod = DropIdentityRequantize(entry)(mod)  # after DropNoOps: it leaves the pairs behind
