@@ -36,7 +36,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..compiler.relax_helpers import readers, replace_body, same_kind_block, with_operands
+from ..compiler.relax_helpers import entry_pass, readers, replace_body, same_kind_block, with_operands
 from .qdq import DEQUANTIZE
 
 #: A folded value may be this large whatever it reads (a position embedding's rows, an index table).
@@ -44,16 +44,7 @@ SMALL_BYTES = 64 * 1024
 
 
 def FoldConstantChains(entry: str = "main") -> tvm.transform.Pass:
-    def run(mod: tvm.IRModule, _ctx: Any) -> tvm.IRModule:
-        original = mod[entry]
-        func = fold_constant_chains(original)
-        if func is original:
-            return mod
-        mod = mod.clone()
-        mod[entry] = func
-        return relax.transform.DeadCodeElimination([entry])(mod)
-
-    return tvm.transform.module_pass(run, opt_level=0, name="FoldConstantChains")
+    return entry_pass(entry, fold_constant_chains, "FoldConstantChains")
 
 
 def fold_constant_chains(func: relax.Function) -> relax.Function:

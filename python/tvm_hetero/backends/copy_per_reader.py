@@ -35,7 +35,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..compiler.relax_helpers import replace_body, same_kind_block, with_operands
+from ..compiler.relax_helpers import entry_pass, replace_body, same_kind_block, with_operands
 from .qdq import DEQUANTIZE
 
 #: A value of an input-derived chain is copied per reader when it has at most this many elements.
@@ -50,16 +50,7 @@ ELEMENTWISE = frozenset({
 
 
 def CopyPerReader(entry: str = "main") -> tvm.transform.Pass:
-    def run(mod: tvm.IRModule, _ctx: Any) -> tvm.IRModule:
-        original = mod[entry]
-        func = copy_per_reader(original)
-        if func is original:
-            return mod
-        mod = mod.clone()
-        mod[entry] = func
-        return relax.transform.DeadCodeElimination([entry])(mod)
-
-    return tvm.transform.module_pass(run, opt_level=0, name="CopyPerReader")
+    return entry_pass(entry, copy_per_reader, "CopyPerReader")
 
 
 def copy_per_reader(func: relax.Function) -> relax.Function:

@@ -115,3 +115,19 @@ def readers(func: relax.Function) -> dict[relax.Var, list[Any]]:
     for var in relax.analysis.free_vars(func.body.body):
         out.setdefault(var, []).append(None)
     return out
+
+
+def entry_pass(entry: str, transform: Any, name: str) -> tvm.transform.Pass:
+    """A module pass applying ``transform(function) -> function`` to ``entry`` (which returns the
+    function itself when it changes nothing), with dead code removed after a change."""
+
+    def run(mod: tvm.IRModule, _ctx: Any) -> tvm.IRModule:
+        original = mod[entry]
+        func = transform(original)
+        if func is original:
+            return mod
+        mod = mod.clone()
+        mod[entry] = func
+        return relax.transform.DeadCodeElimination([entry])(mod)
+
+    return tvm.transform.module_pass(run, opt_level=0, name=name)
