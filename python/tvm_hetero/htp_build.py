@@ -34,10 +34,13 @@ FP16_TOLERANCE = 1e-2
 #: ... and of a quantized one (int8 steps compound across a graph: a few steps of 1/256).
 QUANTIZED_TOLERANCE = 5e-2
 LOCALIZED_ROUNDS = 3
-#: With ``htp_min_group_flops=N`` (opt-in), a group of fewer conv/matmul FLOPs than N stays on the
-#: CPU unless it is the build's largest. Off by default: every op QNN accepts and verification keeps
-#: goes to the HTP; ``placement="auto"`` weighs each group's call against the host instead.
-MIN_GROUP_FLOPS = 0.0
+#: A group of fewer conv/matmul FLOPs than this (``htp_min_group_flops``) stays on the CPU unless it is
+#: the build's largest. By default a group with no conv/matmul work at all (element-wise ops, a join,
+#: an embedding lookup): its QNN call (~0.16 ms fixed on phones) costs more than the host doing that
+#: work, and the HTP would wait for the host's inputs. Every group with such work goes to the HTP;
+#: ``placement="auto"`` weighs each group's call against the host instead; ``htp_min_group_flops=0``
+#: keeps every group QNN accepts.
+MIN_GROUP_FLOPS = 1.0
 
 
 def has_htp(targets: Any) -> bool:
@@ -179,8 +182,9 @@ def _gate_small_groups(htp: dict, exclude: dict[str, str], min_flops: float) -> 
         if region is largest or region.get("flops", 0.0) >= min_flops:
             continue
         for key in region["bindings"]:
-            exclude[key] = (f"gate: a group of {region.get('flops', 0.0) / 1e6:.1f} MFLOP is not worth a QNN graph "
-                            f"call (~0.16 ms fixed cost per call)")
+            work = (f"a group of {region['flops'] / 1e6:.1f} MFLOP" if region.get("flops")
+                    else "a group with no conv/matmul work")
+            exclude[key] = f"gate: {work} is not worth a QNN graph call (~0.16 ms fixed cost per call)"
             moved = True
     return moved
 

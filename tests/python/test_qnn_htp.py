@@ -455,7 +455,8 @@ def test_a_quantized_bert_takes_no_more_qnn_graphs_than_the_peer_and_all_its_flo
     assert theirs.ran, theirs.error
     assert htp["graph_executions"] <= theirs.partitions, (htp["graph_executions"], theirs.partitions)
     assert htp["flops_on_htp"] >= 0.9 * htp["flops"] > 0
-    assert not htp["excluded"], htp["excluded"]
+    # Only the default gate keeps anything off: the embedding lookup, a group with no conv/matmul work.
+    assert all("no conv/matmul work" in reason for reason in htp["excluded"].values()), htp["excluded"]
     assert htp["in_context"] > 0 and "asked in context" in art.report()
     rt, y = _run(art, inputs)
     assert rt.stats()["qnn_graph_executions"] == htp["graph_executions"]
