@@ -208,11 +208,12 @@ class QnnBackend(Backend):
         read_by = readers(func)
         pending: dict[str, bytes] = {}
         asked: list[tuple[frozenset, str]] = []
-        for unit in {m for m in unit_of.values()}:
+        for unit in set(unit_of.values()):
             keys = [self._key_of.get(v) for v in unit]
             answers = [self.answers.get(k) for k in keys if k is not None]
-            if any(k in self.exclude for k in keys) or not answers or any(a[1] for a in answers) or not all(_asked_qnn(a[2]) for a in answers):
-                continue  # accepted, partly accepted, or refused before QNN saw it
+            refused_by_qnn = bool(answers) and all(not a[1] and _asked_qnn(a[2]) for a in answers)
+            if not refused_by_qnn or any(k in self.exclude for k in keys):
+                continue  # accepted, partly accepted, refused before QNN saw it, or kept off
             outside = {r for v in unit for r in read_by.get(v, ()) if r not in unit}
             reader_units = {unit_of.get(r) for r in outside}
             if len(reader_units) != 1 or None in reader_units:
