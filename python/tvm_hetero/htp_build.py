@@ -34,12 +34,12 @@ FP16_TOLERANCE = 1e-2
 #: ... and of a quantized one (int8 steps compound across a graph: a few steps of 1/256).
 QUANTIZED_TOLERANCE = 5e-2
 LOCALIZED_ROUNDS = 3
-#: A group of fewer conv/matmul FLOPs than this (``htp_min_group_flops``) stays on the CPU unless it is
-#: the build's largest. By default a group with no conv/matmul work at all (element-wise ops, a join,
-#: an embedding lookup): its QNN call (~0.16 ms fixed on phones) costs more than the host doing that
-#: work, and the HTP would wait for the host's inputs. Every group with such work goes to the HTP;
-#: ``placement="auto"`` weighs each group's call against the host instead; ``htp_min_group_flops=0``
-#: keeps every group QNN accepts.
+#: A group of fewer conv/matmul FLOPs than this (``htp_min_group_flops``) whose ops make fewer elements
+#: than one QNN call is worth (``ELEMENTS_PER_CALL``) stays on the CPU, unless it is the build's
+#: largest. By default that is a group with no conv/matmul work and little else (a join, an embedding
+#: lookup): its QNN call (~0.16 ms fixed on phones) costs more than the host doing that work, and the
+#: HTP would wait for the host's inputs. Every other group goes to the HTP; ``placement="auto"``
+#: weighs each group's call against the host instead; ``htp_min_group_flops=0`` keeps every group.
 MIN_GROUP_FLOPS = 1.0
 
 
@@ -172,14 +172,17 @@ def _modeled(htp: dict, checks: dict) -> dict:
 
 
 def _gate_small_groups(htp: dict, exclude: dict[str, str], min_flops: float) -> bool:
-    """Keep groups below ``min_flops`` off the HTP (never the largest); whether any moved."""
+    """Keep groups below ``min_flops`` and below a call's worth of elements off the HTP (never the
+    largest); whether any moved."""
+    from .backends.qnn import ELEMENTS_PER_CALL
+
     regions = htp["regions"]
     if len(regions) < 2:
         return False
     largest = max(regions, key=lambda r: (r.get("flops", 0.0), r["ops"]))
     moved = False
     for region in regions:
-        if region is largest or region.get("flops", 0.0) >= min_flops:
+        if region is largest or region.get("flops", 0.0) >= min_flops or region.get("elements", 0) >= ELEMENTS_PER_CALL:
             continue
         for key in region["bindings"]:
             work = (f"a group of {region['flops'] / 1e6:.1f} MFLOP" if region.get("flops")

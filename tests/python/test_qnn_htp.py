@@ -486,3 +486,32 @@ def test_inception_s_whole_map_average_pool_stays_in_the_graph_and_is_right() ->
     _rt, y = _run(art, x)
     ref = _reference(model, x)
     assert np.abs(y - ref).max() <= 1e-2 * np.abs(ref).max()
+
+
+def _conv_asin_elementwise(channels: int, side: int):
+    """conv -> Asin (QNN refuses it: the host) -> three element-wise ops: a second group with no
+    conv/matmul work, of 3 x channels x side x side elements."""
+    from onnx import helper
+
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Asin", ["c1"], ["u"]),
+             helper.make_node("Mul", ["u", "u"], ["m"]),
+             helper.make_node("Relu", ["m"], ["r"]),
+             helper.make_node("Add", ["r", "u"], ["y"])]
+    return _onnx_model(nodes, [_tensor("x", [1, 4, side, side])], [_tensor("y", None)],
+                       [_conv_weight("w1", channels, 4, 1)])
+
+
+@pytest.mark.parametrize(("side", "on_htp"), [(8, False), (64, True)])
+def test_a_group_without_matmul_work_goes_to_the_htp_only_when_worth_a_call(side, on_htp) -> None:
+    """By default a group with no conv/matmul work stays on the host unless its ops make at least a
+    QNN call's worth of elements (8x8: 3 x 2k elements, host; 64x64: 3 x 131k, HTP)."""
+    model = _conv_asin_elementwise(32, side)
+    x = {"x": (np.random.default_rng(6).standard_normal((1, 4, side, side)) * 0.05).astype("float32")}
+    art = tvm_hetero.build(_relax(model), [CPU, "qnn-htp"])
+    htp = art.build_report.htp
+    gated = [r for r in htp["excluded"].values() if "no conv/matmul work" in r]
+    assert htp["graph_executions"] == (2 if on_htp else 1) and bool(gated) != on_htp, htp["excluded"]
+    _rt, y = _run(art, x)
+    ref = _reference(model, x)
+    assert np.abs(y - ref).max() <= 1e-2 * np.abs(ref).max()

@@ -32,7 +32,7 @@ from tvm import relax
 from tvm.relax.dpl import is_op, is_tuple, is_tuple_get_item, wildcard
 from tvm.relax.transform import FusionPattern
 
-from ..compiler.relax_helpers import readers
+from ..compiler.relax_helpers import readers, static_shape
 from ..devices import KINDS
 from ..htp_process import HtpProcessDied, vendor_call
 from ..qnn_ep import QnnUnavailable, available, require
@@ -69,8 +69,11 @@ _LRN_ATTR = "tvm_hetero.lrn"
 _BINDINGS_ATTR = "tvm_hetero.bindings"
 #: What a cached answer means (bumped when the probe asks more of QNN).
 PROBE_VERSION = 11
-#: Host work (elements its ops make) a QNN block may wait for beyond what each member needs.
-WAIT_BUDGET_ELEMENTS = 250_000
+#: Host work worth one QNN graph call (~0.16 ms): the elements its ops make (a quarter of a million,
+#: about 1 MB of float32, memory-bound work of that order). A QNN block may wait for this much host
+#: work beyond what each member needs; a group making fewer elements, with no conv/matmul work, is
+#: not worth its call (htp_build.py).
+ELEMENTS_PER_CALL = 250_000
 #: The answer for an op of constants only: the build folds it, it runs on no device.
 FOLDED = "constant inputs only: folded at build"
 #: The note on a unit QNN refuses alone but accepts together with the unit reading it.
@@ -118,6 +121,8 @@ class QnnBackend(Backend):
         self.answers: dict[str, tuple[str, bool, str]] = {}
         #: Multiply-add FLOPs of each conv2d and matmul binding (what "FLOPs on the HTP" counts).
         self.flops: dict[str, float] = {}
+        #: Elements each op binding makes (what the element-wise work of a group is counted in).
+        self.elements: dict[str, int] = {}
         self._accepted: set[relax.Var] = set()
         self._key_of: dict[relax.Var, str] = {}
         self._weights: dict[str, dict[int, np.ndarray]] = {}
@@ -149,7 +154,7 @@ class QnnBackend(Backend):
         cache = _load_cache(self._cache_path)
         pending: dict[str, bytes] = {}  # cache key -> probe model, asked of QNN together
         keyed: dict[str, tuple[relax.Var, str, str]] = {}  # binding key -> (var, op, cache key)
-        self._accepted, self._key_of, self.answers, self.flops = set(), {}, {}, {}
+        self._accepted, self._key_of, self.answers, self.flops, self.elements = set(), {}, {}, {}, {}
         binding_of = {b.var: b for block in func.body.blocks for b in block.bindings}
         order = list(binding_of)
         unit_of: dict[relax.Var, frozenset] = {}
@@ -169,6 +174,8 @@ class QnnBackend(Backend):
                 op = value.op.name
                 if op in ("relax.nn.conv2d", "relax.matmul"):
                     self.flops[key] = _flops(value, binding.var)
+                shape = static_shape(binding.var.ty) if isinstance(binding.var.ty, relax.TensorType) else None
+                self.elements[key] = int(np.prod(shape, dtype=np.int64)) if shape is not None else 0
                 if key in self.exclude:
                     self.answers[key] = (op, False, self.exclude[key])
                     continue
@@ -351,9 +358,8 @@ class QnnBackend(Backend):
         return {"op": "onnx", "bindings": keys.split(",") if keys else [], **describe(composite)}
 
     def block_wait_budget(self) -> int:
-        # One more QNN graph execution (~0.16 ms) costs more than the host making a quarter of a
-        # million elements (about 1 MB of float32, memory-bound work of that order) before it.
-        return WAIT_BUDGET_ELEMENTS
+        # One more QNN graph execution costs more than the host making this much before it.
+        return ELEMENTS_PER_CALL
 
     def unique_regions(self) -> bool:
         return True  # each site's weights are compiled into its QNN graph

@@ -328,6 +328,7 @@ def htp_summary(backend: Any, lowered: LoweredGraph) -> dict:
                for r in lowered.regions.values() if r.backend == "qnn"]
     for region in regions:
         region["flops"] = sum(backend.flops.get(key, 0.0) for key in region["bindings"])
+        region["elements"] = sum(backend.elements.get(key, 0) for key in region["bindings"])
     covered = {key for r in regions for key in r["bindings"]}  # e.g. an LRN's ops, refused one by one
     refused = [{"binding": key, "op": op, "reason": reason}
                for key, (op, ok, reason) in backend.answers.items() if not ok and key not in covered]
