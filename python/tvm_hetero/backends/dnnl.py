@@ -37,7 +37,7 @@ from tvm.relax.backend.utils import has_leaking_intermediate_variables
 from tvm.relax.dpl import is_const, is_op, is_tuple, is_tuple_get_item, rewrite_call, wildcard
 from tvm.relax.transform import FusionPattern
 
-from ..compiler.relax_helpers import use_counts
+from ..compiler.relax_helpers import replace_body, same_kind_block, use_counts
 from .base import Backend, Region, WeightPredicate
 from .dnnl_int8 import (
     INT8_PATTERNS,
@@ -897,13 +897,11 @@ def UnshareConstantReshapes(entry: str = "main") -> tvm.transform.Pass:
                         args.append(arg)
                     value = relax.Call(value.op, args, value.attrs, value.ty_args)
                 bindings.append(relax.VarBinding(b.var, value) if isinstance(b, relax.VarBinding) else b)
-            kind = relax.DataflowBlock if isinstance(block, relax.DataflowBlock) else relax.BindingBlock
-            blocks.append(kind(bindings))
+            blocks.append(same_kind_block(block, bindings))
         if not changed:
             return mod
-        body = relax.SeqExpr(blocks, func.body.body)
         mod = mod.clone()
-        mod[entry] = relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs)
+        mod[entry] = replace_body(func, blocks)
         return mod
 
     return tvm.transform.module_pass(unshare, opt_level=0, name="UnshareConstantReshapes")

@@ -39,6 +39,7 @@ from tvm.relax.backend.utils import has_leaking_intermediate_variables
 from tvm.relax.dpl import is_const, is_op, is_tuple, wildcard
 from tvm.relax.transform import FusionPattern
 
+from ..compiler.relax_helpers import replace_body, same_kind_block
 from .qdq import DEQUANTIZE, QUANTIZE
 
 #: Attribute of an int8 composite: its ``quant`` (docs/byoc.md) as JSON.
@@ -528,11 +529,9 @@ def _qdq_pass(entry: str, fold: bool, name: str) -> tvm.transform.Pass:
                         args[1:3] = [_fresh(a) for a in args[1:3]]
                     value = relax.Call(value.op, args, value.attrs, value.ty_args)
                 bindings.append(relax.VarBinding(b.var, value) if isinstance(b, relax.VarBinding) else b)
-            kind = relax.DataflowBlock if isinstance(block, relax.DataflowBlock) else relax.BindingBlock
-            blocks.append(kind(bindings))
+            blocks.append(same_kind_block(block, bindings))
         mod = mod.clone()
-        mod[entry] = relax.Function(func.params, relax.SeqExpr(blocks, func.body.body), func.ret_ty,
-                                    func.is_pure, func.attrs)
+        mod[entry] = replace_body(func, blocks)
         return relax.transform.DeadCodeElimination([entry])(mod)
 
     return tvm.transform.module_pass(run, opt_level=0, name=name)

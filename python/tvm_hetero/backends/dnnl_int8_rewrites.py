@@ -27,7 +27,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..compiler.relax_helpers import use_counts
+from ..compiler.relax_helpers import replace_body, same_kind_block, use_counts
 from .qdq import DEQUANTIZE, QUANTIZE
 from .qdq_identity import DropIdentityRequantize
 from .qdq_identity import _same_quantization as same_quantization  # one rule for "undoes exactly"
@@ -87,11 +87,9 @@ def fold_quantized_affine(entry: str = "main") -> tvm.transform.Pass:
                     bindings.extend(_affine_bindings(b.var, plans[b.var]))
                 else:
                     bindings.append(b)
-            kind = relax.DataflowBlock if isinstance(block, relax.DataflowBlock) else relax.BindingBlock
-            blocks.append(kind(bindings))
+            blocks.append(same_kind_block(block, bindings))
         mod = mod.clone()
-        mod[entry] = relax.Function(func.params, relax.SeqExpr(blocks, func.body.body), func.ret_ty,
-                                    func.is_pure, func.attrs)
+        mod[entry] = replace_body(func, blocks)
         return relax.transform.DeadCodeElimination([entry])(mod)
 
     return tvm.transform.module_pass(run, opt_level=0, name="FoldQuantizedAffine")

@@ -36,7 +36,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..compiler.relax_helpers import readers
+from ..compiler.relax_helpers import readers, replace_body, same_kind_block
 from .base import Region
 
 #: Attribute of a block function: how many regions it joined (for readers of the module).
@@ -128,11 +128,8 @@ def merge_regions(
             if binding.var in new_value:
                 binding = relax.VarBinding(binding.var, new_value[binding.var])
             bindings.append(binding)
-        kind = relax.DataflowBlock if isinstance(block, relax.DataflowBlock) else relax.BindingBlock
-        blocks.append(kind(bindings))
-    mod[entry] = relax.Function(
-        func.params, relax.SeqExpr(blocks, func.body.body), func.ret_ty, func.is_pure, func.attrs
-    )
+        blocks.append(same_kind_block(block, bindings))
+    mod[entry] = replace_body(func, blocks)
     return mod, kept
 
 

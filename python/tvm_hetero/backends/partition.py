@@ -32,6 +32,7 @@ import tvm
 from tvm import relax
 from tvm.relax.transform import FusionPattern
 
+from ..compiler.relax_helpers import replace_body, same_kind_block
 from .base import Backend, MovedOp, Region
 from .merge_regions import merge_regions
 from .region_check import check_partitioned
@@ -130,13 +131,11 @@ def _unshare_region_calls(mod: tvm.IRModule, entry: str, backend: str) -> tvm.IR
                         name, changed = gv.name_hint, True
                     seen.add(name)
             bindings.append(binding)
-        kind = relax.DataflowBlock if isinstance(block, relax.DataflowBlock) else relax.BindingBlock
-        blocks.append(kind(bindings))
+        blocks.append(same_kind_block(block, bindings))
     if not changed:
         return mod
     mod = builder.get()
-    mod[entry] = relax.Function(func.params, relax.SeqExpr(blocks, func.body.body), func.ret_ty, func.is_pure,
-                                func.attrs)
+    mod[entry] = replace_body(func, blocks)
     return mod
 
 
