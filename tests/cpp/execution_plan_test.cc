@@ -18,6 +18,7 @@
 #include "plan/execution_plan.h"
 #include "support/device_kinds.h"
 #include "test_graphs.h"
+#include "test_kernels.h"
 
 namespace tvm_hetero {
 namespace {
@@ -38,12 +39,8 @@ class PureKernels : public ffi::ModuleObj {
  private:
   template <typename F>
   static ffi::Function Elementwise(F f) {
-    return ffi::Function::FromTyped([f](DLTensor* a, DLTensor* b, DLTensor* out) {
-      const float* x = static_cast<const float*>(a->data);
-      const float* y = static_cast<const float*>(b->data);
-      float* z = static_cast<float*>(out->data);
-      for (int64_t i = 0; i < out->shape[0]; ++i) z[i] = f(x[i], y[i]);
-    });
+    return ffi::Function::FromTyped(
+        [f](DLTensor* a, DLTensor* b, DLTensor* out) { testing::ElementwiseFloat32(f, a, b, out); });
   }
 };
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "test_graphs.h"
+#include "test_kernels.h"
 
 namespace tvm_hetero {
 namespace {
@@ -50,10 +51,7 @@ class TestKernels : public ffi::ModuleObj {
       }
       if (log->on_call) log->on_call();
       log->device_ids.push_back(out->device.device_id);
-      const float* x = static_cast<const float*>(a->data);
-      const float* y = static_cast<const float*>(b->data);
-      float* z = static_cast<float*>(out->data);
-      for (int64_t i = 0; i < out->shape[0]; ++i) z[i] = f(x[i], y[i]);
+      testing::ElementwiseFloat32(f, a, b, out);
     });
   }
   CallLog* log_;

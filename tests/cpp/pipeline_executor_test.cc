@@ -26,6 +26,8 @@
 #include <thread>
 #include <vector>
 
+#include "test_kernels.h"
+
 namespace tvm_hetero {
 namespace {
 
@@ -74,11 +76,8 @@ class PipeKernels : public ffi::ModuleObj {
   template <typename F, typename Before = void (*)(const float*)>
   static ffi::Function Elementwise(F f, Before before = [](const float*) {}) {
     return ffi::Function::FromTyped([f, before](DLTensor* a, DLTensor* b, DLTensor* out) {
-      const float* x = static_cast<const float*>(a->data);
-      const float* y = static_cast<const float*>(b->data);
-      float* z = static_cast<float*>(out->data);
-      before(x);
-      for (int64_t i = 0; i < out->shape[0]; ++i) z[i] = f(x[i], y[i]);
+      before(static_cast<const float*>(a->data));
+      testing::ElementwiseFloat32(f, a, b, out);
     });
   }
 };
