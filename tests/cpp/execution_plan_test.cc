@@ -26,23 +26,7 @@ namespace {
 namespace ffi = tvm::ffi;
 using testing::SimplexJSON;
 
-/*! \brief Elementwise float32 add and sub over 4 elements; stateless, so safe on any thread. */
-class PureKernels : public ffi::ModuleObj {
- public:
-  const char* kind() const final { return "tvm_hetero.PureKernels"; }
-  ffi::Optional<ffi::Function> GetFunction(const ffi::String& name) final {
-    if (name == "add") return Elementwise([](float a, float b) { return a + b; });
-    if (name == "sub") return Elementwise([](float a, float b) { return a - b; });
-    return std::nullopt;
-  }
-
- private:
-  template <typename F>
-  static ffi::Function Elementwise(F f) {
-    return ffi::Function::FromTyped(
-        [f](DLTensor* a, DLTensor* b, DLTensor* out) { testing::ElementwiseFloat32(f, a, b, out); });
-  }
-};
+using testing::TestKernels;  // without a log: stateless, safe on any thread
 
 const DLDevice kCpu0{kDLCPU, 0}, kCpu1{kDLCPU, 1}, kCpu2{kDLCPU, 2};
 const DLDevice kRemoteCpu{static_cast<DLDeviceType>(kDLCPU + support::kRPCSessMask), 0};
@@ -56,7 +40,7 @@ struct HandMade {
     storage = PlanStorage(graph, in.node_device);
     in.graph = &graph;
     in.storage = &storage;
-    in.lib = ffi::Module(ffi::make_object<PureKernels>());
+    in.lib = ffi::Module(ffi::make_object<TestKernels>());
   }
   Graph graph;
   StoragePlan storage;
@@ -161,7 +145,7 @@ TEST(GraphRuntimeFrames, ConcurrentFramesOfOneModelMatchSerialOnEveryInference) 
   // Three devices (each frame runs its own executors: add on cpu:1, sub on cpu:2 reading cpu:0's
   // copy); four threads, each with its own frame, 200 inferences each, against serial.
   GraphRuntime rt;
-  rt.Init(SimplexJSON("[0, 1, 2, 3, 4, 5]", "[1, 1, 2, 1, 0, 2]"), ffi::Module(ffi::make_object<PureKernels>()),
+  rt.Init(SimplexJSON("[0, 1, 2, 3, 4, 5]", "[1, 1, 2, 1, 0, 2]"), ffi::Module(ffi::make_object<TestKernels>()),
           {kCpu0, kCpu1, kCpu2});
   constexpr int kThreads = 4, kInferences = 200;
   auto values = [](int i, int input) {
@@ -196,7 +180,7 @@ TEST(GraphRuntimeFrames, ConcurrentFramesOfOneModelMatchSerialOnEveryInference) 
 
 TEST(GraphRuntimeFrames, AFrameSharesParametersAndRefusesToWriteThem) {
   GraphRuntime rt;
-  rt.Init(SimplexJSON(), ffi::Module(ffi::make_object<PureKernels>()), {kCpu0, kCpu1});
+  rt.Init(SimplexJSON(), ffi::Module(ffi::make_object<TestKernels>()), {kCpu0, kCpu1});
   std::vector<float> c{1, 1, 1, 1};
   int64_t shape[1] = {4};
   DLTensor t{c.data(), kCpu0, 1, {kDLFloat, 32, 1}, shape, nullptr, 0};
@@ -224,7 +208,7 @@ ffi::Tensor BorrowedFloats(void* data, DLDevice device, int64_t length = 4) {
 
 TEST(GraphRuntimeFrames, BoundInputsAndOutputsAreUsedInPlaceAndCheckedNamingTheInput) {
   GraphRuntime rt;
-  rt.Init(SimplexJSON(), ffi::Module(ffi::make_object<PureKernels>()), {kCpu0, kCpu1});
+  rt.Init(SimplexJSON(), ffi::Module(ffi::make_object<TestKernels>()), {kCpu0, kCpu1});
   std::unique_ptr<RunFrame> frame = rt.Frame();
   alignas(64) float a[4] = {1, 2, 3, 4}, out[4] = {0, 0, 0, 0};
   alignas(64) float unaligned[5] = {0, 0, 0, 0, 0};

@@ -23,39 +23,8 @@ namespace {
 namespace ffi = tvm::ffi;
 using testing::SimplexJSON;
 
-/*! \brief Counts kernel calls per device, to check placement. */
-struct CallLog {
-  std::vector<int> device_ids;
-  /*! \brief Called at the start of every kernel, if set (to hold a run in progress). */
-  std::function<void()> on_call;
-};
-
-/*! \brief A kernel library: elementwise float32 add and sub, checking that all args share a device. */
-class TestKernels : public ffi::ModuleObj {
- public:
-  explicit TestKernels(CallLog* log) : log_(log) {}
-  const char* kind() const final { return "tvm_hetero.TestKernels"; }
-  ffi::Optional<ffi::Function> GetFunction(const ffi::String& name) final {
-    if (name == "add") return Elementwise([](float a, float b) { return a + b; });
-    if (name == "sub") return Elementwise([](float a, float b) { return a - b; });
-    return std::nullopt;
-  }
-
- private:
-  template <typename F>
-  ffi::Function Elementwise(F f) {
-    CallLog* log = log_;
-    return ffi::Function::FromTyped([f, log](DLTensor* a, DLTensor* b, DLTensor* out) {
-      if (a->device.device_id != out->device.device_id || b->device.device_id != out->device.device_id) {
-        TVM_FFI_THROW(ValueError) << "arguments on different devices";
-      }
-      if (log->on_call) log->on_call();
-      log->device_ids.push_back(out->device.device_id);
-      testing::ElementwiseFloat32(f, a, b, out);
-    });
-  }
-  CallLog* log_;
-};
+using testing::CallLog;
+using testing::TestKernels;
 
 template <typename F>
 void ExpectThrows(F f, const std::string& text) {
