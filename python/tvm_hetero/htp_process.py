@@ -32,10 +32,8 @@ import numpy as np
 
 #: Test hook: region names whose next call makes the child die with SIGSEGV (a vendor crash).
 CRASH_NEXT: set[str] = set()
-#: Test hook: vendor functions (:data:`VENDOR_FUNCTIONS` names) whose next call dies the same way.
+#: Test hook: vendor functions (:func:`vendor_call` names) whose next call dies the same way.
 CRASH_NEXT_CALL: set[str] = set()
-#: What the build may ask of the vendor library in the HTP's process: ``name(model, options, *args)``.
-VENDOR_FUNCTIONS = ("finalize", "unsupported_nodes", "profiled_cycles", "htp_outputs")
 
 
 class HtpProcessDied(RuntimeError):
@@ -49,18 +47,22 @@ class HtpProcessDied(RuntimeError):
 def vendor_call(process: str, options: dict, function: str, what: str, model: bytes, *args: Any) -> Any:
     """``qnn_ep.<function>(model, options, *args)`` in this process (``process="same"``) or in the
     HTP's own (``"separate"``); ``what`` names the region in errors."""
-    if function not in VENDOR_FUNCTIONS:
-        raise ValueError(f"vendor_call: unknown function {function!r}; one of {VENDOR_FUNCTIONS}")
+    run = _vendor_function(function)  # an unknown name is an error here, before any process is asked
     if process == "separate":
         return process_for(options).call(what, function, model, *args)
-    return _vendor_function(function)(model, options, *args)
+    return run(model, options, *args)
 
 
 def _vendor_function(name: str) -> Any:
+    """What the build may ask of the vendor library, by name: ``name(model, options, *args)``."""
     from .qnn_ep import finalize, htp_outputs, profiled_cycles, unsupported_nodes
 
-    return {"finalize": finalize, "unsupported_nodes": unsupported_nodes, "profiled_cycles": profiled_cycles,
-            "htp_outputs": htp_outputs}[name]
+    functions = {"finalize": finalize, "unsupported_nodes": unsupported_nodes, "profiled_cycles": profiled_cycles,
+                 "htp_outputs": htp_outputs}
+    if name not in functions:
+        raise ValueError(f"vendor_call: unknown function {name!r}; one of {sorted(functions)}")
+    return functions[name]
+
 
 _processes: dict[str, HtpProcess] = {}
 _registry_lock = threading.Lock()
@@ -104,7 +106,7 @@ class HtpProcess:
                                      "a new one starts at the next call", ended) from None
 
     def call(self, what: str, function: str, model: bytes, *args: Any) -> Any:
-        """A vendor function (:data:`VENDOR_FUNCTIONS`) run in this HTP's process."""
+        """A vendor function (:func:`vendor_call`'s names) run in this HTP's process."""
         with self._lock:
             if self._process is None or self._process.poll() is not None:
                 self._start()
