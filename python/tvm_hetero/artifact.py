@@ -44,7 +44,9 @@ from .runtime.pipeline_runtime import PipelineModule
 
 GRAPH_FILE, LIB_FILE, PARAMS_FILE, MANIFEST_FILE = "graph.json", "lib.so", "params.bin", "manifest.json"
 PIPELINE_MANIFEST_FILE, UNSPLIT_GRAPH_FILE = "pipeline.json", "graph.json"
-PIPELINE_FORMAT = "tvm-hetero-pipeline/1"
+PIPELINE_FORMAT = "tvm-hetero-pipeline/2"
+#: Pipeline manifest formats this version reads; 1 has no checksums or parameter table.
+PIPELINE_KNOWN_FORMATS = ("tvm-hetero-pipeline/1", PIPELINE_FORMAT)
 
 FORMAT = "tvm-hetero-artifact/2"
 #: Manifest formats this version reads; 1 has no checksums or parameter table.
@@ -550,6 +552,8 @@ class PipelineArtifact(CompiledPipeline):
         _write_lib_and_params(out, self.lib, self.params)
         manifest = {
             "format": PIPELINE_FORMAT,
+            "params_format": PARAMS_FORMAT,
+            "params": param_table(self.params),
             "stage_graphs": stage_files,
             "stage_devices": _device_table(self.stage_devices),
             "stage_device_names": [device_name(d) for d in self.stage_devices],
@@ -560,30 +564,99 @@ class PipelineArtifact(CompiledPipeline):
             "unsplit_graph": UNSPLIT_GRAPH_FILE if self.unsplit_graph_json is not None else None,
             "split": self.split,
         }
+        seal(manifest, out, [*stage_files, LIB_FILE, PARAMS_FILE]
+             + ([UNSPLIT_GRAPH_FILE] if self.unsplit_graph_json is not None else []))
         (out / PIPELINE_MANIFEST_FILE).write_text(json.dumps(manifest, indent=1))
         return out
 
 
+def is_pipeline_dir(path: str | os.PathLike) -> bool:
+    """``path`` holds an exported pipeline (its ``pipeline.json``) rather than a single graph."""
+    return (Path(path) / PIPELINE_MANIFEST_FILE).is_file()
+
+
+def read_pipeline_manifest(path: Path) -> dict:
+    """``pipeline.json``, its format known and (format 2) its own checksum right."""
+    manifest = read_json(path)
+    if not isinstance(manifest, dict):  # damaged content, not a caller's wrong type
+        raise ValueError(f"{path}: not a pipeline manifest (a JSON object was expected)")  # noqa: TRY004
+    fmt = manifest.get("format")
+    if fmt not in PIPELINE_KNOWN_FORMATS:
+        raise ValueError(f"{path}: unknown pipeline format {fmt!r}; this tvm-hetero reads "
+                         f"{', '.join(PIPELINE_KNOWN_FORMATS)}")
+    if fmt != PIPELINE_KNOWN_FORMATS[0]:
+        if manifest.get(MANIFEST_DIGEST_KEY) != manifest_digest(manifest):
+            raise ValueError(f"{path}: checksum mismatch: the manifest is damaged or was edited after export")
+        if not isinstance(manifest.get("files"), dict):
+            raise ValueError(f"{path}: 'files' must map file names to SHA-256 checksums")
+    return manifest
+
+
+def check_pipeline_params(params: dict[str, np.ndarray], stage_graphs: Sequence[dict], wiring: dict,
+                          manifest: dict, where: str) -> None:
+    """Every parameter a stage's wiring declares is present with the stage graph's shape and dtype,
+    and (format 2) the parameters equal the manifest's table."""
+    for s, (graph, stage) in enumerate(zip(stage_graphs, wiring["stages"])):
+        inputs = graph_inputs(graph, f"{where}: stage {s}")
+        for name in stage["params"]:
+            if name not in params:
+                raise ValueError(f"{where}: stage {s} ({stage.get('name')!r}) needs parameter {name!r}, "
+                                 "which params.bin does not hold")
+            if name not in inputs:
+                raise ValueError(f"{where}: stage {s} declares parameter {name!r}, which its graph does not read")
+            shape, dtype = inputs[name]
+            value = params[name]
+            if list(value.shape) != shape or str(value.dtype) != dtype:
+                raise ValueError(f"{where}: parameter {name!r} is {list(value.shape)} {value.dtype}; "
+                                 f"stage {s}'s graph needs {shape} {dtype}")
+    if "params" in manifest and manifest["params"] != param_table(params):
+        raise ValueError(f"{where}: the parameters differ from the manifest's table (names, shapes or dtypes)")
+
+
 def load_pipeline(path: str | os.PathLike) -> PipelineArtifact:
-    """Load a pipeline written by :meth:`PipelineArtifact.export`."""
+    """Load a pipeline written by :meth:`PipelineArtifact.export`, checking every file first.
+
+    As :func:`load`: every file is compared with its checksum in ``pipeline.json`` (which checks
+    itself) before anything is parsed or loaded, and the parameters are checked against each stage
+    graph; a damaged, truncated or mismatched file is a ValueError naming it.
+    """
     src = Path(path)
     _require_files(src, (PIPELINE_MANIFEST_FILE,), "a tvm-hetero pipeline")
-    manifest = read_json(src / PIPELINE_MANIFEST_FILE)
-    if not isinstance(manifest, dict) or manifest.get("format") != PIPELINE_FORMAT:
-        found = manifest.get("format") if isinstance(manifest, dict) else None
-        raise ValueError(f"{src / PIPELINE_MANIFEST_FILE}: format {found!r}, expected {PIPELINE_FORMAT!r}")
-    unsplit = manifest["unsplit_graph"]
-    needed = [*manifest["stage_graphs"], LIB_FILE, PARAMS_FILE] + ([unsplit] if unsplit else [])
+    manifest = read_pipeline_manifest(src / PIPELINE_MANIFEST_FILE)
+    try:
+        unsplit = manifest["unsplit_graph"]
+        needed = [*manifest["stage_graphs"], LIB_FILE, PARAMS_FILE] + ([unsplit] if unsplit else [])
+    except (KeyError, TypeError) as err:
+        raise ValueError(f"{src / PIPELINE_MANIFEST_FILE}: malformed ({type(err).__name__}: {err})") from None
     _require_files(src, needed, "a complete tvm-hetero pipeline")
-    lib, params = _read_lib_and_params(src)
+    if manifest["format"] != PIPELINE_KNOWN_FORMATS[0]:
+        unlisted = [name for name in needed if name not in manifest["files"]]
+        if unlisted:
+            raise ValueError(f"{src / PIPELINE_MANIFEST_FILE}: no checksum for {', '.join(unlisted)}")
+        verify_files(src, manifest)
+    stage_jsons = [read_text(src / f) for f in manifest["stage_graphs"]]
+    stage_graphs = [read_json(src / f) for f in manifest["stage_graphs"]]
+    params = read_params((src / PARAMS_FILE).read_bytes(), str(src / PARAMS_FILE))
+    try:
+        wiring = manifest["wiring"]
+        stage_devices = _devices_from(manifest["stage_devices"])
+        stage_targets = list(manifest["stage_targets"])
+        input_names = list(manifest["inputs"])
+        if len(wiring["stages"]) != len(stage_graphs) or len(stage_devices) != len(stage_graphs):
+            raise ValueError(f"{src / PIPELINE_MANIFEST_FILE}: {len(stage_graphs)} stage graphs, "
+                             f"{len(wiring['stages'])} wired stages, "
+                             f"{len(stage_devices)} stage devices")
+        check_pipeline_params(params, stage_graphs, wiring, manifest, str(src / PARAMS_FILE))
+    except (KeyError, TypeError) as err:
+        raise ValueError(f"{src / PIPELINE_MANIFEST_FILE}: malformed ({type(err).__name__}: {err})") from None
     return PipelineArtifact(
-        stage_graph_jsons=[read_text(src / f) for f in manifest["stage_graphs"]],
-        lib=lib,
+        stage_graph_jsons=stage_jsons,
+        lib=tvm.runtime.load_module(str(src / LIB_FILE)),
         params=params,
-        wiring=manifest["wiring"],
-        stage_devices=_devices_from(manifest["stage_devices"]),
-        stage_targets=list(manifest["stage_targets"]),
-        input_names=list(manifest["inputs"]),
+        wiring=wiring,
+        stage_devices=stage_devices,
+        stage_targets=stage_targets,
+        input_names=input_names,
         options=manifest.get("options") or {},
         unsplit_graph_json=read_text(src / unsplit) if unsplit else None,
         split=manifest.get("split"),

@@ -241,7 +241,7 @@ def test_export_and_load_round_trip(three_stages, unsplit, tmp_path):
         "stage1.json",
         "stage2.json",
     ]
-    assert json.loads((out / "pipeline.json").read_text())["format"] == "tvm-hetero-pipeline/1"
+    assert json.loads((out / "pipeline.json").read_text())["format"] == "tvm-hetero-pipeline/2"
     loaded = pipeline.load(out)
     assert loaded.wiring == three_stages.wiring and loaded.stage_targets == three_stages.stage_targets
     assert loaded.split == three_stages.split
