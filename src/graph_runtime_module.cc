@@ -57,6 +57,9 @@ ffi::Optional<ffi::Function> GraphRuntimeModule::GetFunction(const ffi::String& 
   if (n == "get_input_name") {
     return ffi::Function::FromTyped([self, rt](int index) { return ffi::String(rt->GetInputName(index)); });
   }
+  if (n == "get_input_is_param") {
+    return ffi::Function::FromTyped([self, rt](int index) { return rt->InputIsParam(index); });
+  }
   if (n == "get_num_inputs") return ffi::Function::FromTyped([self, rt]() { return rt->NumInputs(); });
   if (n == "get_num_outputs") return ffi::Function::FromTyped([self, rt]() { return rt->NumOutputs(); });
   if (n == "load_params") {

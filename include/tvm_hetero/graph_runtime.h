@@ -126,6 +126,8 @@ class GraphRuntime {
   int NumOutputs() const { return static_cast<int>(graph_.heads.size()); }
   /*! \brief Name of input `index`. */
   const std::string& GetInputName(int index) const;
+  /*! \brief Whether input `index` was written by a parameter path (set_params, load_params, share_params). */
+  bool InputIsParam(int index) const { return input_is_param_.at(index) != 0; }
 
   /*!
    * \brief Set parameters from `tvm.runtime.save_param_dict` bytes. The whole blob is validated

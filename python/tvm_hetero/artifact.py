@@ -16,12 +16,15 @@ dtypes equal). Format-1 manifests (no checksums) get the structural checks only.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
 import json
 import os
-from collections.abc import Mapping, Sequence
+import shutil
+import uuid
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +35,7 @@ import tvm_ffi
 
 import tvm_hetero.native  # noqa: F401  (registers tvm_hetero.read_params)
 
+from . import toolchain
 from .compiler import build as compiler_build
 from .compiler.build import BuildReport, CompiledGraph, device_name, format_size
 from .compiler.graph import COPY_FUNC
@@ -180,9 +184,22 @@ def library_file_for(src: Path, manifest: dict, device: tvm.runtime.Device) -> P
 
 
 # ---- files both artifact kinds share -----------------------------------------------------------
-def _write_lib_and_params(out: Path, lib: tvm.runtime.Module, params: Mapping[str, Any]) -> None:
-    """``lib.so`` and ``params.bin`` (``tvm.runtime.save_param_dict``) into ``out``."""
-    lib.export_library(str(out / LIB_FILE))
+def _write_lib_and_params(
+    out: Path, lib: tvm.runtime.Module, params: Mapping[str, Any], library_file: Path | None = None
+) -> None:
+    """``lib.so`` and ``params.bin`` (``tvm.runtime.save_param_dict``) into ``out``.
+
+    ``library_file``: the file ``lib`` was loaded from, copied as it is (a loaded library cannot be
+    linked again: its imported modules no longer serialize). Otherwise ``lib`` is linked by the
+    linker :mod:`tvm_hetero.toolchain` chooses (a system compiler, else ziglang's).
+    """
+    if library_file is not None:
+        shutil.copyfile(library_file, out / LIB_FILE)
+    elif lib.kind == "library":
+        raise ValueError("this kernel library was loaded from a file, which is not known here: it cannot be "
+                         "linked again; export an artifact loaded with tvm_hetero.load (its lib.so is copied)")
+    else:
+        lib.export_library(str(out / LIB_FILE), fcompile=toolchain.linker().fcompile())
     tensors = {k: v if isinstance(v, tvm.runtime.Tensor) else tvm.runtime.tensor(v) for k, v in params.items()}
     (out / PARAMS_FILE).write_bytes(bytes(tvm.runtime.save_param_dict(tensors)))
 
@@ -199,6 +216,37 @@ def _device_table(devices: Sequence[tvm.runtime.Device]) -> list[list[int]]:
 
 def _devices_from(table: Any) -> list[tvm.runtime.Device]:
     return [tvm.runtime.device(int(t), int(i)) for t, i in table]
+
+
+def _write_atomically(out: Path, write: Callable[[Path], list[str]]) -> Path:
+    """Run ``write(folder)`` on a fresh folder beside ``out``, then move what it wrote into ``out``.
+
+    ``write`` returns the names it wrote, the manifest last. ``out`` absent: the folder is renamed to
+    it (one atomic step). ``out`` a directory: each file replaces its namesake there, the manifest
+    last, and nothing else in ``out`` is touched. A failure in ``write`` leaves neither ``out`` nor any
+    partial file, nor a parent folder this call made.
+    """
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"{out}: exists and is not a directory")
+    made = [p for p in (out.parent, *out.parent.parents) if not p.exists()]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = out.parent / f".{out.name}.{uuid.uuid4().hex[:12]}.partial"
+    staging.mkdir()  # the umask's permissions, as the final folder should have
+    try:
+        names = write(staging)
+        if not out.exists():
+            staging.rename(out)
+            return out
+        for name in names:
+            os.replace(staging / name, out / name)
+        shutil.rmtree(staging)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        for folder in made:  # innermost first; only those still empty
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise
+    return out
 
 
 def _require_files(src: Path, names: Sequence[str], what: str) -> None:
@@ -250,13 +298,8 @@ class Artifact(CompiledGraph):
             execution=execution,
             device_options=device_options,
             device_libs=self.device_libs,
+            params=self.params or None,
         )
-        if self.params:
-            try:
-                module.set_params(self.params)
-            except Exception:
-                module.close()
-                raise
         return module
 
     def library_file_for(self, device: tvm.runtime.Device) -> Path | None:
@@ -275,12 +318,32 @@ class Artifact(CompiledGraph):
     def export(self, path: str | os.PathLike) -> Path:
         """Write graph.json, lib.so, params.bin and manifest.json into the directory ``path``.
 
-        The C++ runtime loads these without Python (see examples/run_artifact.cc).
+        The C++ runtime loads these without Python (see examples/run_artifact.cc). A loaded artifact
+        exports again: its library files are copied, checked against the manifest it was loaded
+        with. Everything is written beside ``path`` first and moved in at the end, so a failed
+        export leaves nothing behind.
         """
-        out = Path(path)
-        out.mkdir(parents=True, exist_ok=True)
+        library_file = self._loaded_library_file()
+        return _write_atomically(Path(path), functools.partial(self._write_files, library_file=library_file))
+
+    def _loaded_library_file(self) -> Path | None:
+        """The lib.so :attr:`lib` was loaded from, unchanged since (None: built in this process)."""
+        if self.source_dir is None or self.lib.kind != "library":
+            return None
+        path = self.source_dir / LIB_FILE
+        digest = (self.manifest or {}).get("files", {}).get(LIB_FILE)
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: the library this artifact was loaded from is gone; it cannot be "
+                                    "exported again (load the artifact again from a complete copy)")
+        if digest is not None and sha256(path.read_bytes()) != digest:
+            raise ValueError(f"{path}: changed since this artifact was loaded (its checksum differs from the "
+                             "manifest): load it again before exporting")
+        return path
+
+    def _write_files(self, out: Path, library_file: Path | None) -> list[str]:
+        """Every file of the artifact into the (empty) folder ``out``; the names, manifest last."""
         (out / GRAPH_FILE).write_text(self.graph_json)
-        _write_lib_and_params(out, self.lib, self.params)
+        _write_lib_and_params(out, self.lib, self.params, library_file)
         manifest = {
             "format": FORMAT,
             "devices": _device_table(self.devices),
@@ -296,7 +359,7 @@ class Artifact(CompiledGraph):
         files += [entry["file"] for entry in manifest.get("device_libraries", [])]
         seal(manifest, out, files)
         (out / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1))
-        return out
+        return [*files, MANIFEST_FILE]
 
 
 def load(path: str | os.PathLike) -> Artifact:

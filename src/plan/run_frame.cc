@@ -358,7 +358,8 @@ void RunFrame::ThrowUnsetInputs() const {
     names << (listed++ ? ", " : "") << "'" << runtime_->graph_.nodes[runtime_->input_nodes_[i]].name << "'";
   }
   TVM_FFI_THROW(ValueError) << "run: " << num_inputs_unset_ << " input(s) never set: " << names.str()
-                            << " (set them with set_input, or load the parameters, before run)";
+                            << " (set inputs with set_input; parameters with set_params or load_params, or pass them to "
+                               "create: graph_runtime.create(graph_json, lib, devices, params=artifact.params))";
 }
 
 void RunFrame::Run() {

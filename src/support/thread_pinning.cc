@@ -64,10 +64,13 @@ void ConfigureCurrentThread(const std::vector<int>& cores, int num_threads, Core
       (*config)(sharing == CoreSharing::kOneCorePerThread ? kTvmOneCorePerThread : kTvmShareAllCores, threads, cpus);
     }
   }
-  // External libraries parallelised with OpenMP (oneDNN) take the same thread count, per thread.
-  if (num_threads > 0) {
+  // External libraries parallelised with OpenMP (oneDNN) take the same thread count, per thread;
+  // cores without a count mean one thread per core (an OpenMP team as wide as the machine on one
+  // core would time-slice every oneDNN call).
+  const int team = num_threads > 0 ? num_threads : static_cast<int>(cores.size());
+  if (team > 0) {
     using SetNumThreads = void (*)(int);
-    if (auto set = reinterpret_cast<SetNumThreads>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"))) set(num_threads);
+    if (auto set = reinterpret_cast<SetNumThreads>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"))) set(team);
   }
 }
 

@@ -22,7 +22,8 @@ enum class CoreSharing {
 /*!
  * \brief Configure the calling thread: pin it to `cores` (none: leave its affinity), give its TVM
  *        thread pool `num_threads` threads (0: as many as cores, or TVM's default when no cores)
- *        and, when `num_threads` > 0, the same OpenMP thread count for libraries it calls (oneDNN).
+ *        and the same OpenMP thread count for libraries it calls (oneDNN). This is the one place
+ *        the default lives: `{"cores": [...]}` alone means `num_threads` = the number of cores.
  *        Nothing to do when both are empty/zero. Throws RuntimeError naming the cores on failure.
  */
 void ConfigureCurrentThread(const std::vector<int>& cores, int num_threads, CoreSharing sharing);

@@ -39,8 +39,8 @@ def artifact():
 
 
 def test_artifact_create_takes_every_graph_runtime_keyword(artifact, tmp_path):
-    # device_libs is the artifact's own (kernel libraries of other architectures): it passes them itself.
-    given_by_the_artifact = {"graph_json", "lib", "devices", "device_libs"}
+    # device_libs (kernel libraries of other architectures) and params are the artifact's own: it passes them.
+    given_by_the_artifact = {"graph_json", "lib", "devices", "device_libs", "params"}
     runtime_keywords = set(inspect.signature(graph_runtime.create).parameters) - given_by_the_artifact
     loaded = tvm_hetero.load(artifact.export(tmp_path / "a"))
     for art in (artifact, loaded):
@@ -84,3 +84,41 @@ def test_graph_and_pipeline_modules_share_conversion_outputs_and_metadata():
         y = (x @ x) * s
         np.testing.assert_allclose(want[0], y @ y, rtol=1e-5, atol=1e-5)
     assert all(stage.closed for stage in pipe.stages)
+
+
+def test_graph_runtime_create_binds_the_params_it_is_given(artifact, tmp_path):
+    # The README's alternative to art.create(): the params as a dict, or params.bin's bytes.
+    with artifact.create() as reference:
+        reference.run(x=X)
+        want = reference.get_outputs()[0]
+    params_bin = (artifact.export(tmp_path / "a") / "params.bin").read_bytes()
+    for params in (artifact.params, params_bin):
+        with graph_runtime.create(artifact.graph_json, artifact.lib, artifact.devices, params=params) as rt:
+            rt.run(x=X)
+            np.testing.assert_array_equal(rt.get_outputs()[0], want)
+
+
+def test_run_without_params_says_how_to_give_them(artifact):
+    with graph_runtime.create(artifact.graph_json, artifact.lib, artifact.devices) as rt:
+        with pytest.raises(ValueError, match=r"never set: 'x', .*'w1'.*params=artifact\.params"):
+            rt.run()
+
+
+def test_input_names_are_the_inputs_a_user_feeds_and_parameters_are_listed_apart(artifact):
+    with artifact.create() as rt:
+        assert rt.input_names == ["x"]
+        assert sorted(rt.param_names) == sorted(PARAMS)
+        assert rt.frame().input_names == ["x"]
+    with graph_runtime.create(artifact.graph_json, artifact.lib, artifact.devices) as bare:
+        assert sorted(bare.input_names) == sorted(["x", *PARAMS]) and bare.param_names == []
+        bare.set_params(artifact.params)
+        assert bare.input_names == ["x"]
+
+
+def test_a_mistyped_input_name_lists_the_valid_ones(artifact):
+    with artifact.create() as rt:
+        for setter in (rt.set_input, rt.frame().set_input):
+            with pytest.raises(KeyError, match=r"no input named 'X'; its inputs: \['x'\] \(parameters: "):
+                setter("X", X)
+        with pytest.raises(KeyError, match=r"its inputs: \['x'\]"):
+            rt.run(X=X)

@@ -68,8 +68,9 @@ def create(
     execution: str = "concurrent",
     device_options: Sequence[dict | None] | None = None,
     device_libs: Mapping[int, Any] | None = None,
+    params: Mapping[str, Any] | bytes | bytearray | None = None,
 ) -> GraphModule:
-    """Create a runtime for ``graph_json`` (docs/graph-format.md).
+    """Create a runtime for ``graph_json`` (docs/graph-format.md), with its parameters bound.
 
     Parameters
     ----------
@@ -100,6 +101,9 @@ def create(
         its own thread even when it is the primary one.
     device_libs : ``Artifact.device_libs``: per device position, the kernel library of a device whose
         architecture differs from this machine's (uploaded to its session; the device must be remote).
+    params : the parameters (``Artifact.params``: name -> array, or ``tvm.runtime.save_param_dict``
+        bytes such as an exported params.bin), bound with :meth:`GraphModule.set_params` /
+        :meth:`GraphModule.load_params` before this returns; without them, set them before ``run``.
     """
     if not isinstance(graph_json, str):
         raise TypeError(f"graph_json must be a str, got {type(graph_json).__name__}")
@@ -129,6 +133,15 @@ def create(
         fcreate = tvm_ffi.get_global_func("tvm_hetero.graph_runtime.create")
         module = GraphModule(fcreate(graph_json, lib, device_index_kind, *devices), devices[0])
     module.module["set_execution"](execution, options_json)
+    if params is not None:
+        try:
+            if isinstance(params, (bytes, bytearray)):
+                module.load_params(params, "params")
+            else:
+                module.set_params(dict(params))
+        except Exception:
+            module.close()
+            raise
     return module
 
 
@@ -169,7 +182,8 @@ def _set_one_input(module: Any, setter: Any, key: int | str, value: Any, copy: b
     """Check ``key`` and ``value`` and hand them to ``setter`` (copying or binding)."""
     if isinstance(key, str):
         if module._get_input_index(key) < 0:
-            raise KeyError(f"the graph has no input named {key!r}")
+            raise KeyError(f"the graph has no input named {key!r}; its inputs: {module.input_names}"
+                           + (f" (parameters: {module.param_names})" if module.param_names else ""))
         what = f"input {key!r}"
     elif isinstance(key, (int, np.integer)):
         key = int(key)
@@ -210,6 +224,7 @@ class GraphModule:
         self._get_input_index = module["get_input_index"]
         self._get_input_name = module["get_input_name"]
         self._get_num_inputs = module["get_num_inputs"]
+        self._get_input_is_param = module["get_input_is_param"]
         self._get_num_outputs = module["get_num_outputs"]
         self._load_params = module["load_params"]
         self._share_params = module["share_params"]
@@ -259,8 +274,14 @@ class GraphModule:
 
     @property
     def input_names(self) -> list[str]:
-        """Names of the graph's inputs, parameters included, in index order."""
-        return [str(self._get_input_name(i)) for i in range(self._get_num_inputs())]
+        """The inputs a caller feeds: the graph's inputs not bound as parameters, in index order
+        (as ONNX Runtime's ``get_inputs()`` leaves out initializers)."""
+        return [str(self._get_input_name(i)) for i in range(self._get_num_inputs()) if not self._get_input_is_param(i)]
+
+    @property
+    def param_names(self) -> list[str]:
+        """The graph's inputs bound as parameters (``set_params``, ``load_params``, ``share_params``)."""
+        return [str(self._get_input_name(i)) for i in range(self._get_num_inputs()) if self._get_input_is_param(i)]
 
     @property
     def num_outputs(self) -> int:
@@ -418,6 +439,15 @@ class Frame:
         self._get_input_name = runtime._get_input_name
         self._get_num_inputs = runtime._get_num_inputs
         self._to_tensor = runtime._to_tensor
+
+    @property
+    def input_names(self) -> list[str]:
+        """The inputs a caller feeds (the runtime's :attr:`GraphModule.input_names`)."""
+        return self.runtime.input_names
+
+    @property
+    def param_names(self) -> list[str]:
+        return self.runtime.param_names
 
     def set_input(self, key: int | str | None = None, value: Any = None, copy: bool = True, **params: Any) -> None:
         """Like :meth:`GraphModule.set_input` (``copy=False`` binds without copying)."""
