@@ -15,11 +15,22 @@ computing: the cost model uses those for a placement on one device (on a machine
 processes load, the difference is large: one busy foreign process makes a core of ours share).
 
 1. A first pass runs every kernel once after a warm-up run. A kernel taking ``LONG_SECONDS`` or
-   more keeps that time: those are the variants that lose by far (an untuned TVM convolution next
-   to its oneDNN region), and timing them again would be most of the measuring time.
+   more keeps that time once a second sample, taken after the timed runs below, agrees with it:
+   those are the variants that lose by far (an untuned TVM convolution next to its oneDNN region),
+   and timing them many times would be most of the measuring time.
 2. The others are timed warm: each is called ``WARM_REPEATS`` times right before the call timed
    (in a graph a kernel reads what its producer just wrote, and weights stay in cache between
    inferences), the median over several runs.
+
+The rule for what enters the cost cache: **a time is kept only when its re-measurement agrees with
+it** -- two estimates taken apart in time within ``AGREE_RATIO`` of each other (plus a few microseconds): the two samples of a
+long kernel, or the medians of the first and of the second half of a kernel's timed runs. A time
+that disagrees (a burst of load, another process or runtime spinning on the cores, a descheduled
+thread of a team) is measured again, up to ``CONFIRM_ROUNDS`` rounds of timed runs; one that never
+agrees is used for this build only (the lowest estimate seen: load only ever adds time) and
+:meth:`RuntimeMeasurer.unconfirmed` names it, so that it never enters the cache. Kept unchecked, one
+sample inflated 80x by a descheduled thread made a rebuild choose TVM kernels over oneDNN blocks
+2.5x faster, and kept choosing them from the cache.
 
 A remote device (behind a TVM RPC session) has its kernels timed in its own process
 (``time_evaluator`` through the session) and the latency of one call into it measured apart
@@ -49,8 +60,14 @@ from ..devices import is_remote, needs_completion_wait, shares_memory
 from . import graph_runtime
 from .rpc import upload_library
 
-#: Aim for this much traced time per device, within [MIN_RUNS, MAX_RUNS] runs.
-TARGET_SECONDS, MIN_RUNS, MAX_RUNS = 0.3, 3, 25
+#: Aim for this much traced time per device, within [MIN_RUNS, MAX_RUNS] runs (at least two per
+#: half: the halves' medians confirm each other).
+TARGET_SECONDS, MIN_RUNS, MAX_RUNS = 0.3, 4, 25
+#: Two estimates of one time agree when the larger is at most this multiple of the smaller, plus
+#: ``AGREE_SLACK`` seconds (a few microseconds of jitter on a tiny kernel change no placement).
+AGREE_RATIO, AGREE_SLACK = 1.25, 10e-6
+#: Rounds of timed runs a time gets to be confirmed; after them it is used unconfirmed (not cached).
+CONFIRM_ROUNDS = 3
 #: A kernel this long in the first pass keeps that time (one sample): such kernels are the losing
 #: variants (an untuned TVM convolution next to its oneDNN region), and timing them again would
 #: make most of the measuring time.
@@ -84,6 +101,16 @@ def _tiny_kernel() -> tvm.IRModule:
     return tvm.IRModule({"tiny": tvm.te.create_prim_func([x, y]).with_attr("global_symbol", "tiny")})
 
 
+def _no_tick(_run: int, _runs: int) -> None:
+    """A progress callback that draws nothing."""
+
+
+def _agree(a: float, b: float) -> bool:
+    """Two estimates of one time agree: the larger within ``AGREE_RATIO`` of the smaller (plus
+    ``AGREE_SLACK``)."""
+    return math.isfinite(a) and math.isfinite(b) and max(a, b) <= AGREE_RATIO * min(a, b) + AGREE_SLACK
+
+
 def random_value(shape: Sequence[int], dtype: str, rng: np.random.Generator) -> np.ndarray:
     """Seeded values that keep kernels on their ordinary path (no NaN, no out-of-range index)."""
     if dtype.startswith(("float", "bfloat")):
@@ -101,6 +128,7 @@ class RuntimeMeasurer:
         self.rng = np.random.default_rng(0)
         self._alive: list = []  # the measuring runtimes, kept while their trace functions are used
         self._alone: dict[int, list[float]] = {}  # jobs the last kernel_seconds measured alone
+        self._unconfirmed: dict[int, set[int]] = {}  # per job (by id): calls whose time never agreed
 
     def kernel_seconds(self, jobs: Sequence[MeasureJob]) -> list[list[float]]:
         """Every job's kernels (see the module docstring): local devices together, remote ones
@@ -123,6 +151,11 @@ class RuntimeMeasurer:
             kept = self._alone.get(id(job))
             result.append(kept if kept is not None else self._local_seconds([job])[0])
         return result
+
+    def unconfirmed(self, job: MeasureJob) -> set[int]:
+        """Indices of ``job``'s calls whose last time was never confirmed by a re-measurement (see
+        the module docstring): the caller uses them for this build and keeps them out of the cache."""
+        return set(self._unconfirmed.get(id(job), ()))
 
     def _local_seconds(self, jobs: Sequence[MeasureJob]) -> list[list[float]]:
         """Local jobs of one target together, each device on its own executor at the same time."""
@@ -149,30 +182,60 @@ class RuntimeMeasurer:
         self._tick(0, total, jobs, "compiling")
         lib = compile_jobs(jobs)
         self._tick(0, total, jobs, "first pass")
-        rough = self._first_pass(jobs, lib)
+        first_trace, first_ids = self._prepare(jobs, lib, [range(len(job.calls)) for job in jobs], 0)
+        first_trace(1)  # warm-up (a backend builds its primitives on the first call)
+        rough = self._sample(first_trace, first_ids)
+        long_ones = [[i for i, t in enumerate(times) if t >= LONG_SECONDS] for times in rough]
         short = [[i for i, t in enumerate(times) if t < LONG_SECONDS] for times in rough]
-        final = total - sum(len(s) for s in short)  # long kernels keep their first time
+        final = total - sum(len(s) for s in short)  # long kernels keep their first time once confirmed
+        times = [list(t) for t in rough]
+        unconfirmed: list[set[int]] = [set() for _ in jobs]
 
         def timed_run(run: int, runs: int) -> None:
             self._tick(final + (total - final) * run / runs, total, jobs, f"run {run}/{runs}")
 
         self._tick(final, total, jobs, "timed runs")
-        trace, kernel_ids = self._prepare(jobs, lib, short, WARM_REPEATS)
-        precise = self._timed_runs(trace, kernel_ids, jobs, short, timed_run)
-        result = []
-        for times, picked, seconds in zip(rough, short, precise):
-            times = list(times)
-            for i, value in zip(picked, seconds):
-                times[i] = value
-            result.append(times)
-        return result
+        self._confirm(jobs, lib, short, times, unconfirmed, timed_run)
+        # The long kernels' second sample, apart in time from the first: agreeing, the lower stays.
+        again = self._sample(first_trace, first_ids)
+        recheck = []
+        for j, picked in enumerate(long_ones):
+            for i in picked:
+                times[j][i] = min(rough[j][i], again[j][i])
+            recheck.append([i for i in picked if not _agree(rough[j][i], again[j][i])])
+        if any(recheck):
+            self._confirm(jobs, lib, recheck, times, unconfirmed)
+        for job, calls in zip(jobs, unconfirmed):
+            self._unconfirmed[id(job)] = calls
+        return times
 
-    def _first_pass(self, jobs: Sequence[MeasureJob], lib: tvm.runtime.Module) -> list[list[float]]:
-        """Every kernel once after a warm-up run: its time, final for the long ones."""
-        trace, kernel_ids = self._prepare(jobs, lib, [range(len(job.calls)) for job in jobs], 0)
-        trace(1)  # warm-up (a backend builds its primitives on the first call)
+    def _sample(self, trace, kernel_ids) -> list[list[float]]:
+        """One traced run: every job's kernel time (inf where the trace has none)."""
         times = self._spans(trace, [nid for ids in kernel_ids for nid in ids])
         return [[times[nid][0] if times[nid] else math.inf for nid in ids] for ids in kernel_ids]
+
+    def _confirm(self, jobs: Sequence[MeasureJob], lib: tvm.runtime.Module, pending: list[list[int]],
+                 times: list[list[float]], unconfirmed: list[set[int]],
+                 after_run: Callable[[int, int], None] = lambda _run, _runs: None) -> None:
+        """Timed runs of every job's calls ``pending`` until each time is confirmed (its halves'
+        medians agree), at most ``CONFIRM_ROUNDS`` rounds; writes ``times`` and, for the calls
+        never confirmed (their lowest median written), ``unconfirmed``."""
+        lowest: dict[tuple[int, int], float] = {}
+        for _round in range(CONFIRM_ROUNDS):
+            if not any(pending):
+                return
+            trace, kernel_ids = self._prepare(jobs, lib, pending, WARM_REPEATS)
+            estimates = self._timed_runs(trace, kernel_ids, jobs, pending, after_run)
+            after_run = _no_tick  # the bar counts the first round only
+            for j, (picked, found) in enumerate(zip(pending, estimates)):
+                for i, (median, first_half, second_half) in zip(picked, found):
+                    if _agree(first_half, second_half):
+                        times[j][i] = median
+                        unconfirmed[j].discard(i)
+                    else:
+                        times[j][i] = lowest[(j, i)] = min(lowest.get((j, i), math.inf), median)
+                        unconfirmed[j].add(i)
+            pending = [[i for i in picked if i in unconfirmed[j]] for j, picked in enumerate(pending)]
 
     @staticmethod
     def _spans(trace, node_ids) -> dict[int, list[float]]:
@@ -183,7 +246,10 @@ class RuntimeMeasurer:
         return times
 
     def _timed_runs(self, trace, kernel_ids, jobs: Sequence[MeasureJob], picked,
-                    after_run: Callable[[int, int], None] = lambda _run, _runs: None) -> list[list[float]]:
+                    after_run: Callable[[int, int], None] = lambda _run, _runs: None
+                    ) -> list[list[tuple[float, float, float]]]:
+        """Per job and picked call: the median of its timed runs, and the medians of their first
+        and second half (two estimates apart in time, to confirm each other)."""
         every = [nid for ids in kernel_ids for nid in ids]
         first = json.loads(trace(1))["runs"][-1]  # warm-up, and a size
         longest = max([sum(s["end_us"] - s["start_us"] for s in first if s.get("device") == d)
@@ -199,7 +265,10 @@ class RuntimeMeasurer:
             missing = [job.calls[i].func_name for i, nid in zip(indices, ids) if not durations[nid]]
             if missing:
                 raise RuntimeError(f"measuring on {job.device}: the trace has no time for kernels {', '.join(missing)}")
-            result.append([statistics.median(durations[nid]) for nid in ids])
+            halves = [(durations[nid][: len(durations[nid]) // 2] or durations[nid],
+                       durations[nid][len(durations[nid]) // 2:]) for nid in ids]
+            result.append([(statistics.median(durations[nid]), statistics.median(a), statistics.median(b))
+                           for nid, (a, b) in zip(ids, halves)])
         return result
 
     def _prepare(self, jobs: Sequence[MeasureJob], lib: tvm.runtime.Module, picked: Sequence[Sequence[int]],

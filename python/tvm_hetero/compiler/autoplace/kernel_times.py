@@ -10,7 +10,8 @@ then serves both.
 
 What is timed is named by a :class:`~.units.Part`: a node of a lowering (a TVM kernel, a region, or
 a block of regions), keyed by :func:`.cost_cache.node_key`, so that equal kernels share one time
-whichever lowering or placement they come from.
+whichever lowering or placement they come from. A time the measurer says its re-measurement did
+not confirm (``unconfirmed``) is used for the build at hand and never enters the cache.
 """
 
 from __future__ import annotations
@@ -87,7 +88,9 @@ class Measurer(Protocol):
     # until ``dst``'s executor waiting for it runs, ``call_latency(device, options) -> seconds`` of
     # one call into a remote device (0 where a measurer has none), ``spin_window(device, options)
     # -> seconds`` an executor spins in a wait before it sleeps, and
-    # ``latency_seconds(artifact, device_options)`` of a built graph.
+    # ``latency_seconds(artifact, device_options)`` of a built graph, and ``unconfirmed(job) -> set``
+    # of the indices of ``job``'s calls whose last time its re-measurement did not confirm: those
+    # are used for the build at hand and never enter the cost cache.
 
 
 #: Per device: measurement key -> the part to time for it.
@@ -114,6 +117,8 @@ class KernelTimes:
         self.settings = [settings_key(device, self.options[d]) for d, device in enumerate(self.devices)]
         #: Parts measured so far (each counted once, whatever the kinds).
         self.measured = 0
+        #: Times used unconfirmed (their re-measurement never agreed): this build only, not cached.
+        self.unconfirmed = 0
         self.known = {(kind, d): cache.table(kind, str(self.targets[d]), self.settings[d])
                       for kind in self.kinds for d in range(len(self.devices))}
 
@@ -144,11 +149,14 @@ class KernelTimes:
         self.say("automatic placement: measuring " + ", ".join(
             f"{len(job.calls)} {what} on {job.device}" for job in jobs))
         timers = {"kernel": self.measurer.kernel_seconds, "kernel_alone": self._alone_timer}
+        unconfirmed = getattr(self.measurer, "unconfirmed", None)
         for kind in kinds:
             for job, times in zip(jobs, _checked(timers[kind](jobs), jobs)):
                 keys = list(missing[job.position])
+                doubtful = unconfirmed(job) if unconfirmed is not None else set()
+                self.unconfirmed += len(doubtful)
                 self.cache.put_many(kind, [(key, str(job.target), self.settings[job.position], seconds)
-                                           for key, seconds in zip(keys, times)])
+                                           for i, (key, seconds) in enumerate(zip(keys, times)) if i not in doubtful])
                 self.known[(kind, job.position)].update(zip(keys, times))
         count = sum(len(job.calls) for job in jobs)
         self.measured += count

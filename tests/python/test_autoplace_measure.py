@@ -1,0 +1,106 @@
+"""Measuring for automatic placement: a time enters the cost cache only when its re-measurement
+agrees with it (runtime/autoplace_measure.py); outliers are measured again."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import tvm
+import tvm_hetero
+from test_autoplace import MLP, PARAMS, TWO_CPUS, FakeMeasurer
+from tvm_hetero.compiler.autoplace.cost_cache import CostCache
+from tvm_hetero.compiler.autoplace.kernel_times import KernelCall, MeasureJob
+from tvm_hetero.runtime import autoplace_measure
+from tvm_hetero.runtime.autoplace_measure import RuntimeMeasurer
+
+MS = 1e-3
+
+
+class ScriptedRuns:
+    """Stands in for the measuring runtimes: each traced run reports, for every node, its call's
+    script ``(job, call) -> sample number -> seconds`` at the call's next sample (warm-ups count)."""
+
+    def __init__(self, scripts: dict[tuple[int, int], Callable[[int], float]]):
+        self.scripts = scripts
+        self.samples: dict[tuple[int, int], int] = {}
+
+    def next_time(self, job: int, call: int) -> float:
+        n = self.samples.get((job, call), 0)
+        self.samples[(job, call)] = n + 1
+        return self.scripts[(job, call)](n)
+
+    def prepare(self, _jobs, _lib, picked, _repeats):
+        where, kernel_ids = {}, []
+        for j, indices in enumerate(picked):
+            kernel_ids.append([])
+            for i in indices:
+                where[len(where)] = (j, i)
+                kernel_ids[-1].append(len(where) - 1)
+
+        def trace(_runs):
+            spans = [{"node": nid, "kind": "kernel", "device": j, "start_us": 0.0,
+                      "end_us": self.next_time(j, i) * 1e6} for nid, (j, i) in where.items()]
+            return json.dumps({"runs": [spans]})
+
+        return trace, kernel_ids
+
+
+def one_job(num_calls: int) -> list[MeasureJob]:
+    calls = [KernelCall(f"k{i}", [], []) for i in range(num_calls)]
+    return [MeasureJob(0, tvm.IRModule(), calls, tvm.cpu(0), tvm.target.Target("llvm"), None)]
+
+
+def scripted(monkeypatch, scripts) -> ScriptedRuns:
+    runs = ScriptedRuns(scripts)
+    monkeypatch.setattr(autoplace_measure, "compile_jobs", lambda _jobs: None)
+    monkeypatch.setattr(RuntimeMeasurer, "_prepare", lambda _self, *args: runs.prepare(*args))
+    return runs
+
+
+def test_a_long_first_sample_its_second_sample_disagrees_with_is_measured_again(monkeypatch):
+    # Call 0 ran 0.1 ms but its first timed sample was stretched to 50 ms (a descheduled thread);
+    # call 1 is a genuinely long kernel (an untuned convolution) and keeps its single-pass time.
+    scripted(monkeypatch, {(0, 0): lambda n: 50 * MS if n == 1 else 0.1 * MS, (0, 1): lambda _n: 40 * MS})
+    measurer = RuntimeMeasurer()
+    jobs = one_job(2)
+    fast, slow = measurer.kernel_seconds(jobs)[0]
+    assert abs(fast - 0.1 * MS) < 1e-9
+    assert slow == 40 * MS
+    assert measurer.unconfirmed(jobs[0]) == set()
+
+
+def test_a_time_whose_halves_never_agree_is_used_unconfirmed_at_its_lowest(monkeypatch):
+    # Every round of timed runs drifts: its first half at 1 ms, its second at 3 ms (samples 0-2 are
+    # the first pass's warm-up and sample and the timed runs' warm-up).
+    def drifting(n: int) -> float:
+        return 0.5 * MS if n < 3 else (1 * MS if ((n - 3) // 2) % 2 == 0 else 3 * MS)
+
+    scripted(monkeypatch, {(0, 0): drifting, (0, 1): lambda _n: 0.2 * MS})
+    measurer = RuntimeMeasurer()
+    jobs = one_job(2)
+    drifting_time, steady_time = measurer.kernel_seconds(jobs)[0]
+    assert measurer.unconfirmed(jobs[0]) == {0}
+    assert drifting_time <= 2 * MS  # the lowest median seen, never the inflated one
+    assert abs(steady_time - 0.2 * MS) < 1e-9
+
+
+class DoubtfulFake(FakeMeasurer):
+    """Fake costs, every device's first call reported as never confirmed."""
+
+    def unconfirmed(self, job):
+        return {0}
+
+
+def test_unconfirmed_times_are_used_but_never_cached(tmp_path):
+    cache_file = tmp_path / "c.sqlite"
+    first = DoubtfulFake(lambda _name, d: 1e-3 * (1 + d))
+    tvm_hetero.build(MLP, TWO_CPUS, placement="auto", params=PARAMS, cost_cache=cache_file, measurer=first)
+    asked = len(first.asked)
+    cache = CostCache(cache_file)
+    rows = cache._db.execute("SELECT COUNT(*) FROM costs WHERE kind='kernel'").fetchone()[0]
+    cache.close()
+    assert 0 < rows < asked  # the doubtful times were left out
+    again = FakeMeasurer(lambda _name, d: 1e-3 * (1 + d))
+    tvm_hetero.build(MLP, TWO_CPUS, placement="auto", params=PARAMS, cost_cache=cache_file, measurer=again)
+    assert 0 < len(again.asked) < asked  # a rebuild measures exactly what was not confirmed
