@@ -326,7 +326,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if Path(args.output).exists() and not Path(args.output).is_dir():
         raise FileExistsError(f"-o {args.output}: exists and is not a directory")
     say(f"importing {args.model}")
-    mod = from_onnx(args.model)
+    mod = from_onnx(args.model, parse_input_shapes(args.input_shape))
     placement = parse_placement(args.place, args.split, len(devices), count_ops(mod) if args.split else None)
     artifact = tvm_hetero.build(mod, devices, placement=placement, progress=say,
                                 backends=parse_backends(args.backend), **auto_options(args, len(devices)))
@@ -356,6 +356,24 @@ def _load_input(spec: str) -> tuple[str, np.ndarray]:
         return name, np.load(path, allow_pickle=False)
     except (OSError, ValueError) as err:
         raise ValueError(f"--input {name}: cannot read {path} as a .npy array ({error_line(err)})") from None
+
+
+def parse_input_shapes(specs: list[str]) -> dict[str, tuple[int, ...]]:
+    """``--input-shape NAME=D0,D1,...`` flags (repeatable) as ``from_onnx``'s ``input_shapes``."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for spec in specs:
+        name, sep, dims = spec.partition("=")
+        try:
+            shape = tuple(int(d) for d in dims.split(","))
+        except ValueError:
+            shape = ()
+        if not sep or not name or not shape or min(shape) <= 0:
+            raise ValueError(f"--input-shape {spec!r}: expected NAME=D0,D1,... with positive dims, "
+                             "e.g. data=1,3,224,224")
+        if name in shapes:
+            raise ValueError(f"--input-shape {name}: given twice")
+        shapes[name] = shape
+    return shapes
 
 
 def parse_clusters(specs: list[str], num_devices: int) -> list[dict | None] | None:
@@ -560,6 +578,8 @@ def main(argv: list[str] | None = None) -> int:
     comp.add_argument("model")
     comp.add_argument("-o", "--output", required=True)
     comp.add_argument("--split", type=float, default=None)
+    comp.add_argument("--input-shape", action="append", default=[], metavar="NAME=D0,D1,...",
+                      help="fix an input's shape, e.g. data=1,3,224,224 (repeatable; needed for symbolic dims)")
     placement_flags(comp)
     debug_flag(comp)
     comp.set_defaults(fn=cmd_compile)

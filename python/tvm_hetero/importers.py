@@ -2,31 +2,94 @@
 
 TVM's frontends do the work (``tvm.relax.frontend.onnx`` and ``.torch``); these helpers fix the one
 convention the compiler relies on: **weights are constants bound in the module**, so constant
-folding and the backends' patterns see them as weights and ``build`` needs no ``params``. The
-frontends and their packages (``onnx``, ``torch``) are imported only when a helper is called.
+folding and the backends' patterns see them as weights and ``build`` needs no ``params``. An ONNX
+model is prepared first with ONNX's own tools (``onnx_prepare.py``: input shapes fixed, shapes
+inferred, constant subgraphs folded), and what the frontend still cannot convert is one error line
+naming the node. The frontends and their packages (``onnx``, ``torch``) are imported only when a
+helper is called.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import io
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import tvm
 
 
-def from_onnx(model: Any) -> tvm.IRModule:
+class OnnxImportError(ValueError):
+    """An ONNX node TVM's frontend cannot convert, even after :func:`~tvm_hetero.onnx_prepare.prepare_onnx`.
+    The message is one line naming the node (name and op type) and the frontend's reason."""
+
+
+def from_onnx(model: Any, input_shapes: Mapping[str, Sequence[int]] | None = None, *,
+              prepare: bool = True) -> tvm.IRModule:
     """An ONNX model (a ``ModelProto``, or the path of a ``.onnx`` file) as a Relax module with its
     weights bound as constants.
 
+    ``input_shapes`` fixes inputs' shapes by name, e.g. ``{"input_ids": (1, 128)}`` (the CLI's
+    ``--input-shape input_ids=1,128``); the model's own static dims must agree. An input dim left
+    symbolic (a ``dim_param`` such as ``"batch"``) stays a symbolic dim of the Relax function: such a
+    module can be specialised later (``relax.transform.BindSymbolicVars``), and ``build`` names the
+    input and asks for its shape if it is still symbolic then. With ``prepare`` (the default) the
+    model first goes through :func:`~tvm_hetero.onnx_prepare.prepare_onnx`: shapes inferred and
+    constant subgraphs (shape arithmetic, ``ConstantOfShape`` weights...) folded with ONNX's reference
+    implementation, which is what lets exported transformers (GPT-2, BERT) and MobileNetV2 import.
+
     Raises FileNotFoundError or ValueError naming the file when a path is no file, is empty or is
-    not an ONNX model.
+    not an ONNX model; ValueError naming the input for a bad ``input_shapes`` entry; and
+    :class:`OnnxImportError` naming the node the frontend could not convert, and why.
     """
     from tvm.relax.frontend.onnx import from_onnx as frontend
 
     if isinstance(model, (str, Path)):
         model = load_onnx(model)
-    return frontend(model, keep_params_in_input=False)
+    if prepare:
+        from .onnx_prepare import prepare_onnx
+
+        model = prepare_onnx(model, input_shapes)
+    elif input_shapes:
+        from .onnx_prepare import set_input_shapes
+
+        model = _copy(model)
+        set_input_shapes(model, input_shapes)
+    try:
+        # The frontend prints each failing op's Relax inputs before raising: the error says enough.
+        with contextlib.redirect_stdout(io.StringIO()):
+            return frontend(model, keep_params_in_input=False)
+    except Exception as err:  # any converter's error becomes one line naming its node
+        raise OnnxImportError(_describe_failure(model, err)) from err
+
+
+def _copy(model: Any) -> Any:
+    copy = type(model)()
+    copy.CopyFrom(model)
+    return copy
+
+
+def _describe_failure(model: Any, err: Exception) -> str:
+    """``ONNX node 'name' (OpType): reason`` for the node the frontend failed on. The node is the one
+    the frontend's conversion loop was at (found in the traceback's frames), or, for an op the
+    frontend has no converter for, the first node of that op type."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    reason = lines[-1] if lines else type(err).__name__
+    node = None
+    trace = err.__traceback__
+    while trace is not None:
+        candidate = trace.tb_frame.f_locals.get("node")
+        if hasattr(candidate, "op_type") and hasattr(candidate, "output"):
+            node = candidate  # the innermost frame holding a node (a subgraph's, inside an If)
+        trace = trace.tb_next
+    if node is None and ":" in reason:
+        missing = {name.strip() for name in reason.split(":", 1)[1].split(",")}
+        node = next((n for n in model.graph.node if n.op_type in missing), None)
+    if node is None:
+        return f"ONNX import failed: {type(err).__name__}: {reason}"
+    name = node.name or (node.output[0] if node.output else "?")
+    return f"ONNX node {name!r} ({node.op_type}): {reason}"
 
 
 def load_onnx(path: str | Path) -> Any:
@@ -58,4 +121,4 @@ def from_torch(module: Any, example_args: Sequence[Any]) -> tvm.IRModule:
     return from_exported_program(exported)
 
 
-__all__ = ["from_onnx", "from_torch", "load_onnx"]
+__all__ = ["OnnxImportError", "from_onnx", "from_torch", "load_onnx"]

@@ -24,6 +24,7 @@ from ..backends import default_backends, resolve_backends
 from ..devices import DeviceSpec, is_host, name_of, parse_spec, runs_tvm_kernels
 from ..devices import devices as discover_devices
 from .copies import copy_stats, insert_copies, shared_edges
+from .fold_constant_ops import FoldConstantOps
 from .graph import Graph
 from .kernel_libraries import DeviceLibrary, compile_kernel_libraries
 from .lower import LoweredGraph, lower_to_graph
@@ -75,6 +76,8 @@ class BuildReport:
     # (op name, relax op, placed device, run device, backend) for each op a backend pinned to a
     # device took from the device the placement gave it
     moved_by_backend: list[tuple[str, str, int, int, str]] = field(default_factory=list)
+    # a convolution or matmul no backend took because its weight is computed: one line each, why
+    backend_declined: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -98,6 +101,7 @@ class BuildReport:
         if not self.backend_regions:
             lines.append("  backends: none, TVM kernels run every op")
         lines.extend(f"  backend note: {note}" for note in self.backend_notes)
+        lines.extend(f"  NOT TAKEN by backend: {line}" for line in self.backend_declined)
         if self.moved_by_backend:
             lines.append(
                 f"  MOVED by backend ({len(self.moved_by_backend)} ops placed on another device run "
@@ -211,6 +215,8 @@ def build(
     if not isinstance(mod, tvm.IRModule):
         hint = " (import ONNX first: tvm_hetero.importers.from_onnx(model))" if type(mod).__name__ == "ModelProto" else ""
         raise TypeError(f"build: mod must be a Relax tvm.IRModule, got {type(mod).__name__}{hint}")
+    if any(gv.name_hint == entry for gv in mod.get_global_vars()) and isinstance(mod[entry], tvm.relax.Function):
+        mod = FoldConstantOps(entry)(mod)  # every constant subgraph folded before the backends look
     if isinstance(targets, str) and targets == "auto":
         # An HTP joins only when asked for by name: its graphs are a choice, not a discovery.
         found = [d for d in discover_devices() if runs_tvm_kernels(d.device)]
@@ -445,4 +451,5 @@ def _make_report(
         backend_regions=[(name, dev, n, k) for (name, dev), (n, k) in per_backend.items()],
         shared_edges=shared_edges(graph),
         moved_by_backend=[move for moves in moved.values() for move in moves],
+        backend_declined=list(lowered.declined),
     )

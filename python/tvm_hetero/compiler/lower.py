@@ -52,8 +52,10 @@ from ..backends import Backend, Region, resolve_backends
 from ..backends.partition import partition_for_backends, region_calls, region_of
 from .dispatch import dispatch_library_ops
 from .fence_devices import FENCE_PREFIX, FenceDeviceBoundaries
+from .fold_constant_ops import computed_weight_notes
 from .fold_constants import fold_constants
 from .graph import Entry, Graph, Node
+from .index_checks import insert_index_checks
 from .placement import Fallback, OpInfo, PlacementSpec, resolve_placement
 from .relax_helpers import (
     ALIAS_OPS,
@@ -99,6 +101,9 @@ class LoweredGraph:
     backends: list[Backend] = field(default_factory=list)
     #: With ``track_ops``: the ops (:attr:`OpInfo.index`) each kernel node computes, by node name.
     node_op_indices: dict[str, list[int]] = field(default_factory=dict)
+    #: Convolutions and matmuls no backend could take because their weight is computed from
+    #: constants, not a constant: one line each, with the reason (:mod:`.fold_constant_ops`).
+    declined: list[str] = field(default_factory=list)
 
     def kernel_ops(self, func_name: str) -> list[str]:
         """Relax ops fused into the kernel ``func_name`` (from the first node calling it)."""
@@ -162,6 +167,9 @@ def lower_to_graph(
         mod, regions = partition_for_backends(mod, backend_list, entry, frozenset(param_values), place,
                                               param_values, report_moves=explicit)
         func = mod[entry]
+        declined = computed_weight_notes(func, [backend.name for backend in backend_list])
+    else:
+        declined = []
 
     annotated = _annotated_devices(mod, entry) if placement is None else {}
     op_placement, op_of_var = _place_ops(func, resolved, annotated)
@@ -170,6 +178,9 @@ def lower_to_graph(
                                                            resolved.fallbacks)
     for var, region in region_calls(func, regions):
         op_of_var[var] = (region.device, region.name)
+    # Every gather's and scatter's indices checked on its device, a region's on a TVM device before it.
+    mod, guards = insert_index_checks(mod, entry, regions, kernel_free_devices)
+    op_of_var.update(guards)
 
     mod = dispatch_library_ops(mod, entry, {var: dev for var, (dev, _op) in op_of_var.items()}, targets)
     mod = relax.transform.LegalizeOps()(mod)
@@ -208,6 +219,7 @@ def lower_to_graph(
         regions={name: r for name, r in regions.items() if name in called},
         backends=backend_list,
         node_op_indices={n.name: builder.node_op_indices[n.name] for n in graph.nodes if n.name in builder.node_op_indices},
+        declined=declined,
     )
 
 
@@ -265,9 +277,26 @@ def _to_numpy(value: Any) -> np.ndarray:
     return value.numpy() if hasattr(value, "numpy") else np.asarray(value)
 
 
+def _check_static_input(var: relax.Var) -> None:
+    """An input whose dims are still symbolic (an ONNX ``dim_param`` such as "batch"): named, with its
+    dims and the ways to give its shape."""
+    ty = var.ty
+    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
+        return
+    if static_shape(ty) is not None:
+        return
+    dims = ", ".join(str(int(d)) if isinstance(d, tvm.tirx.IntImm) else str(d) for d in ty.shape.values)
+    raise LoweringError(
+        f"input '{var.name}' has symbolic dims ({dims}); the build needs static shapes: give them when "
+        f"importing (from_onnx(model, input_shapes={{'{var.name}': (...)}}), or tvm-hetero compile "
+        f"--input-shape {var.name}=D0,D1,...) or bind them (relax.transform.BindSymbolicVars)"
+    )
+
+
 def _check_supported(func: relax.Function) -> None:
     """Reject what a static kernel graph cannot express, naming the culprit."""
     for var in func.params:
+        _check_static_input(var)
         tensor_type(var.ty, f"parameter '{var.name}'")
     for block in func.body.blocks:
         for binding in block.bindings:

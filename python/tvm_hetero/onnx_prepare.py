@@ -1,0 +1,203 @@
+"""Preparing an ONNX model for TVM's ONNX frontend with ONNX's own tools: fixed input shapes, shapes
+inferred, and every constant subgraph folded into initializers.
+
+Exporters leave shape arithmetic in the graph (``Shape`` → ``Gather`` → ``Concat`` → ``Reshape``,
+``ConstantOfShape`` of a computed shape, the pads of a ``Pad`` computed from its input's shape) that
+ONNX Runtime folds when it loads a model; TVM's frontend converts each op as it comes and rejects
+several of these (a ``ConstantOfShape`` of a 0-d shape, "dynamic pads"). Preparing the model first
+gives the frontend constants instead.
+
+The steps, repeated until nothing more folds:
+
+1. ``onnx.shape_inference.infer_shapes`` with data propagation: every value whose shape follows from
+   the (given) input shapes gets it.
+2. In graph order, a node is *constant* when it is deterministic, has no subgraph, belongs to the
+   default domain and every input is an initializer, a ``Constant``'s value or an earlier constant
+   node's output; a ``Shape`` (or ``Size``) of a value of fully known shape is constant too, whatever
+   the value. A constant node is evaluated by ``onnx.reference`` (ONNX's own implementation of the
+   operators) and its outputs become initializers when each output is no larger than the inputs it
+   reads together, or than :data:`FOLD_LIMIT_BYTES` (so folding never makes a large tensor from a
+   small one: a weight made by ``ConstantOfShape`` folds, an activation-sized broadcast of a scalar
+   beyond the limit stays an op; the limit is the one of the Relax pass, compiler/fold_constant_ops.py). A node the reference cannot evaluate is left as it is.
+3. Initializers no longer read are dropped (those listed as graph inputs, old-style, are kept).
+
+Guarantee: the prepared model computes what the original does for inputs of the given shapes (each
+folded value is what ONNX's reference computes for that node); nothing that depends on an input's
+values is folded, only on its shape once that shape is fixed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from .compiler.fold_constant_ops import FOLD_LIMIT_BYTES
+
+#: Ops whose value is not a function of their inputs: never folded.
+RANDOM_OPS = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
+                        "Bernoulli", "Dropout"})
+#: Ops with graph attributes (subgraphs): left to the frontend.
+SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
+
+
+def input_dims(value: Any) -> list[int | str | None]:
+    """The dims of a graph input: an int, a ``dim_param`` name, or None for an unnamed unknown dim."""
+    dims: list[int | str | None] = []
+    for dim in value.type.tensor_type.shape.dim:
+        if dim.HasField("dim_value"):
+            dims.append(int(dim.dim_value))
+        else:
+            dims.append(dim.dim_param or None)
+    return dims
+
+
+def format_dims(dims: Sequence[int | str | None]) -> str:
+    return "(" + ", ".join("?" if d is None else str(d) for d in dims) + ")"
+
+
+def real_inputs(model: Any) -> list[Any]:
+    """The graph inputs that are not initializers (old-style models list weights as inputs)."""
+    weights = {t.name for t in model.graph.initializer}
+    return [value for value in model.graph.input if value.name not in weights]
+
+
+def set_input_shapes(model: Any, input_shapes: Mapping[str, Sequence[int]]) -> None:
+    """Give the named inputs of ``model`` (modified in place) these static shapes. Errors name the
+    input: unknown, another rank, a non-positive dim, or a dim the model fixes to another value."""
+    inputs = {value.name: value for value in real_inputs(model)}
+    for name, shape in input_shapes.items():
+        if name not in inputs:
+            raise ValueError(f"input_shapes: the model has no input {name!r} (inputs: {', '.join(inputs)})")
+        try:
+            dims = [int(d) for d in shape]
+        except (TypeError, ValueError):
+            raise ValueError(f"input_shapes[{name!r}]: expected a sequence of ints, got {shape!r}") from None
+        have = input_dims(inputs[name])
+        if inputs[name].type.tensor_type.HasField("shape") and len(dims) != len(have):
+            raise ValueError(f"input_shapes[{name!r}]: {len(dims)} dims given, the input has {len(have)} "
+                             f"{format_dims(have)}")
+        for axis, (given, known) in enumerate(zip(dims, have)):
+            if given <= 0:
+                raise ValueError(f"input_shapes[{name!r}]: dim {axis} is {given}; dims must be positive")
+            if isinstance(known, int) and known != given:
+                raise ValueError(f"input_shapes[{name!r}]: dim {axis} is {given}, but the model fixes it to {known} "
+                                 f"{format_dims(have)}")
+        tensor_shape = inputs[name].type.tensor_type.shape
+        del tensor_shape.dim[:]
+        for given in dims:
+            tensor_shape.dim.add().dim_value = given
+
+
+def prepare_onnx(model: Any, input_shapes: Mapping[str, Sequence[int]] | None = None) -> Any:
+    """A copy of ``model`` with ``input_shapes`` applied, shapes inferred and its constant subgraphs
+    folded (module docstring). The model given is not modified."""
+    import onnx
+
+    prepared = onnx.ModelProto()
+    prepared.CopyFrom(model)
+    if input_shapes:
+        set_input_shapes(prepared, input_shapes)
+    while True:
+        prepared = _inferred(prepared)
+        if not _fold_once(prepared):
+            return prepared
+
+
+def _inferred(model: Any) -> Any:
+    """``model`` with inferred shapes; as it was where ONNX cannot infer them (the frontend may)."""
+    import onnx
+
+    try:
+        return onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except Exception:  # noqa: BLE001 (an op ONNX has no inference for, a model over 2 GiB: fold what is known)
+        return model
+
+
+def _static_shapes(graph: Any) -> dict[str, tuple[int, ...]]:
+    """Names of the graph's values whose shape is fully known, with that shape."""
+    out = {}
+    for value in [*graph.input, *graph.value_info, *graph.output]:
+        tensor = value.type.tensor_type
+        if not tensor.HasField("shape"):
+            continue
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
+        if all(d is not None for d in dims):
+            out[value.name] = tuple(int(d) for d in dims)
+    return out
+
+
+def _fold_once(model: Any) -> bool:
+    """Fold every constant node of ``model`` (in place) in one pass over its nodes; whether any folded."""
+    from onnx import numpy_helper
+
+    graph = model.graph
+    known: dict[str, np.ndarray] = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    shapes = _static_shapes(graph)
+    opsets = {o.domain or "": o.version for o in model.opset_import}
+    kept, folded_any = [], False
+    for node in graph.node:
+        values = _evaluate(node, known, shapes, opsets)
+        if values is None:
+            kept.append(node)
+            continue
+        read = sum(known[name].nbytes for name in node.input if name in known)
+        if node.op_type != "Constant" and any(v.nbytes > max(read, FOLD_LIMIT_BYTES) for v in values):
+            kept.append(node)
+            continue
+        known.update((name, value) for name, value in zip(node.output, values) if name)
+        folded_any = True
+    if not folded_any:
+        return False
+    read = {name for node in kept for name in node.input} | {value.name for value in graph.output}
+    listed = {value.name for value in graph.input}
+    original = {t.name for t in graph.initializer}
+    initializers = [numpy_helper.from_array(np.asarray(value), name) for name, value in known.items()
+                    if name in read or (name in original and name in listed)]
+    del graph.node[:]
+    graph.node.extend(kept)
+    del graph.initializer[:]
+    graph.initializer.extend(initializers)
+    return True
+
+
+def _evaluate(node: Any, known: dict[str, np.ndarray], shapes: dict[str, tuple[int, ...]],
+              opsets: dict[str, int]) -> list[np.ndarray] | None:
+    """The outputs of ``node`` when it is constant (module rule), else None."""
+    if node.domain not in ("", "ai.onnx") or node.op_type in RANDOM_OPS | SUBGRAPH_OPS or not node.output:
+        return None
+    if node.op_type in ("Shape", "Size") and node.input[0] not in known:
+        if node.input[0] not in shapes:
+            return None
+        shape = np.array(shapes[node.input[0]], dtype=np.int64)
+        if node.op_type == "Size":
+            return [np.array(int(np.prod(shape)), dtype=np.int64)]
+        return [_shape_slice(node, shape)]
+    if not all(name in known for name in node.input if name):
+        return None
+    return _run_reference(node, known, opsets)
+
+
+def _shape_slice(node: Any, shape: np.ndarray) -> np.ndarray:
+    """``Shape``'s optional ``start``/``end`` attributes (opset 15), as ONNX defines them."""
+    attrs = {a.name: a.i for a in node.attribute}
+    start, end = attrs.get("start", 0), attrs.get("end", len(shape))
+    return shape[start:end]
+
+
+def _run_reference(node: Any, known: dict[str, np.ndarray], opsets: dict[str, int]) -> list[np.ndarray] | None:
+    """``node`` run by ONNX's reference implementation on known inputs; None where it cannot."""
+    from onnx.reference import ReferenceEvaluator
+
+    feeds = {name: known[name] for name in node.input if name}
+    try:
+        outputs = ReferenceEvaluator(node, opsets=opsets).run(None, feeds)
+    except Exception:  # noqa: BLE001 (an op the reference lacks, or rejects: the frontend gets the node as it is)
+        return None
+    if len(outputs) != len(node.output) or any(not isinstance(v, np.ndarray) and not np.isscalar(v) for v in outputs):
+        return None  # sequences, optionals: left to the frontend
+    return [np.asarray(v) for v in outputs]
+
+
+__all__ = ["format_dims", "input_dims", "prepare_onnx", "real_inputs", "set_input_shapes"]
