@@ -1,0 +1,134 @@
+"""Relax building blocks shared by the architecture files: projections, norms, RoPE and the
+attention of a chunk against the fixed-capacity cache.
+
+:func:`cache_attention` never copies or concatenates the cache: the chunk's queries meet the cache
+(one batched matmul against the transposed keys, masked to the filled rows) and the chunk's own
+new rows (a second matmul, causally masked) separately; one softmax runs over the two score blocks
+side by side (their concatenation is n x (C + n) scores, not cache rows), and the two weighted sums
+are added. Only the new rows leave the graph.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from tvm import relax, tirx
+
+from .config import DecoderConfig
+from .graph_io import CACHE_MASK, CHUNK_MASK, LOGIT_ROW, POSITIONS, data_inputs, key_cache, value_cache
+
+op = relax.op
+
+
+class GraphBuilder:
+    """One entry function under construction: its inputs by name and an ``emit`` for its body."""
+
+    def __init__(self, cfg: DecoderConfig, capacity: int, weight_shapes: dict[str, tuple[int, ...]]):
+        self.cfg = cfg
+        self.capacity = capacity
+        #: The symbolic chunk length; each bucket binds it (relax.transform.BindSymbolicVars).
+        self.n = tirx.Var("n", "int64")
+        self.builder = relax.BlockBuilder()
+        self.inputs: dict[str, relax.Var] = {}
+        for name, shape, dtype in data_inputs(cfg, capacity, self.n):
+            self.inputs[name] = relax.Var(name, relax.TensorType(list(shape), dtype))
+        for name, shape in weight_shapes.items():
+            self.inputs[name] = relax.Var(name, relax.TensorType(list(shape), "float32"))
+
+    def __getitem__(self, name: str) -> relax.Var:
+        return self.inputs[name]
+
+    def emit(self, expr: Any) -> relax.Var:
+        return self.builder.emit(expr)
+
+    def linear(self, x: relax.Expr, weight: str, bias: str | None = None, transposed: bool = True) -> relax.Var:
+        """``x @ W.T (+ b)`` for a (out, in) weight (torch Linear); ``transposed=False``: ``x @ W`` for
+        an (in, out) weight (GPT-2's Conv1D). oneDNN takes either form as one matmul region."""
+        w = self[weight]
+        if transposed:
+            w = self.emit(op.permute_dims(w, [1, 0]))
+        y = self.emit(op.matmul(x, w))
+        return self.emit(op.add(y, self[bias])) if bias else y
+
+    def rms_norm(self, x: relax.Expr, weight: str) -> relax.Var:
+        return self.emit(op.nn.rms_norm(x, self[weight], axes=[-1], epsilon=self.cfg.norm_eps))
+
+    def layer_norm(self, x: relax.Expr, weight: str, bias: str) -> relax.Var:
+        return self.emit(op.nn.layer_norm(x, self[weight], self[bias], axes=[-1], epsilon=self.cfg.norm_eps))
+
+    def heads(self, x: relax.Expr, num_heads: int) -> relax.Var:
+        """[1, n, num_heads * D] -> [1, n, num_heads, D]."""
+        return self.emit(op.reshape(x, [1, self.n, num_heads, self.cfg.head_dim]))
+
+    def rope(self, x: relax.Expr, cos: relax.Expr, sin: relax.Expr) -> relax.Var:
+        """Hugging Face's rotate-half RoPE on [1, n, heads, D]; ``cos``/``sin`` are [1, n, 1, D]."""
+        half = self.cfg.head_dim // 2
+        x1 = self.emit(op.strided_slice(x, axes=[3], begin=[0], end=[half]))
+        x2 = self.emit(op.strided_slice(x, axes=[3], begin=[half], end=[self.cfg.head_dim]))
+        rotated = self.emit(op.concat([op.negative(x2), x1], axis=3))
+        return self.emit(op.add(op.multiply(x, cos), op.multiply(rotated, sin)))
+
+    def rope_tables(self) -> tuple[relax.Var, relax.Var]:
+        """cos and sin of each row's position, gathered from the derived tables: [1, n, 1, D]."""
+        shape = [1, self.n, 1, self.cfg.head_dim]
+        cos = self.emit(op.reshape(op.take(self[ROPE_COS], self[POSITIONS], axis=0), shape))
+        sin = self.emit(op.reshape(op.take(self[ROPE_SIN], self[POSITIONS], axis=0), shape))
+        return cos, sin
+
+    def cache_attention(self, layer: int, q: relax.Expr, k: relax.Expr, v: relax.Expr) -> tuple[relax.Var, ...]:
+        """Attention of the chunk (q [1, n, H, D], k/v [1, n, KV, D]) over the cache's filled rows
+        and its own rows; returns (output [1, n, H * D], new keys [1, KV, D, n], new values
+        [1, KV, n, D]). Query head h reads key/value head h // (H / KV) (grouped-query attention)."""
+        cfg, n = self.cfg, self.n
+        kv, d, group = cfg.num_kv_heads, cfg.head_dim, cfg.num_heads // cfg.num_kv_heads
+        rows = group * n  # each key/value head's query rows: (head in group, token)
+        q = self.emit(op.multiply(q, relax.const(1.0 / np.sqrt(d), "float32")))
+        q = self.emit(op.reshape(op.permute_dims(op.reshape(q, [1, n, kv, group, d]), [0, 2, 3, 1, 4]),
+                                 [1, kv, rows, d]))
+        new_keys = self.emit(op.permute_dims(k, [0, 2, 3, 1]))  # [1, KV, D, n], the cache's layout
+        new_values = self.emit(op.permute_dims(v, [0, 2, 1, 3]))  # [1, KV, n, D]
+        cache_scores = self.emit(op.add(op.matmul(q, self[key_cache(layer)]), self[CACHE_MASK]))
+        own_scores = self.emit(op.matmul(q, new_keys))  # [1, KV, rows, n]
+        own_scores = self.emit(op.reshape(
+            op.add(op.reshape(own_scores, [1, kv, group, n, n]), self[CHUNK_MASK]), [1, kv, rows, n]))
+        probs = self.emit(op.nn.softmax(op.concat([cache_scores, own_scores], axis=3), axis=3))
+        parts = self.emit(op.split(probs, [self.capacity], axis=3))
+        cache_probs = self.emit(relax.TupleGetItem(parts, 0))
+        own_probs = self.emit(relax.TupleGetItem(parts, 1))
+        out = self.emit(op.add(op.matmul(cache_probs, self[value_cache(layer)]),
+                               op.matmul(own_probs, new_values)))  # [1, KV, rows, D]
+        out = self.emit(op.reshape(op.permute_dims(op.reshape(out, [1, kv, group, n, d]), [0, 3, 1, 2, 4]),
+                                   [1, n, cfg.num_heads * d]))
+        return out, new_keys, new_values
+
+    def finish(self, hidden: relax.Expr, norm: Any, lm_head: str, lm_head_transposed: bool,
+               new_rows: list[relax.Var]) -> relax.Function:
+        """Logits of ``logit_row`` (normed by ``norm(x)``) and the new rows as the function's outputs."""
+        last = self.emit(op.take(hidden, self[LOGIT_ROW], axis=1))  # [1, 1, hidden]
+        logits = self.linear(norm(last), lm_head, transposed=lm_head_transposed)
+        return self.emit(relax.Tuple([logits, *new_rows]))
+
+
+#: Derived weights of RoPE models: cos and sin of every position below the capacity, [C, D].
+ROPE_COS = "rope.cos"
+ROPE_SIN = "rope.sin"
+
+
+def rope_tables(cfg: DecoderConfig, capacity: int) -> dict[str, np.ndarray]:
+    """The RoPE tables, computed in float32 the way Hugging Face's default rotary embedding does."""
+    exponents = np.arange(0, cfg.head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(cfg.head_dim)
+    inv_freq = (np.float32(1.0) / (np.float32(cfg.rope_theta) ** exponents)).astype(np.float32)
+    freqs = np.arange(capacity, dtype=np.float32)[:, None] * inv_freq[None, :]
+    angles = np.concatenate([freqs, freqs], axis=1)
+    return {ROPE_COS: np.cos(angles).astype(np.float32), ROPE_SIN: np.sin(angles).astype(np.float32)}
+
+
+def make_function(graph: GraphBuilder, body: Any) -> relax.Function:
+    """Wrap ``body(graph) -> outputs`` into the entry function ``main`` (data inputs first)."""
+    with graph.builder.function("main", list(graph.inputs.values())):
+        with graph.builder.dataflow():
+            outputs = body(graph)
+            result = graph.builder.emit_output(outputs)
+        graph.builder.emit_func_output(result)
+    return graph.builder.get()["main"]

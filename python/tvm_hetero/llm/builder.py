@@ -1,0 +1,89 @@
+"""``tvm_hetero.llm.build`` (a checkpoint) and ``load`` (an exported directory): the two ways to a
+:class:`.LanguageModel`.
+
+The family's entry function has a symbolic chunk length; each chunk size (the prefill chunks and
+1 for decode) is bound with ``relax.transform.BindSymbolicVars`` and compiled by the ordinary
+static build (``tvm_hetero.build``, oneDNN for the matmuls). The weights are function parameters
+(given as ``params``, so no bucket embeds them), stored once and shared by every runtime.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import tvm
+from tvm import relax
+
+from ..artifact import build as build_graph
+from .architectures import family_builder
+from .buckets import check_sizes
+from .checkpoint import load_weights, read_checkpoint
+from .entry_graphs import EntryGraph, create_runtimes
+from .export import read_exported
+from .model import LanguageModel
+
+PHASES = ("prefill", "decode")
+DEFAULT_PREFILL_CHUNKS = (16, 64, 256)
+
+
+def build(model: Any, targets: Any = None, *, capacity: int = 512,
+          prefill_chunks: Sequence[int] = DEFAULT_PREFILL_CHUNKS, backends: Any = None,
+          progress: Callable[[str], None] | None = None) -> LanguageModel:
+    """Compile a decoder-only model for generation.
+
+    model : a Hugging Face checkpoint directory (config.json + safetensors) or a ``transformers``
+        model (Llama, Qwen2, GPT-2).
+    targets : as for :func:`tvm_hetero.build` (default ``[(tvm.cpu(0), "llvm")]``), for both
+        phases, or ``{"prefill": targets, "decode": targets}``.
+    capacity : tokens the KV cache holds (prompt plus generated tokens).
+    prefill_chunks : the chunk sizes prompts are processed in (the last chunk is padded).
+    backends : as for :func:`tvm_hetero.build` (None: oneDNN on CPUs).
+    """
+    say = progress or (lambda _msg: None)
+    if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
+        raise ValueError(f"capacity must be a positive integer, got {capacity!r}")
+    phase_targets = _phase_targets(targets)
+    sizes = check_sizes(prefill_chunks, capacity)
+    checkpoint = read_checkpoint(model)
+    cfg = checkpoint.config
+    family = family_builder(cfg)
+    weights = load_weights(checkpoint, family.weight_shapes(cfg))
+    weights.update(family.derived_weights(cfg, capacity))
+    symbolic = tvm.IRModule({"main": family.entry_function(cfg, capacity)})
+    graphs = []
+    for size in sorted(set(sizes) | {1}):
+        phase = "decode" if size == 1 else "prefill"
+        say(f"building the {phase} graph of {size} row(s)")
+        start = time.perf_counter()
+        static = relax.transform.BindSymbolicVars({"n": size})(symbolic)
+        artifact = build_graph(static, phase_targets[phase], params=weights, backends=backends)
+        graphs.append(EntryGraph(size, phase, artifact.graph_json, artifact.lib, list(artifact.devices),
+                                 artifact.build_report, time.perf_counter() - start))
+    blob = bytes(tvm.runtime.save_param_dict({k: tvm.runtime.tensor(v) for k, v in weights.items()}))
+    create_runtimes(graphs, blob, "weights")
+    weight_bytes = sum(v.nbytes for v in weights.values())
+    return LanguageModel(cfg, capacity, graphs, weight_bytes, checkpoint.tokenizer_file, checkpoint.source)
+
+
+def _phase_targets(targets: Any) -> dict[str, Any]:
+    """``{"prefill": ..., "decode": ...}`` from one target list or a dict per phase."""
+    if targets is None:
+        targets = [(tvm.cpu(0), "llvm")]
+    if isinstance(targets, dict):
+        unknown = sorted(set(targets) - set(PHASES))
+        missing = [p for p in PHASES if p not in targets]
+        if unknown or missing:
+            raise ValueError(f"targets per phase need exactly the keys {list(PHASES)}; unknown {unknown}, "
+                             f"missing {missing}")
+        return dict(targets)
+    return dict.fromkeys(PHASES, targets)
+
+
+def load(path: str | os.PathLike) -> LanguageModel:
+    """A model written by ``LanguageModel.export``, every file checked first (docs/llm.md)."""
+    exported = read_exported(path)
+    return LanguageModel(exported.config, exported.capacity, exported.graphs, exported.weight_bytes,
+                         exported.tokenizer_file, str(path))

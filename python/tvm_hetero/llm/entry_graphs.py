@@ -1,0 +1,58 @@
+"""The compiled entry graphs of one model (one per chunk size) and their runtimes, weights once.
+
+Every graph declares the same weights as parameters. The first runtime on each device loads them
+(``load_params``); every other runtime on that device aliases that runtime's tensors
+(``share_params``, no copy), and the frames of every runtime read the same memory again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import tvm
+
+from ..runtime import graph_runtime
+from ..runtime.graph_runtime import GraphModule
+
+
+@dataclass
+class EntryGraph:
+    """One static graph: its chunk size, the phase it serves, and what runs it."""
+
+    #: Rows per call (1: the decode graph).
+    size: int
+    #: "prefill" or "decode": which targets it was built for.
+    phase: str
+    graph_json: str
+    lib: Any
+    devices: list[tvm.runtime.Device]
+    #: The build report (None when loaded from disk without one).
+    build_report: Any = None
+    #: Seconds its build took (0 when loaded).
+    build_seconds: float = 0.0
+    #: The runtime holding (or sharing) the weights; set by :func:`create_runtimes`.
+    runtime: GraphModule | None = field(default=None, repr=False)
+
+
+def create_runtimes(graphs: Sequence[EntryGraph], params_blob: bytes, what: str) -> None:
+    """Create each graph's runtime; weights are loaded once per device and shared by the others."""
+    owners: dict[tuple[int, int], GraphModule] = {}
+    for graph in graphs:
+        runtime = graph_runtime.create(graph.graph_json, graph.lib, graph.devices)
+        key = (graph.devices[0].dlpack_device_type(), graph.devices[0].index)
+        if key in owners:
+            runtime.share_params(owners[key], params_blob)
+        else:
+            runtime.load_params(params_blob, what)
+            owners[key] = runtime
+        graph.runtime = runtime
+
+
+def weight_devices(graphs: Sequence[EntryGraph]) -> list[tvm.runtime.Device]:
+    """The devices holding a copy of the weights (one per distinct primary device)."""
+    seen: dict[tuple[int, int], tvm.runtime.Device] = {}
+    for graph in graphs:
+        seen.setdefault((graph.devices[0].dlpack_device_type(), graph.devices[0].index), graph.devices[0])
+    return list(seen.values())

@@ -1,0 +1,75 @@
+"""GPT-2: learned positions, fused qkv projection (Conv1D weights stored (in, out)), LayerNorm,
+gelu_new (tanh GELU), LM head tied to the token embedding."""
+
+from __future__ import annotations
+
+import numpy as np
+from tvm import relax
+
+from .blocks import GraphBuilder, make_function
+from .config import DecoderConfig
+from .family import Family
+from .graph_io import POSITIONS, TOKENS
+
+op = relax.op
+
+
+def weight_shapes(cfg: DecoderConfig) -> dict[str, tuple[int, ...]]:
+    """Every checkpoint tensor the graph reads, by Hugging Face name, with its shape."""
+    h, inter = cfg.hidden_size, cfg.intermediate_size
+    shapes: dict[str, tuple[int, ...]] = {
+        "transformer.wte.weight": (cfg.vocab_size, h),
+        "transformer.wpe.weight": (cfg.max_positions, h),
+    }
+    for i in range(cfg.num_layers):
+        p = f"transformer.h.{i}."
+        shapes.update({
+            p + "ln_1.weight": (h,), p + "ln_1.bias": (h,),
+            p + "attn.c_attn.weight": (h, 3 * h), p + "attn.c_attn.bias": (3 * h,),
+            p + "attn.c_proj.weight": (h, h), p + "attn.c_proj.bias": (h,),
+            p + "ln_2.weight": (h,), p + "ln_2.bias": (h,),
+            p + "mlp.c_fc.weight": (h, inter), p + "mlp.c_fc.bias": (inter,),
+            p + "mlp.c_proj.weight": (inter, h), p + "mlp.c_proj.bias": (h,),
+        })
+    shapes["transformer.ln_f.weight"] = (h,)
+    shapes["transformer.ln_f.bias"] = (h,)
+    return shapes
+
+
+def derived_weights(cfg: DecoderConfig, capacity: int) -> dict[str, np.ndarray]:
+    return {}
+
+
+def entry_function(cfg: DecoderConfig, capacity: int) -> relax.Function:
+    """The chunk graph with a symbolic chunk length ``n`` (inputs and outputs: :mod:`.graph_io`)."""
+    if cfg.max_positions is not None and capacity > cfg.max_positions:
+        raise ValueError(f"gpt2: a cache capacity of {capacity} tokens exceeds the model's {cfg.max_positions} "
+                         "learned positions (n_positions)")
+    return make_function(GraphBuilder(cfg, capacity, weight_shapes(cfg)), lambda g: _body(g, cfg))
+
+
+def _body(g: GraphBuilder, cfg: DecoderConfig) -> relax.Var:
+    heads = cfg.num_heads
+    tokens = g.emit(op.take(g["transformer.wte.weight"], g[TOKENS], axis=0))  # [1, n, h]
+    positions = g.emit(op.take(g["transformer.wpe.weight"], g[POSITIONS], axis=0))  # [n, h]
+    hidden = g.emit(op.add(tokens, positions))
+    new_rows = []
+    for i in range(cfg.num_layers):
+        p = f"transformer.h.{i}."
+        x = g.layer_norm(hidden, p + "ln_1.weight", p + "ln_1.bias")
+        qkv = g.linear(x, p + "attn.c_attn.weight", p + "attn.c_attn.bias", transposed=False)
+        parts = g.emit(op.split(qkv, 3, axis=2))
+        q, k, v = (g.heads(g.emit(relax.TupleGetItem(parts, j)), heads) for j in range(3))
+        attended, new_keys, new_values = g.cache_attention(i, q, k, v)
+        new_rows += [new_keys, new_values]
+        hidden = g.emit(op.add(hidden, g.linear(attended, p + "attn.c_proj.weight", p + "attn.c_proj.bias",
+                                                transposed=False)))
+        x = g.layer_norm(hidden, p + "ln_2.weight", p + "ln_2.bias")
+        x = g.emit(op.nn.gelu_tanh(g.linear(x, p + "mlp.c_fc.weight", p + "mlp.c_fc.bias", transposed=False)))
+        hidden = g.emit(op.add(hidden, g.linear(x, p + "mlp.c_proj.weight", p + "mlp.c_proj.bias",
+                                                transposed=False)))
+    norm = lambda x: g.layer_norm(x, "transformer.ln_f.weight", "transformer.ln_f.bias")
+    return g.finish(hidden, norm, "transformer.wte.weight", True, new_rows)
+
+
+FAMILY = Family(weight_shapes, derived_weights, entry_function)

@@ -1,0 +1,70 @@
+"""The contract between an entry graph (one per chunk size) and the generation loop that runs it.
+
+Written once here; the architecture files build graphs with these inputs and outputs, and the
+session (or a C++ loop later) feeds them. For a chunk of ``n`` rows and a cache of capacity ``C``:
+
+inputs (data, set by the loop)
+  ``tokens``      int32 [1, n]      the chunk's token ids (padding rows: any valid id, e.g. 0)
+  ``positions``   int32 [n]         each row's position (padding rows: clamped to C - 1)
+  ``logit_row``   int32 [1]         the row whose logits come out (the chunk's last real row)
+  ``cache_mask``  float32 [1,1,1,C] additive: 0 where the cache row is filled, -1e30 elsewhere
+  ``chunk_mask``  float32 [n, n]    additive causal mask inside the chunk (0 on and below the diagonal)
+  ``cache.{i}.k`` float32 [1, KV, D, C]  layer i's keys, stored transposed (scores need no transpose)
+  ``cache.{i}.v`` float32 [1, KV, C, D]  layer i's values
+inputs (weights): the checkpoint's tensors by their Hugging Face names, plus derived tables
+outputs
+  0: logits [1, 1, vocab] of ``logit_row``; then per layer i: ``1 + 2i`` new keys [1, KV, D, n]
+  and ``2 + 2i`` new values [1, KV, n, D] -- only the chunk's rows, which the loop writes into the
+  cache at the chunk's position (rows of padding are never written).
+"""
+
+from __future__ import annotations
+
+from .config import DecoderConfig
+
+TOKENS = "tokens"
+POSITIONS = "positions"
+LOGIT_ROW = "logit_row"
+CACHE_MASK = "cache_mask"
+CHUNK_MASK = "chunk_mask"
+#: Added to a score to exclude it: finite, so a fully masked cache part stays NaN-free.
+MASKED = -1e30
+
+
+def key_cache(layer: int) -> str:
+    return f"cache.{layer}.k"
+
+
+def value_cache(layer: int) -> str:
+    return f"cache.{layer}.v"
+
+
+def key_cache_shape(cfg: DecoderConfig, capacity: int) -> tuple[int, ...]:
+    return (1, cfg.num_kv_heads, cfg.head_dim, capacity)
+
+
+def value_cache_shape(cfg: DecoderConfig, capacity: int) -> tuple[int, ...]:
+    return (1, cfg.num_kv_heads, capacity, cfg.head_dim)
+
+
+def data_inputs(cfg: DecoderConfig, capacity: int, n: object) -> list[tuple[str, tuple, str]]:
+    """(name, shape, dtype) of every non-weight input, in the graph's order; ``n`` may be symbolic."""
+    inputs = [
+        (TOKENS, (1, n), "int32"),
+        (POSITIONS, (n,), "int32"),
+        (LOGIT_ROW, (1,), "int32"),
+        (CACHE_MASK, (1, 1, 1, capacity), "float32"),
+        (CHUNK_MASK, (n, n), "float32"),
+    ]
+    for layer in range(cfg.num_layers):
+        inputs.append((key_cache(layer), key_cache_shape(cfg, capacity), "float32"))
+        inputs.append((value_cache(layer), value_cache_shape(cfg, capacity), "float32"))
+    return inputs
+
+
+def new_key_output(layer: int) -> int:
+    return 1 + 2 * layer
+
+
+def new_value_output(layer: int) -> int:
+    return 2 + 2 * layer

@@ -1,0 +1,86 @@
+"""The Llama family (Llama, Qwen2): RMSNorm, grouped-query attention with RoPE, SwiGLU MLP.
+
+Weights keep their Hugging Face names and layouts; Qwen2 differs only by the bias on q, k and v
+(``cfg.qkv_bias``). The RoPE tables are derived weights (:func:`.blocks.rope_tables`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from tvm import relax
+
+from .blocks import GraphBuilder, make_function, rope_tables
+from .config import DecoderConfig
+from .family import Family
+from .graph_io import TOKENS
+
+op = relax.op
+
+
+def weight_shapes(cfg: DecoderConfig) -> dict[str, tuple[int, ...]]:
+    """Every checkpoint tensor the graph reads, by Hugging Face name, with its shape."""
+    h, d, inter = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (cfg.vocab_size, h)}
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}."
+        shapes[p + "input_layernorm.weight"] = (h,)
+        for name, rows in (("q", cfg.num_heads * d), ("k", cfg.num_kv_heads * d), ("v", cfg.num_kv_heads * d)):
+            shapes[p + f"self_attn.{name}_proj.weight"] = (rows, h)
+            if cfg.qkv_bias:
+                shapes[p + f"self_attn.{name}_proj.bias"] = (rows,)
+        shapes[p + "self_attn.o_proj.weight"] = (h, cfg.num_heads * d)
+        if cfg.o_bias:
+            shapes[p + "self_attn.o_proj.bias"] = (h,)
+        shapes[p + "post_attention_layernorm.weight"] = (h,)
+        for name, shape in (("gate", (inter, h)), ("up", (inter, h)), ("down", (h, inter))):
+            shapes[p + f"mlp.{name}_proj.weight"] = shape
+            if cfg.mlp_bias:
+                shapes[p + f"mlp.{name}_proj.bias"] = (shape[0],)
+    shapes["model.norm.weight"] = (h,)
+    if not cfg.tie_word_embeddings:
+        shapes["lm_head.weight"] = (cfg.vocab_size, h)
+    return shapes
+
+
+def derived_weights(cfg: DecoderConfig, capacity: int) -> dict[str, np.ndarray]:
+    return rope_tables(cfg, capacity)
+
+
+def entry_function(cfg: DecoderConfig, capacity: int) -> relax.Function:
+    """The chunk graph with a symbolic chunk length ``n`` (inputs and outputs: :mod:`.graph_io`)."""
+    shapes = dict(weight_shapes(cfg))
+    shapes.update({name: table.shape for name, table in derived_weights(cfg, capacity).items()})
+    return make_function(GraphBuilder(cfg, capacity, shapes), lambda g: _body(g, cfg))
+
+
+def _bias(g: GraphBuilder, name: str, present: bool) -> str | None:
+    return name if present else None
+
+
+def _body(g: GraphBuilder, cfg: DecoderConfig) -> relax.Var:
+    hidden = g.emit(op.take(g["model.embed_tokens.weight"], g[TOKENS], axis=0))  # [1, n, h]
+    cos, sin = g.rope_tables()
+    new_rows = []
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}."
+        x = g.rms_norm(hidden, p + "input_layernorm.weight")
+        q, k, v = (g.linear(x, p + f"self_attn.{name}_proj.weight", _bias(g, p + f"self_attn.{name}_proj.bias",
+                                                                           cfg.qkv_bias))
+                   for name in ("q", "k", "v"))
+        q = g.rope(g.heads(q, cfg.num_heads), cos, sin)
+        k = g.rope(g.heads(k, cfg.num_kv_heads), cos, sin)
+        attended, new_keys, new_values = g.cache_attention(i, q, k, g.heads(v, cfg.num_kv_heads))
+        new_rows += [new_keys, new_values]
+        out = g.linear(attended, p + "self_attn.o_proj.weight", _bias(g, p + "self_attn.o_proj.bias", cfg.o_bias))
+        hidden = g.emit(op.add(hidden, out))
+        x = g.rms_norm(hidden, p + "post_attention_layernorm.weight")
+        gate = g.linear(x, p + "mlp.gate_proj.weight", _bias(g, p + "mlp.gate_proj.bias", cfg.mlp_bias))
+        up = g.linear(x, p + "mlp.up_proj.weight", _bias(g, p + "mlp.up_proj.bias", cfg.mlp_bias))
+        x = g.emit(op.multiply(op.nn.silu(gate), up))
+        out = g.linear(x, p + "mlp.down_proj.weight", _bias(g, p + "mlp.down_proj.bias", cfg.mlp_bias))
+        hidden = g.emit(op.add(hidden, out))
+    lm_head = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
+    return g.finish(hidden, lambda x: g.rms_norm(x, "model.norm.weight"), lm_head, True, new_rows)
+
+
+FAMILY = Family(weight_shapes, derived_weights, entry_function)

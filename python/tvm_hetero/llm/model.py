@@ -1,0 +1,141 @@
+"""A built decoder: ``generate`` / ``stream`` token ids (or text), ``report``, ``export``.
+
+Token ids are checked on the host before any kernel runs (type, range, an empty prompt, the cache
+capacity), so a bad id is an error naming it, never a read outside the embedding table.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .config import DecoderConfig
+from .entry_graphs import EntryGraph
+from .sampling import Sampler
+from .session import GenerationSession
+
+
+class LanguageModel:
+    """Entry graphs of one decoder (a decode graph and prefill chunk graphs) sharing one set of weights."""
+
+    def __init__(self, cfg: DecoderConfig, capacity: int, graphs: Sequence[EntryGraph], weight_bytes: int,
+                 tokenizer_file: Path | None = None, source: str = ""):
+        self.config = cfg
+        #: Tokens the KV cache holds: prompt plus generated tokens (less the last) must fit.
+        self.capacity = capacity
+        self.graphs = sorted(graphs, key=lambda g: g.size)
+        self.weight_bytes = weight_bytes
+        self.tokenizer_file = tokenizer_file
+        self.source = source
+        self._tokenizer: Any = None
+        self._idle: list[GenerationSession] = []  # sessions set up and not in use
+        self._lock = threading.Lock()
+
+    @property
+    def prefill_chunks(self) -> tuple[int, ...]:
+        return tuple(g.size for g in self.graphs if g.phase == "prefill")
+
+    def session(self) -> GenerationSession:
+        """A new generation session (its own KV cache and frames; the weights are shared)."""
+        return GenerationSession(self.config, self.capacity, self.graphs)
+
+    # ---- generation --------------------------------------------------------------------------
+    def stream(self, prompt_ids: Iterable[int], max_new_tokens: int = 32, *, temperature: float | None = None,
+               top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+               stop_tokens: Iterable[int] | None = None) -> Iterator[int]:
+        """Yield up to ``max_new_tokens`` new token ids, the first after the prompt's prefill.
+
+        Greedy unless ``temperature`` > 0 (then ``top_k``, ``top_p`` and ``seed`` apply). Generation
+        ends after a stop token (yielded), by default the checkpoint's end-of-sequence ids. The
+        arguments are checked now, before the first token is asked for.
+        """
+        ids = self.check_prompt(prompt_ids)
+        if not isinstance(max_new_tokens, (int, np.integer)) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+        needed = len(ids) + int(max_new_tokens) - 1  # the last new token is never fed back
+        if needed > self.capacity:
+            raise ValueError(f"a prompt of {len(ids)} tokens and {max_new_tokens} new tokens need {needed} cache rows; "
+                             f"the cache capacity is {self.capacity} tokens (build with a larger capacity)")
+        sampler = Sampler(temperature, top_k, top_p, seed)
+        stops = frozenset(self.config.eos_token_ids if stop_tokens is None else (int(t) for t in stop_tokens))
+        return self._generate(ids, int(max_new_tokens), sampler, stops)
+
+    def generate(self, prompt_ids: Iterable[int], max_new_tokens: int = 32, **options: Any) -> list[int]:
+        """The new token ids as a list (the keywords of :meth:`stream`)."""
+        return list(self.stream(prompt_ids, max_new_tokens, **options))
+
+    def generate_text(self, prompt: str, max_new_tokens: int = 32, **options: Any) -> str:
+        """Text in, text out, with the checkpoint's tokenizer.json."""
+        tokenizer = self.tokenizer()
+        ids = tokenizer.encode(prompt).ids
+        return tokenizer.decode(self.generate(ids, max_new_tokens, **options))
+
+    def tokenizer(self) -> Any:
+        """The checkpoint's ``tokenizers.Tokenizer``; an error when it had no tokenizer.json."""
+        if self._tokenizer is None:
+            if self.tokenizer_file is None:
+                raise ValueError(f"{self.source or 'this model'}: no tokenizer.json was found with the checkpoint; "
+                                 "use token ids (generate) or put tokenizer.json in the checkpoint directory")
+            from tokenizers import Tokenizer
+
+            self._tokenizer = Tokenizer.from_file(str(self.tokenizer_file))
+        return self._tokenizer
+
+    def check_prompt(self, prompt_ids: Iterable[int]) -> np.ndarray:
+        """The prompt as int32 ids, each checked against the vocabulary and the capacity."""
+        if isinstance(prompt_ids, (str, bytes)):
+            raise TypeError("prompt_ids: expected token ids (use generate_text for text)")
+        ids = np.asarray(list(prompt_ids) if not isinstance(prompt_ids, np.ndarray) else prompt_ids)
+        if ids.ndim != 1:
+            raise ValueError(f"prompt_ids: expected a flat sequence of token ids, got shape {list(ids.shape)}")
+        if ids.size == 0:
+            raise ValueError("prompt_ids: the prompt is empty (at least one token is needed)")
+        if ids.dtype.kind not in "iu":
+            raise TypeError(f"prompt_ids: token ids must be integers, got {ids.dtype}")
+        bad = np.flatnonzero((ids < 0) | (ids >= self.config.vocab_size))
+        if bad.size:
+            raise ValueError(f"prompt_ids: token id {int(ids[bad[0]])} at position {int(bad[0])} is outside the "
+                             f"vocabulary [0, {self.config.vocab_size})")
+        if ids.size > self.capacity:
+            raise ValueError(f"prompt_ids: a prompt of {ids.size} tokens exceeds the cache capacity of "
+                             f"{self.capacity} tokens")
+        return ids.astype(np.int32)
+
+    def _generate(self, ids: np.ndarray, max_new_tokens: int, sampler: Sampler,
+                  stops: frozenset[int]) -> Iterator[int]:
+        session = self._take_session()
+        try:
+            logits = session.prefill(ids)
+            for step in range(max_new_tokens):
+                token = sampler(logits)
+                yield token
+                if token in stops or step == max_new_tokens - 1:
+                    return
+                logits = session.decode(token)
+        finally:
+            with self._lock:
+                self._idle.append(session)
+
+    def _take_session(self) -> GenerationSession:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        return self.session()
+
+    # ---- description and files ----------------------------------------------------------------
+    def report(self) -> str:
+        """Buckets, graphs, where each phase runs, and the bytes of weights, KV cache and each graph."""
+        from .report import describe
+
+        return describe(self)
+
+    def export(self, path: str | os.PathLike) -> Path:
+        """One directory: every entry graph and kernel library, one params.bin, a checked manifest."""
+        from .export import export
+
+        return export(self, Path(path))

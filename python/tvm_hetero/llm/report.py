@@ -1,0 +1,50 @@
+"""The text of ``LanguageModel.report()``: chunk sizes, graphs, where each phase runs (device and
+backend), and the bytes of the weights, of a session's KV cache and of each graph's activations."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..compiler.build import device_name, format_size
+from .entry_graphs import weight_devices
+from .graph_io import key_cache_shape, value_cache_shape
+
+
+def kv_cache_bytes(model: Any) -> int:
+    """Bytes of one session's KV cache (keys and values of every layer, at full capacity)."""
+    cfg = model.config
+    per_layer = 1
+    for shape in (key_cache_shape(cfg, model.capacity), value_cache_shape(cfg, model.capacity)):
+        count = 1
+        for dim in shape:
+            count *= dim
+        per_layer += count
+    return 4 * (per_layer - 1) * cfg.num_layers
+
+
+def describe(model: Any) -> str:
+    cfg = model.config
+    holders = ", ".join(device_name(d) for d in weight_devices(model.graphs))
+    lines = [
+        (f"tvm-hetero language model: {cfg.model_type} ({cfg.family} family), {cfg.num_layers} layers, hidden "
+        f"{cfg.hidden_size}, {cfg.num_heads} heads / {cfg.num_kv_heads} key-value heads, vocab {cfg.vocab_size}"),
+        f"  source: {model.source or '-'}",
+        f"  prefill chunks {list(model.prefill_chunks)} (last chunk padded), decode 1; capacity {model.capacity} tokens",
+        f"  weights: {format_size(model.weight_bytes)} once per device holding them ({holders}); every graph shares them",
+        (f"  KV cache: {format_size(kv_cache_bytes(model))} per generation session "
+        f"({format_size(kv_cache_bytes(model) // model.capacity)} per token, written in place)"),
+        "  graphs:",
+    ]
+    for graph in model.graphs:
+        report = graph.build_report
+        where = ", ".join(device_name(d) for d in graph.devices)
+        if report is not None:
+            backends = "; ".join(f"{name} on device {dev}: {regions} regions, {ops} ops"
+                                 for name, dev, regions, ops in report.backend_regions) or "TVM kernels only"
+            planned = sum(report.memory["planned_bytes"])
+            kernels = sum(report.kernels_per_device)
+            lines.append(f"    {graph.phase:<7} {graph.size:>4} rows  on {where}  {kernels} kernels, {backends}; "
+                         f"activations {format_size(planned)}; built in {graph.build_seconds:.1f} s")
+        else:
+            lines.append(f"    {graph.phase:<7} {graph.size:>4} rows  on {where}")
+    return "\n".join(lines)

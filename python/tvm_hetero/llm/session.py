@@ -1,0 +1,113 @@
+"""One generation's state and the loop step: a KV cache and, per entry graph, a frame with every
+input and output bound once to preallocated tensors.
+
+After :class:`GenerationSession` is set up, a step writes the chunk's token ids, positions and
+logit row into the bound tensors, runs the frame and appends the new key/value rows to the cache:
+no tensor is allocated per token. Several sessions of one model run at the same time (each owns
+its frames and cache; the weights are shared).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from .buckets import plan_chunks
+from .config import DecoderConfig
+from .entry_graphs import EntryGraph
+from .graph_io import (
+    CACHE_MASK,
+    CHUNK_MASK,
+    LOGIT_ROW,
+    MASKED,
+    POSITIONS,
+    TOKENS,
+    key_cache,
+    new_key_output,
+    new_value_output,
+    value_cache,
+)
+from .kv_cache import KVCache, host_tensor
+
+
+class ChunkRunner:
+    """One entry graph's frame with its inputs and outputs bound (zero copy) to this session."""
+
+    def __init__(self, graph: EntryGraph, cfg: DecoderConfig, cache: KVCache, logits: object):
+        n, device = graph.size, cache.mask.device
+        self.size = n
+        self.capacity = cache.capacity
+        self.frame = graph.runtime.frame()
+        self.tokens_tensor, self.tokens = host_tensor((1, n), "int32", device)
+        self.positions_tensor, self.positions = host_tensor((n,), "int32", device)
+        self.row_tensor, self.logit_row = host_tensor((1,), "int32", device)
+        self.chunk_mask_tensor, chunk_mask = host_tensor((n, n), "float32", device)
+        chunk_mask[...] = np.triu(np.full((n, n), MASKED, np.float32), k=1)
+        self.offsets = np.arange(n, dtype=np.int32)
+        bound = {TOKENS: self.tokens_tensor, POSITIONS: self.positions_tensor,
+                 LOGIT_ROW: self.row_tensor, CACHE_MASK: cache.mask,
+                 CHUNK_MASK: self.chunk_mask_tensor}
+        for layer, (keys, values) in enumerate(cache.tensors):
+            bound[key_cache(layer)] = keys
+            bound[value_cache(layer)] = values
+        for name, tensor in bound.items():
+            self.frame.set_input(name, tensor, copy=False)
+        self.frame.bind_output(0, logits)
+        self._new_tensors = []  # kept alive: the frame writes into them
+        self.new_rows: list[tuple[np.ndarray, np.ndarray]] = []
+        for layer in range(cfg.num_layers):
+            keys, key_view = host_tensor((1, cfg.num_kv_heads, cfg.head_dim, n), "float32", device)
+            values, value_view = host_tensor((1, cfg.num_kv_heads, n, cfg.head_dim), "float32", device)
+            self.frame.bind_output(new_key_output(layer), keys)
+            self.frame.bind_output(new_value_output(layer), values)
+            self._new_tensors += [keys, values]
+            self.new_rows.append((key_view, value_view))
+
+    def run(self, token_ids: np.ndarray, cache: KVCache) -> None:
+        """Process ``token_ids`` (1..size ids, already checked) at the cache's filled position."""
+        count = len(token_ids)
+        self.tokens[0, :count] = token_ids
+        self.tokens[0, count:] = 0
+        np.add(self.offsets, cache.filled, out=self.positions)
+        np.minimum(self.positions, self.capacity - 1, out=self.positions)  # padding rows stay in the tables
+        self.logit_row[0] = count - 1
+        self.frame.run()
+        cache.append(self.new_rows, count)
+
+
+class GenerationSession:
+    """A KV cache and a bound frame per entry graph: prefill a prompt, then decode token by token."""
+
+    def __init__(self, cfg: DecoderConfig, capacity: int, graphs: Sequence[EntryGraph]):
+        self.cfg = cfg
+        device = graphs[0].devices[0]
+        self.cache = KVCache(cfg, capacity, device)
+        self._logits_tensor, logits = host_tensor((1, 1, cfg.vocab_size), "float32", device)
+        #: The logits of the last processed row (a view, overwritten by the next step).
+        self.logits = logits[0, 0]
+        self.runners = {g.size: ChunkRunner(g, cfg, self.cache, self._logits_tensor) for g in graphs}
+        self.sizes = tuple(sorted(self.runners))
+        #: Graph calls made, by chunk size.
+        self.calls = dict.fromkeys(self.sizes, 0)
+
+    def prefill(self, token_ids: np.ndarray) -> np.ndarray:
+        """Start over with ``token_ids`` (checked by the caller) in chunks; the last row's logits."""
+        self.cache.reset()
+        start = 0
+        for size, rows in plan_chunks(len(token_ids), self.sizes):
+            self.runners[size].run(token_ids[start:start + rows], self.cache)
+            self.calls[size] += 1
+            start += rows
+        return self.logits
+
+    def decode(self, token_id: int) -> np.ndarray:
+        """Append one token; its logits."""
+        runner = self.runners[1]
+        runner.tokens[0, 0] = token_id
+        runner.positions[0] = self.cache.filled
+        runner.logit_row[0] = 0
+        runner.frame.run()
+        self.cache.append(runner.new_rows, 1)
+        self.calls[1] += 1
+        return self.logits
