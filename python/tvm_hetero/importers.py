@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import io
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,10 +59,40 @@ def from_onnx(model: Any, input_shapes: Mapping[str, Sequence[int]] | None = Non
         set_input_shapes(model, input_shapes)
     try:
         # The frontend prints each failing op's Relax inputs before raising: the error says enough.
-        with contextlib.redirect_stdout(io.StringIO()):
+        with contextlib.redirect_stdout(io.StringIO()), _node_names_as_spans():
             return frontend(model, keep_params_in_input=False)
     except Exception as err:  # any converter's error becomes one line naming its node
         raise OnnxImportError(_describe_failure(model, err)) from err
+
+
+_frontend_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _node_names_as_spans() -> Iterator[None]:
+    """While TVM's ONNX frontend converts, each op call it returns carries its ONNX node's name as its
+    span, so that errors found later (an index out of range at run time) name the node. The frontend
+    keeps no names itself; its importer class is swapped for the naming one for this conversion."""
+    from tvm import relax
+    from tvm.relax.frontend.onnx import onnx_frontend
+
+    base = onnx_frontend.ONNXGraphImporter
+
+    class NamingImporter(base):
+        def _convert_operator(self, op_name: str, inputs: Any, attrs: dict, opset: int) -> Any:
+            out = super()._convert_operator(op_name, inputs, attrs, opset)
+            name = attrs.get("tvm_custom", {}).get("name") or ""
+            if name and isinstance(out, relax.Call) and out.span is None:
+                span = tvm.ir.Span(tvm.ir.SourceName(name), 0, 0, 0, 0)
+                out = self.bb.normalize(relax.Call(out.op, out.args, out.attrs, out.ty_args, span))
+            return out
+
+    with _frontend_lock:
+        onnx_frontend.ONNXGraphImporter = NamingImporter
+        try:
+            yield
+        finally:
+            onnx_frontend.ONNXGraphImporter = base
 
 
 def _copy(model: Any) -> Any:
