@@ -35,7 +35,6 @@ import tvm_ffi
 
 import tvm_hetero.native  # noqa: F401  (registers tvm_hetero.read_params)
 
-from . import toolchain
 from .compiler import build as compiler_build
 from .compiler.build import BuildReport, CompiledGraph, device_name, format_size
 from .compiler.graph import COPY_FUNC
@@ -45,6 +44,7 @@ from .devices import is_remote, parse_device
 from .runtime import graph_runtime, pipeline_runtime
 from .runtime.graph_runtime import GraphModule
 from .runtime.pipeline_runtime import PipelineModule
+from .toolchain import linker as shared_library_linker
 
 GRAPH_FILE, LIB_FILE, PARAMS_FILE, MANIFEST_FILE = "graph.json", "lib.so", "params.bin", "manifest.json"
 PIPELINE_MANIFEST_FILE, UNSPLIT_GRAPH_FILE = "pipeline.json", "graph.json"
@@ -199,7 +199,7 @@ def _write_lib_and_params(
         raise ValueError("this kernel library was loaded from a file, which is not known here: it cannot be "
                          "linked again; export an artifact loaded with tvm_hetero.load (its lib.so is copied)")
     else:
-        lib.export_library(str(out / LIB_FILE), fcompile=toolchain.linker().fcompile())
+        lib.export_library(str(out / LIB_FILE), fcompile=shared_library_linker().fcompile())
     tensors = {k: v if isinstance(v, tvm.runtime.Tensor) else tvm.runtime.tensor(v) for k, v in params.items()}
     (out / PARAMS_FILE).write_bytes(bytes(tvm.runtime.save_param_dict(tensors)))
 
