@@ -394,11 +394,12 @@ def test_pipeline_auto_split_reads_what_automatic_placement_measured(tmp_path):
 
     options = {"stages": ONE_THREAD_EACH}
     plan = tvm_hetero.pipeline.auto_split(mod, 2, TWO_CPUS, params, options=options, cost_cache=path,
-                                          measure=measure)
+                                          measure=measure, backends=())
     assert asked == [] and len(plan.split_points) == 1
     # the other way: what auto_split measures is kept for automatic placement
     other = tmp_path / "other.sqlite"
-    tvm_hetero.pipeline.auto_split(mod, 2, TWO_CPUS, params, options=options, cost_cache=other, rounds=1)
+    tvm_hetero.pipeline.auto_split(mod, 2, TWO_CPUS, params, options=options, cost_cache=other, rounds=1,
+                                   backends=())
     again = FakeMeasurer(lambda name, d: pytest.fail("measured again"))
     tvm_hetero.build(mod, TWO_CPUS, placement="auto", params=params, cost_cache=other, measurer=again,
                      backends=(), device_options=ONE_THREAD_EACH)

@@ -46,6 +46,9 @@ PARAMS = {
     }.items()
 }  # fmt: skip
 KERNELS = ["lv", "gv", "lv1", "lv8", "gv1"]  # node names in the kernel order (see test_kernel_order)
+#: The pipelines here run TVM kernels only, compared bit for bit with tvm_hetero.build's TVM kernels
+#: (the default, oneDNN, is tested in test_pipeline_backends.py).
+TVM_KERNELS = ()
 TWO_CORES = len(os.sched_getaffinity(0)) >= 2
 PINNED = {"stages": [{"cores": [0], "num_threads": 1}, {"cores": [1 if TWO_CORES else 0], "num_threads": 1}]}
 
@@ -69,13 +72,13 @@ def assert_same_bits(got: list[np.ndarray], want: list[np.ndarray], what: str) -
 @pytest.fixture(scope="module")
 def three_stages() -> pipeline.PipelineArtifact:
     """Stages [lv], [gv, lv1], [lv8, gv1]: the last reads lv from stage 0 directly."""
-    return pipeline.build(Net, "llvm", [1, 3], params=PARAMS)
+    return pipeline.build(Net, "llvm", [1, 3], params=PARAMS, backends=TVM_KERNELS)
 
 
 @pytest.fixture(scope="module")
 def unsplit():
     """tvm_hetero.build of the same module on one device (its own compilation)."""
-    art = tvm_hetero.build(Net, [(tvm.cpu(0), "llvm")], params=PARAMS, backends=())  # as the pipeline
+    art = tvm_hetero.build(Net, [(tvm.cpu(0), "llvm")], params=PARAMS, backends=TVM_KERNELS)  # as the pipeline
     runtime = art.create()
 
     def run(x: np.ndarray) -> list[np.ndarray]:
@@ -87,17 +90,17 @@ def unsplit():
 
 # ---- split -------------------------------------------------------------------------------------
 def test_kernel_order_is_the_one_device_build_order():
-    plan = pipeline.split(Net, [], PARAMS)
+    plan = pipeline.split(Net, [], PARAMS, backends=TVM_KERNELS)
     assert [k.name for k in plan.kernels] == KERNELS
     assert plan.kernels[1].func_name == plan.kernels[2].func_name  # h2 and h3: one kernel
-    built = tvm_hetero.build(Net, [(tvm.cpu(0), "llvm")], params=PARAMS, backends=()).graph
+    built = tvm_hetero.build(Net, [(tvm.cpu(0), "llvm")], params=PARAMS, backends=TVM_KERNELS).graph
     assert [n["name"] for n in built["nodes"] if n["op"] != "null"] == KERNELS
     assert "   3 lv8" in plan.describe(kernels=True)
 
 
 def test_split_points_by_position_or_name_and_boundary_bytes():
-    by_position = pipeline.split(Net, [1, 3], PARAMS)
-    by_name = pipeline.split(Net, ["gv", "lv8"], PARAMS)
+    by_position = pipeline.split(Net, [1, 3], PARAMS, backends=TVM_KERNELS)
+    by_name = pipeline.split(Net, ["gv", "lv8"], PARAMS, backends=TVM_KERNELS)
     assert by_position.split_points == by_name.split_points == [1, 3]
     assert by_position.ranges() == [(0, 1), (1, 3), (3, 5)]
     # stage 1 receives h1 (8x64 float32); stage 2 receives h3 from stage 1 and h1 from stage 0
@@ -118,7 +121,7 @@ def test_split_points_by_position_or_name_and_boundary_bytes():
 )
 def test_split_rejects_points_that_leave_a_stage_empty_or_name_nothing(points, error):
     with pytest.raises((ValueError, TypeError), match=error):
-        pipeline.split(Net, points, PARAMS)
+        pipeline.split(Net, points, PARAMS, backends=TVM_KERNELS)
 
 
 # ---- the dynamic program -----------------------------------------------------------------------
@@ -174,7 +177,7 @@ def test_choose_split_points_trades_balance_within_tolerance_for_fewer_bytes():
 
 # ---- auto_split and build ----------------------------------------------------------------------
 def test_auto_split_is_optimal_for_its_measurements_and_build_reuses_its_kernels():
-    plan = pipeline.auto_split(Net, 2, "llvm", PARAMS, options=PINNED, rounds=3)
+    plan = pipeline.auto_split(Net, 2, "llvm", PARAMS, options=PINNED, rounds=3, backends=TVM_KERNELS)
     assert len(plan.costs_us) == 2 and all(len(c) == len(KERNELS) for c in plan.costs_us)
     assert all(t > 0 for c in plan.costs_us for t in c)
     assert plan.split_points == pipeline.choose_split_points(plan.costs_us, plan.tensors())
@@ -186,7 +189,7 @@ def test_auto_split_is_optimal_for_its_measurements_and_build_reuses_its_kernels
 
 
 def test_build_without_split_points_auto_splits_one_stage_per_device(unsplit):
-    art = pipeline.build(Net, ["cpu:0", "cpu:1"], params=PARAMS, options=PINNED, rounds=1)
+    art = pipeline.build(Net, ["cpu:0", "cpu:1"], params=PARAMS, options=PINNED, rounds=1, backends=TVM_KERNELS)
     assert art.num_stages == 2 and art.options == PINNED
     batch = inputs(5, seed=3)
     with art.create() as pipe:
@@ -293,7 +296,8 @@ def test_create_and_close_leak_no_threads(three_stages):
 def test_stages_with_different_targets_get_their_own_kernel_copies(unsplit):
     # h2 and h3 share one kernel; in stages with different targets each gets its own symbol.
     art = pipeline.build(
-        Net, [("cpu:0", "llvm"), ("cpu:1", {"kind": "llvm", "mcpu": "x86-64"})], [2], params=PARAMS
+        Net, [("cpu:0", "llvm"), ("cpu:1", {"kind": "llvm", "mcpu": "x86-64"})], [2], params=PARAMS,
+        backends=TVM_KERNELS,
     )
     funcs = [
         {n["attrs"]["func_name"] for n in json.loads(g)["nodes"] if n["op"] != "null"}

@@ -21,7 +21,7 @@ from ..compile_kernels import compile_kernels
 from ..memory import planned_json
 from .cost_model import DEFAULT_COPY_BYTES_PER_US, SegmentModel, choose
 from .kernel_order import PipelineSplit, kernel_order, lower_one_device, make_split, tensors_between
-from .stages import StageSpec, stage_options, stage_specs
+from .stages import StageSpec, stage_backends, stage_options, stage_specs
 
 #: ``measure(compiled, device, cores, num_threads, rounds) -> {node id: µs}``.
 MeasureKernels = Callable[[CompiledGraph, tvm.runtime.Device, Sequence[int], int, int], Mapping[int, float]]
@@ -39,7 +39,7 @@ def auto_split(
     tolerance: float = 0.02,
     copy_bytes_per_us: float | None = DEFAULT_COPY_BYTES_PER_US,
     entry: str = "main",
-    backends: Sequence[Any] = (),
+    backends: Sequence[Any] | None = None,
     progress: Callable[[str], None] | None = None,
     cost_cache: Any = False,
 ) -> PipelineSplit:
@@ -55,6 +55,8 @@ def auto_split(
     rounds : profile runs per distinct stage device; each kernel's time is the median.
     tolerance : relative slack on the bottleneck traded for fewer boundary bytes.
     copy_bytes_per_us : speed of a boundary copy in the model (None: copies are free).
+    backends : as in ``tvm_hetero.build``; None (default) is its default, oneDNN when every stage
+        is a host CPU (``stages.stage_backends``), so kernels are measured as they will run.
     cost_cache : the measurements of automatic placement (``build(placement="auto")``), shared:
         False (default: none kept), None (``~/.cache/tvm-hetero/costs.sqlite``) or a path. Kernels
         are keyed as there (structural hash or region, target, device and its stage settings), so
@@ -65,7 +67,7 @@ def auto_split(
     specs = stage_specs(targets, int(num_stages))
     per_stage = stage_options(options, len(specs))
     say("lowering")
-    lowered, graph = lower_one_device(mod, params, entry, backends)
+    lowered, graph = lower_one_device(mod, params, entry, stage_backends(backends, specs))
     kernels = kernel_order(graph)
     model = SegmentModel(len(kernels), tensors_between(graph, kernels))
     graph_json = planned_json(graph)

@@ -22,7 +22,7 @@ from ..memory import planned_json
 from .auto_split import MeasureKernels, auto_split
 from .kernel_order import PipelineSplit, split
 from .stage_graphs import stage_graphs
-from .stages import StageSpec, stage_options, stage_specs
+from .stages import StageSpec, check_regions_fit, stage_backends, stage_options, stage_specs
 
 
 @dataclass
@@ -91,7 +91,7 @@ def build(
     measure: MeasureKernels | None = None,
     options: Mapping[str, Any] | None = None,
     entry: str = "main",
-    backends: Sequence[Any] = (),
+    backends: Sequence[Any] | None = None,
     rounds: int = 5,
     tolerance: float = 0.02,
     progress: Callable[[str], None] | None = None,
@@ -109,6 +109,8 @@ def build(
         ``tvm_hetero.pipeline.build`` passes the runtime's).
     options : pipeline options kept as the default of ``PipelineArtifact.create`` and used to
         measure for auto_split: ``{"queue_capacity": 2, "stages": [{"cores": [0], "num_threads": 1}]}``.
+    backends : external backends, as in ``tvm_hetero.build``; None (default) is its default:
+        oneDNN when every stage is a host CPU and libtvm_hetero has it (``stages.stage_backends``).
     rounds, tolerance : for auto_split.
     """
     say = progress or (lambda _msg: None)
@@ -135,11 +137,12 @@ def build(
     else:
         specs = stage_specs(stages, len(split_points) + 1)
         say("lowering")
-        plan = split(mod, split_points, params, entry=entry, backends=backends)
+        plan = split(mod, split_points, params, entry=entry, backends=stage_backends(backends, specs))
     stage_options(options, len(specs))  # checks the number of entries
     lowered, graph = plan.lowered, plan.graph
     if lowered is None or graph is None:
         raise ValueError("the PipelineSplit carries no lowered graph (it was loaded); split the module again")
+    check_regions_fit(lowered.regions, specs)
     targets = [t for _, t in specs]
     say(f"compiling kernels for {len(set(map(str, targets)))} target(s)")
     lib, renames = _compile_for_stages(plan, targets)

@@ -26,6 +26,7 @@ from ..graph import Entry, Graph
 from ..lower import LoweredGraph, lower_to_graph
 from ..reorder import reorder_for_devices
 from .cost_model import SegmentModel, Tensor
+from .stages import stage_backends, stage_spec
 
 
 @dataclass
@@ -131,7 +132,8 @@ def _on_device_zero(_info: Any) -> int:
 def lower_one_device(mod: tvm.IRModule, params: Mapping[str, Any] | None, entry: str, backends: Sequence[Any]):
     """The lowering and the one-device graph, as ``tvm_hetero.build`` makes them for one device,
     but with one backend region per match: stages are cut between graph nodes, and a block of
-    regions would be one node (ResNet-50: two) that no cut could split."""
+    regions would be one node (ResNet-50: two) that no cut could split. ``backends`` is resolved
+    already (None is ``stages.stage_backends``'s business)."""
     backends = [b.without_blocks() for b in resolve_backends(backends)]
     lowered = lower_to_graph(mod, _on_device_zero, 1, dict(params or {}), entry, backends)
     return lowered, insert_copies(reorder_for_devices(lowered.graph), 0)
@@ -205,13 +207,14 @@ def split(
     params: Mapping[str, Any] | None = None,
     *,
     entry: str = "main",
-    backends: Sequence[Any] = (),
+    backends: Sequence[Any] | None = None,
 ) -> PipelineSplit:
     """Cut ``mod`` at ``split_points``: kernel positions or kernel node names where stages 1.. begin.
 
     ``split(mod, [])`` is one stage; its ``describe(kernels=True)`` lists the kernel order.
-    ``params`` and ``backends`` are as in ``tvm_hetero.build`` (they shape the graph).
+    ``params`` and ``backends`` are as in ``tvm_hetero.build`` for one host CPU (they shape the
+    graph): None is oneDNN when libtvm_hetero has it; ``backends=()`` for stages off the host CPU.
     """
-    lowered, graph = lower_one_device(mod, params, entry, backends)
+    lowered, graph = lower_one_device(mod, params, entry, stage_backends(backends, [stage_spec("cpu:0")]))
     return make_split(lowered, graph, split_points)
 

@@ -7,8 +7,9 @@ from typing import Any
 
 import tvm
 
-from ...devices import parse_device
-from ..build import device_name
+from ...backends import default_backends
+from ...devices import parse_device, runs_tvm_kernels
+from ..build import device_name, shares_memory_between
 
 #: ``(device, target)`` pair, a device (``tvm.cpu(1)``, ``"cpu:1"``) or a target (``"llvm"``).
 StageSpec = Any
@@ -64,6 +65,30 @@ def stage_specs(stages: StageSpec | Sequence[StageSpec], num_stages: int | None)
     if num_stages is None:
         raise ValueError("give a list of stages, or the number of stages (split_points=int)")
     return [stage_spec(stages)] * num_stages
+
+
+def stage_backends(backends: Sequence[Any] | None, specs: Sequence[tuple[Any, Any]]) -> Sequence[Any]:
+    """``backends`` as given, or for None the default of ``tvm_hetero.build`` (``default_backends``:
+    oneDNN on host CPUs when libtvm_hetero has it) for the one-device lowering every stage shares:
+    oneDNN when every stage is a host CPU, none otherwise."""
+    if backends is not None:
+        return backends
+    devices, targets = [dev for dev, _ in specs], [target for _, target in specs]
+    host = shares_memory_between(devices, targets)
+    all_cpus = all(runs_tvm_kernels(dev) and host(s, s) for s, dev in enumerate(devices))
+    return default_backends([0] if all_cpus else [])[0]
+
+
+def check_regions_fit(regions: Mapping[str, Any], specs: Sequence[tuple[Any, Any]]) -> None:
+    """A split with external backend regions (oneDNN: host CPUs only) runs only on host-CPU stages."""
+    if not regions:
+        return
+    devices, targets = [dev for dev, _ in specs], [target for _, target in specs]
+    host = shares_memory_between(devices, targets)
+    for s, dev in enumerate(devices):
+        if not (runs_tvm_kernels(dev) and host(s, s)):
+            raise ValueError(f"stage {s} ({device_name(dev)}): the split has {len(regions)} backend region(s) "
+                             "(oneDNN by default), which run on host CPUs only; split with backends=() for it")
 
 
 def stage_options(options: Mapping[str, Any] | None, num_stages: int) -> list[dict]:
