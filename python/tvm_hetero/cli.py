@@ -208,7 +208,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     options = auto_options(args, len(devices))
     if placement == "auto":
         options["device_options"] = options.get("device_options") or clusters
-        say(f"{num_ops} Relax ops; automatic placement: every op's device and backend by measured cost")
+        if args.cost_cache is None:  # the demo measures afresh: an earlier run's load is not this one's
+            options["cost_cache"] = False
+        say(f"{num_ops} Relax ops; automatic placement: every op's device and backend by measured cost"
+            + ("" if args.cost_cache else " (measured now; --cost-cache FILE keeps the measurements)"))
     elif args.split is not None:
         say(f"{num_ops} Relax ops; the first {args.split:.0%} go to {devices[-1][0]}, the rest to {devices[0][0]}")
     artifact = tvm_hetero.build(mod, devices, placement=placement, progress=say,
@@ -216,6 +219,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(artifact.report())
     if placement == "auto":
         clusters = options["device_options"]
+        print(_placement_verdict(artifact))
 
     inputs = models.model_inputs(model)
     server = None
@@ -238,7 +242,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     say("running")
     runtime.run(**inputs)
     ours = runtime.get_output(0).numpy()
-    times = _latencies(runtime, args.repeat)
+    singles = _single_device_runtimes(mod, devices, inputs, say, clusters) if args.compare and not args.remote else {}
+    times, alone = _interleaved_latencies(runtime, singles, args.repeat)
     reference = models.onnxruntime_outputs(model, inputs)[0]
     error = float(np.abs(ours - reference).max() / max(np.abs(reference).max(), 1e-12))
     stats = runtime.stats()
@@ -254,8 +259,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.remote:
         print(f"  remote compute calls per run {stats['remote_compute_calls']} "
               f"(remote groups {stats['offload_segments']}), remote copies {stats['remote_copies']}")
-    if args.compare and not args.remote:
-        _print_comparison(mod, devices, model, inputs, np.median(times), args.repeat, say, clusters)
+    if singles:
+        _print_comparison(model, inputs, float(np.median(times)), alone, args.repeat)
     if args.timeline:
         try:
             from tvm_hetero import timeline
@@ -280,31 +285,71 @@ def _latencies(runtime, repeat: int) -> list[float]:
     return times
 
 
-def _print_comparison(mod, devices, model, inputs, ours: float, repeat: int, say, clusters=None) -> None:
-    """Latency of our run against the model on one device alone (each cluster in turn, with the
-    same settings, when the devices are CPU clusters) and onnxruntime."""
+def _placement_verdict(artifact) -> str:
+    """One line: which devices automatic placement set to work together, or why it kept one."""
+    auto = artifact.build_report.autoplace or {}
+    busy = [row["device"] for row in auto.get("per_device", []) if row["ops"]]
+    check = auto.get("one_device_check") or {}
+    if check.get("kept_one_device"):
+        return (f"choice: everything on {check['device']} -- the split measured "
+                f"{check['split_measured_seconds'] * 1e3:.1f} ms, slower than {check['device']} alone "
+                f"({check['measured_seconds'] * 1e3:.1f} ms) on this machine now")
+    if len(busy) > 1:
+        return f"choice: {' + '.join(busy)} working together (ops and backends per device above)"
+    why = (f"the best split found was predicted {auto['split_predicted_seconds'] * 1e3:.1f} ms, not "
+           f"{auto['min_gain']:.0%} faster" if auto.get("split_predicted_seconds") is not None
+           else "no split was predicted faster")
+    return f"choice: everything on {busy[0] if busy else 'one device'} -- {why} than that one device alone"
+
+
+def _single_device_runtimes(mod, devices, inputs, say, clusters=None) -> dict:
+    """The model built for the primary device alone, run with each cluster's settings in turn (or
+    with every core): the runtimes our run is compared with, by label."""
     import tvm_hetero
-    from tvm_hetero.testing import models
 
     say(f"building the model for {devices[0][0]} alone, for comparison")
     single_art = tvm_hetero.build(mod, devices[:1])
-    alone: dict[str, float] = {}
+    singles = {}
     for position, options in enumerate(clusters or [None]):
         single = single_art.create(device_options=[options] if options else None)
         single.run(**inputs)
         label = f"{devices[position][0]} alone, " + (f"core {options['cores']}, 1 thread" if options else "every core")
-        alone[label] = float(np.median(_latencies(single, repeat)))
+        singles[label] = single
+    return singles
+
+
+def _interleaved_latencies(runtime, singles: dict, repeat: int) -> tuple[list[float], dict[str, float]]:
+    """Our runtime's latencies and each single-device runtime's median, timed in turns (one run of
+    each per round), so that the machine's load falls on all of them alike."""
+    ours: list[float] = []
+    alone: dict[str, list[float]] = {label: [] for label in singles}
+    for _ in range(repeat):
+        ours.extend(_latencies(runtime, 1))
+        for label, single in singles.items():
+            alone[label].extend(_latencies(single, 1))
+    for single in singles.values():
         single.close()
+    return ours, {label: float(np.median(t)) for label, t in alone.items()}
+
+
+def _print_comparison(model, inputs, ours: float, alone: dict[str, float], repeat: int) -> None:
+    """Our latency against the model on one device alone (timed in turns with ours) and onnxruntime."""
+    from tvm_hetero.testing import models
+
     ort = {}
     for threads in (1, 2):
         session = models.onnxruntime_session(model, threads)
         session.run(None, inputs)
         ort[threads] = float(np.median([_timed(lambda s=session: s.run(None, inputs)) for _ in range(repeat)]))
-    print("compared with")
+    print(f"compared with (timed in turns with ours, median of {repeat}; load average {os.getloadavg()[0]:.1f})")
     for label, t in alone.items():
         print(f"  {label:<30} {t * 1e3:9.1f} ms  -> it / ours {t / ours:.2f}x")
-    best = min(alone.values())
-    print(f"  best single device: {best * 1e3:.1f} ms -> best single device / ours {best / ours:.2f}x")
+    best_label = min(alone, key=alone.__getitem__)
+    best = alone[best_label]
+    verdict = ("ours is faster" if best > ours else
+               f"ours is slower here: {best_label.split(',')[0]} alone beat the placement in this run "
+               "(the build measured it otherwise; see the choice line above)")
+    print(f"  best single device: {best * 1e3:.1f} ms -> best single device / ours {best / ours:.2f}x ({verdict})")
     for threads, t in ort.items():
         print(f"  onnxruntime, {threads} thread{'s' if threads > 1 else ' '}             {t * 1e3:9.1f} ms  -> ours / "
               f"onnxruntime {ours / t:.2f}x")
@@ -547,7 +592,7 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--model", default="inception_v1", help="light ONNX model (inception_v1, resnet50, shufflenet, ...)")
     demo.add_argument("--split", type=float, default=None,
                       help="fraction of ops (in order) on the last device (default: --place auto)")
-    demo.add_argument("--repeat", type=int, default=3)
+    demo.add_argument("--repeat", type=int, default=15)
     demo.add_argument("--timeline", metavar="FILE.png", default="demo-timeline.png",
                       help="where to draw the run's timeline ('' for none; needs matplotlib)")
     demo.add_argument("--no-compare", dest="compare", action="store_false",

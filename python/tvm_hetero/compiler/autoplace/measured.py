@@ -199,6 +199,7 @@ def choose_placement(
     explanation = explain_choice(model, units, assignment, unit_variants, variant_table,
                                  [str(d) for d in devices], objective, counts)
     explanation["as_built_measured"] = times.measured - counts["measured"]  # kernels and blocks of candidates
+    explanation["unconfirmed"] = times.unconfirmed  # used for this build, kept out of the cache
     if decision.predicted:
         explanation["unit_predicted_seconds"] = explanation["predicted_seconds"]
         explanation["predicted_seconds"] = decision.predicted.get(chosen.label, explanation["predicted_seconds"])

@@ -21,6 +21,9 @@ def explain(auto: dict[str, Any]) -> list[str]:
         (f"  automatic placement (objective {auto['objective']}): {auto['kernels_measured']} kernel costs measured, "
          f"{auto['kernels_cached']} from the cost cache{judged}")
     ]
+    if auto.get("unconfirmed"):
+        lines.append(f"    {auto['unconfirmed']} times never agreed with their re-measurement (a loaded machine?): "
+                     "used for this build, not kept in the cost cache")
     for row in auto["per_device"]:
         variants = row.get("variants") or {}
         split = ", ".join(f"{n} {_how(v)}" for v, n in sorted(variants.items())) if variants else ""
