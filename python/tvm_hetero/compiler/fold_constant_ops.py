@@ -129,15 +129,17 @@ def computed_weight_notes(func: relax.Function, backends: list[str],
         if not isinstance(weight, relax.Var) or weight not in analysis.computable or weight in analysis.quantized:
             continue
         size, read = _bytes_of(weight), analysis.computable[weight]
-        why = (f"folding it would make {_mib(size)} from {_mib(read)}, over the limit of {_mib(limit_bytes)}"
+        why = (f"folding it would make {_size(size)} from {_size(read)}, over the limit of {_size(limit_bytes)}"
                if size > max(read, limit_bytes) else "constant folding did not run on it")
         notes.append(f"{'/'.join(backends)}: {name.removeprefix('relax.')} #{count[name]} '{var.name}' not taken: "
                      f"weight '{weight.name}' is computed, not constant ({why})")
     return notes
 
 
-def _mib(nbytes: int) -> str:
-    return f"{nbytes / 2**20:.2f} MiB"
+def _size(nbytes: int) -> str:
+    from .build import format_size  # the report's sizes (build imports this module)
+
+    return format_size(nbytes)
 
 
 def _chosen(func: relax.Function, analysis: ConstantAnalysis, limit_bytes: int) -> list[relax.Var]:

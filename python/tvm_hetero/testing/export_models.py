@@ -5,12 +5,16 @@
 - :func:`small_bert_onnx`: a two-layer BERT (``transformers.BertConfig``: hidden 64, 4 heads,
   sequence 16) fed ``input_ids`` (int64) and ``attention_mask`` (int64), ending in the last hidden
   state. Biases and layer-norm scales are randomized too (BERT starts them at zeros and ones).
+- :func:`transformers_gpt2_onnx`, :func:`transformers_bert_onnx`, :func:`transformers_mobilenet_v2_onnx`:
+  ``transformers``' own GPT2LMHeadModel, BertModel and MobileNetV2 (small configurations), exported as
+  users export them (shape arithmetic, mask helpers and "same" pads left in the graph), for the
+  importer (``importers.from_onnx`` prepares them with ONNX's tools).
 
-Both are exported with the TorchScript exporter (``torch.onnx.export(..., dynamo=False)``, so no
-``onnxscript`` is needed) at opset 17 with static shapes, and stamped ``ir_version`` 9 (ONNX Runtime
+All are exported with the TorchScript exporter (``torch.onnx.export(..., dynamo=False)``, so no
+``onnxscript`` is needed) at opset 17 with static shapes (unless asked for symbolic ones), and stamped ``ir_version`` 9 (ONNX Runtime
 refuses the newer IR that onnx 1.23 writes by default). Batch-norm running statistics are
-randomized, so inference mode differs from training mode and outputs are worth comparing. Both
-import into Relax with ``from_onnx(model, keep_params_in_input=False)``.
+randomized, so inference mode differs from training mode and outputs are worth comparing. The first
+two import into Relax with TVM's ``from_onnx(model, keep_params_in_input=False)`` as they are.
 
 :func:`sample_inputs` gives seeded inputs for either model (for any ONNX model: float inputs are
 standard normal, ``*ids`` are token ids, ``*mask`` is all ones with the last quarter masked out).
@@ -76,6 +80,90 @@ def small_bert_onnx(seed: int = 0, sequence: int = BERT_SEQUENCE):
     return _export(torch, LastHidden().eval(), args, ["input_ids", "attention_mask"], ["last_hidden_state"])
 
 
+def transformers_gpt2_onnx(seed: int = 0, sequence: int = BERT_SEQUENCE, dynamic: bool = False):
+    """``transformers``' GPT2LMHeadModel (2 layers, hidden 64, 4 heads, vocabulary 512) with seeded
+    weights, exported as users export it: inputs ``input_ids`` and ``attention_mask`` (int64[1,
+    sequence]), output ``logits`` (float32[1, sequence, 512]). With ``dynamic`` both inputs' dims are
+    symbolic (``"batch"``, ``"sequence"``), as ``dynamic_axes`` exports them."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    config = GPT2Config(vocab_size=BERT_VOCAB, n_positions=64, n_embd=64, n_layer=2, n_head=4,
+                        bos_token_id=0, eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    gpt2 = GPT2LMHeadModel(config)
+    gpt2.config._attn_implementation = "eager"  # plain MatMul/Softmax attention, no SDPA op
+    _randomize_constant_parameters(torch, gpt2, seed)
+    gpt2.eval()
+
+    class Logits(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gpt2 = gpt2
+
+        def forward(self, input_ids, attention_mask):
+            return self.gpt2(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+
+    axes = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"}}
+    return _export(torch, Logits().eval(), _token_args(torch, seed, sequence), ["input_ids", "attention_mask"],
+                   ["logits"], axes if dynamic else None)
+
+
+def transformers_bert_onnx(seed: int = 0, sequence: int = BERT_SEQUENCE):
+    """``transformers``' BertModel (2 layers, hidden 64, 4 heads, vocabulary 512, no pooler) with
+    seeded weights and its own attention-mask helpers (which export a ``ConstantOfShape`` of a
+    computed shape): inputs ``input_ids`` and ``attention_mask`` (int64[1, sequence]), output
+    ``last_hidden_state`` (float32[1, sequence, 64])."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(seed)
+    config = BertConfig(vocab_size=BERT_VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=128, max_position_embeddings=64, type_vocab_size=2,
+                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    bert = BertModel(config, add_pooling_layer=False)
+    bert.config._attn_implementation = "eager"
+    _randomize_constant_parameters(torch, bert, seed)
+    bert.eval()
+
+    class LastHidden(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, input_ids, attention_mask):
+            return self.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+    return _export(torch, LastHidden().eval(), _token_args(torch, seed, sequence), ["input_ids", "attention_mask"],
+                   ["last_hidden_state"])
+
+
+def transformers_mobilenet_v2_onnx(seed: int = 0, image_size: int = 96):
+    """``transformers``' MobileNetV2ForImageClassification (depth multiplier 0.35, 10 labels, its
+    TensorFlow-style "same" padding, exported as a ``Pad`` of pads computed from the input's shape)
+    with seeded weights and batch-norm statistics: input ``pixel_values`` (float32[1, 3, image_size,
+    image_size]), output ``logits`` (float32[1, 10])."""
+    import torch
+    from transformers import MobileNetV2Config, MobileNetV2ForImageClassification
+
+    torch.manual_seed(seed)
+    config = MobileNetV2Config(image_size=image_size, depth_multiplier=0.35, num_labels=10)
+    model = MobileNetV2ForImageClassification(config)
+    _randomize_batch_norms(torch, model, seed)
+    model.eval()
+
+    class Logits(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, pixel_values):
+            return self.model(pixel_values=pixel_values).logits
+
+    example = torch.randn(1, 3, image_size, image_size)
+    return _export(torch, Logits().eval(), (example,), ["pixel_values"], ["logits"])
+
+
 def sample_inputs(model, seed: int = 1) -> dict[str, np.ndarray]:
     """Seeded inputs for each graph input of ``model``: float32 standard normal; int64 token ids
     for names ending in ``ids``; an int64 attention mask (ones, last quarter zero) for ``mask``."""
@@ -106,15 +194,22 @@ def _bert_inputs(rng: np.random.Generator, sequence: int) -> dict[str, np.ndarra
     return {"input_ids": rng.integers(0, BERT_VOCAB, size=(1, sequence), dtype=np.int64), "attention_mask": mask}
 
 
-def _export(torch, module, args: tuple, input_names: list[str], output_names: list[str]):
-    """``torch.onnx.export`` (TorchScript exporter, static shapes) to an in-memory, checked model."""
+def _token_args(torch, seed: int, sequence: int) -> tuple:
+    example = _bert_inputs(np.random.default_rng(seed), sequence)
+    return torch.from_numpy(example["input_ids"]), torch.from_numpy(example["attention_mask"])
+
+
+def _export(torch, module, args: tuple, input_names: list[str], output_names: list[str],
+            dynamic_axes: dict | None = None):
+    """``torch.onnx.export`` (TorchScript exporter; static shapes unless ``dynamic_axes``) to an
+    in-memory, checked model."""
     import onnx
 
     buffer = io.BytesIO()
     with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # the TorchScript exporter is deprecated, not gone
+        warnings.simplefilter("ignore")  # the exporter is deprecated, not gone; its tracer warnings are expected
         torch.onnx.export(module, args, buffer, dynamo=False, opset_version=OPSET, input_names=input_names,
-                          output_names=output_names, do_constant_folding=True)
+                          output_names=output_names, do_constant_folding=True, dynamic_axes=dynamic_axes)
     model = onnx.load_from_string(buffer.getvalue())
     model.ir_version = IR_VERSION
     onnx.checker.check_model(model)

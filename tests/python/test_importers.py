@@ -1,0 +1,178 @@
+"""Importing the ONNX models users export (importers.from_onnx, onnx_prepare.py): transformers' GPT-2,
+BERT and MobileNetV2 import, build and match ONNX Runtime; input shapes; one-line errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import tvm
+import tvm_hetero
+from onnx import TensorProto, helper, numpy_helper
+from tvm_hetero import cli
+from tvm_hetero.compiler.relax_helpers import LoweringError
+from tvm_hetero.importers import OnnxImportError, from_onnx
+from tvm_hetero.onnx_prepare import prepare_onnx
+from tvm_hetero.testing import export_models
+from tvm_hetero.testing.models import onnxruntime_outputs
+
+CPU = [(tvm.cpu(0), "llvm")]
+TOKENS = {"input_ids": (1, export_models.BERT_SEQUENCE), "attention_mask": (1, export_models.BERT_SEQUENCE)}
+EXPORTERS = {
+    "gpt2": export_models.transformers_gpt2_onnx,
+    "bert": export_models.transformers_bert_onnx,
+    "mobilenet_v2": export_models.transformers_mobilenet_v2_onnx,
+}
+
+
+@pytest.fixture(scope="module", params=sorted(EXPORTERS))
+def exported(request) -> tuple[str, onnx.ModelProto]:
+    return request.param, EXPORTERS[request.param]()
+
+
+def run_built(mod: tvm.IRModule, inputs: dict[str, np.ndarray]) -> np.ndarray:
+    runtime = tvm_hetero.build(mod, CPU).create()
+    runtime.run(**inputs)
+    return runtime.get_output(0).numpy()
+
+
+def test_transformers_model_imports_builds_and_matches_onnxruntime(exported) -> None:
+    name, model = exported
+    inputs = export_models.sample_inputs(model)
+    expected = onnxruntime_outputs(model, inputs)[0]
+    out = run_built(from_onnx(model), inputs)
+    assert out.shape == expected.shape
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4 * float(np.abs(expected).max()), err_msg=name)
+
+
+def test_transformers_model_needs_the_preparation(exported) -> None:
+    """TVM's frontend alone rejects each of them (ConstantOfShape of a 0-d shape, dynamic pads): the
+    preparation is what makes them import, and the error names the node it stopped at."""
+    name, model = exported
+    with pytest.raises(OnnxImportError, match=r"^ONNX node '[^']+' \((ConstantOfShape|Pad)\): ") as info:
+        from_onnx(model, prepare=False)
+    assert "\n" not in str(info.value), name
+
+
+def test_preparation_folds_shape_arithmetic_into_initializers(exported) -> None:
+    name, model = exported
+    prepared = prepare_onnx(model)
+    left = {node.op_type for node in prepared.graph.node}
+    assert not left & {"Shape", "ConstantOfShape", "Constant", "Range"}, (name, left)
+    assert len(prepared.graph.node) < len(model.graph.node)
+    inputs = export_models.sample_inputs(model)
+    np.testing.assert_allclose(onnxruntime_outputs(prepared, inputs)[0], onnxruntime_outputs(model, inputs)[0],
+                               rtol=1e-5, atol=1e-5)
+
+
+# ---- symbolic dims and input shapes ----------------------------------------------------------
+@pytest.fixture(scope="module")
+def dynamic_gpt2() -> onnx.ModelProto:
+    return export_models.transformers_gpt2_onnx(dynamic=True)
+
+
+def token_inputs(batch: int, sequence: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(3)
+    mask = np.ones((batch, sequence), dtype=np.int64)
+    mask[:, -2:] = 0
+    return {"input_ids": rng.integers(0, export_models.BERT_VOCAB, (batch, sequence), dtype=np.int64),
+            "attention_mask": mask}
+
+
+def test_dynamic_gpt2_builds_for_the_shapes_given(dynamic_gpt2) -> None:
+    assert [d.dim_param for d in dynamic_gpt2.graph.input[0].type.tensor_type.shape.dim] == ["batch", "sequence"]
+    inputs = token_inputs(2, 12)
+    mod = from_onnx(dynamic_gpt2, input_shapes={"input_ids": (2, 12), "attention_mask": (2, 12)})
+    expected = onnxruntime_outputs(dynamic_gpt2, inputs)[0]
+    np.testing.assert_allclose(run_built(mod, inputs), expected, rtol=1e-4, atol=1e-4 * float(np.abs(expected).max()))
+
+
+def test_what_the_frontend_cannot_take_is_one_line_naming_the_node(dynamic_gpt2) -> None:
+    """With its dims left symbolic GPT-2 slices a shape of unknown rank, which TVM's frontend cannot
+    convert: the error is the node's name and op type and the frontend's reason, on one line."""
+    with pytest.raises(OnnxImportError) as info:
+        from_onnx(dynamic_gpt2)
+    message = str(info.value)
+    assert "\n" not in message
+    node = message.split("'")[1]
+    op_type = {n.name: n.op_type for n in dynamic_gpt2.graph.node}[node]
+    assert message.startswith(f"ONNX node '{node}' ({op_type}): ")
+    assert "rank" in message  # the frontend's reason, not a traceback
+
+
+def test_an_op_the_frontend_lacks_is_named_with_its_node() -> None:
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"], name="first"), helper.make_node("Det", ["r"], ["y"], name="det_node")],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(OnnxImportError, match=r"^ONNX node 'det_node' \(Det\): .*Det"):
+        from_onnx(model)
+
+
+def conv_model(batch: int | str = "batch") -> onnx.ModelProto:
+    """A conv + relu on float32[batch, 3, 8, 8] (``batch`` symbolic by default)."""
+    weight = numpy_helper.from_array(np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["data", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+         helper.make_node("Relu", ["c"], ["y"], name="relu")],
+        "g", [helper.make_tensor_value_info("data", TensorProto.FLOAT, [batch, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 4, 8, 8])], [weight])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = export_models.IR_VERSION
+    return model
+
+
+def test_symbolic_dims_survive_import_and_the_build_names_the_input_and_the_flag() -> None:
+    mod = from_onnx(conv_model())
+    assert str(mod["main"].params[0].ty.shape.values[0]) == "batch"  # kept for BindSymbolicVars
+    with pytest.raises(LoweringError) as info:
+        tvm_hetero.build(mod, CPU)
+    message = str(info.value)
+    assert "input 'data'" in message and "(batch, 3, 8, 8)" in message
+    assert "--input-shape data=" in message and "input_shapes=" in message
+
+
+def test_input_shapes_make_a_symbolic_model_buildable() -> None:
+    model = conv_model()
+    x = np.random.default_rng(1).standard_normal((2, 3, 8, 8)).astype(np.float32)
+    out = run_built(from_onnx(model, input_shapes={"data": (2, 3, 8, 8)}), {"data": x})
+    np.testing.assert_allclose(out, onnxruntime_outputs(model, {"data": x})[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shapes, message", [
+    ({"image": (1, 3, 8, 8)}, "no input 'image' (inputs: data)"),
+    ({"data": (1, 3, 8)}, "3 dims given, the input has 4 (batch, 3, 8, 8)"),
+    ({"data": (1, 4, 8, 8)}, "dim 1 is 4, but the model fixes it to 3"),
+    ({"data": (0, 3, 8, 8)}, "dim 0 is 0; dims must be positive"),
+])
+def test_bad_input_shapes_name_the_input(shapes, message) -> None:
+    with pytest.raises(ValueError, match="^input_shapes") as info:
+        from_onnx(conv_model(), input_shapes=shapes)
+    assert message in str(info.value)
+
+
+def test_cli_compile_takes_input_shapes(tmp_path, capsys) -> None:
+    path = tmp_path / "conv.onnx"
+    onnx.save(conv_model(), str(path))
+    assert cli.main(["compile", str(path), "-o", str(tmp_path / "out"), "--input-shape", "data=2,3,8,8",
+                     "--backend", "none"]) == 0
+    artifact = tvm_hetero.load(str(tmp_path / "out"))
+    runtime = artifact.create()
+    x = np.ones((2, 3, 8, 8), np.float32)
+    runtime.run(data=x)
+    assert runtime.get_output(0).numpy().shape == (2, 4, 8, 8)
+    capsys.readouterr()
+    # Without it, one line naming the input and the flag.
+    assert cli.main(["compile", str(path), "-o", str(tmp_path / "again")]) != 0
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "input 'data'" in err and "--input-shape data=" in err
+
+
+@pytest.mark.parametrize("spec", ["data", "data=", "data=1,x", "data=1,0,8,8", "=1,2"])
+def test_cli_rejects_a_malformed_input_shape(tmp_path, capsys, spec) -> None:
+    path = tmp_path / "conv.onnx"
+    onnx.save(conv_model(), str(path))
+    assert cli.main(["compile", str(path), "-o", str(tmp_path / "out"), "--input-shape", spec]) != 0
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--input-shape" in err and "NAME=D0,D1" in err
