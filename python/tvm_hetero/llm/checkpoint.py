@@ -73,6 +73,7 @@ def _from_directory(path: Path) -> Checkpoint:
         config = json.loads(config_path.read_text())
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ValueError(f"{config_path}: not valid JSON ({err})") from None
+    decoder = decoder_config(config)  # an unsupported architecture is named before weights are looked for
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"{path}: no *.safetensors file (weights in other formats are not read)")
@@ -83,7 +84,7 @@ def _from_directory(path: Path) -> Checkpoint:
             tensors[name] = lambda file=file, name=name: _read_tensor(file, name)
             shapes[name] = shape
     tokenizer = path / TOKENIZER_FILE
-    return Checkpoint(decoder_config(config), str(path), tensors, shapes, tokenizer if tokenizer.is_file() else None)
+    return Checkpoint(decoder, str(path), tensors, shapes, tokenizer if tokenizer.is_file() else None)
 
 
 def _safetensors_shapes(file: Path) -> dict[str, tuple[int, ...]]:
