@@ -6,8 +6,8 @@ the packed imports (oneDNN and HTP regions) into a ``.so``, runs an outside prog
 
 Guarantee: :func:`linker` makes one deterministic choice, the first of
 
-1. ``$TVM_HETERO_CC``: a compiler command (``"g++"``, ``"clang++ -fuse-ld=lld"``) or ``zig`` for the
-   ``ziglang`` package's;
+1. ``$TVM_HETERO_CC``: ``zig`` for the ``ziglang`` package's, or a compiler command (``"g++"``,
+   ``"clang++ -fuse-ld=lld"``) for this machine's architecture;
 2. the system's compiler, as TVM itself picks it: ``$CXX`` or ``$CC``, else the first of ``g++``,
    ``gcc``, ``clang++``, ``clang``, ``c++``, ``cc`` on PATH (what artifacts have always been linked
    with; it needs no first-use set-up);
@@ -127,12 +127,12 @@ def linker(arch: str | None = None) -> Linker:
     """The linker for kernels of ``arch`` (default: this machine's), chosen by the rule at the top."""
     arch = normalize_arch(arch or host_architecture())
     chosen = os.environ.get(ENV_VAR, "").strip()
-    if chosen:
-        if chosen == "zig":
-            found = zig_linker(arch)
-            if found is None:
-                raise LinkerNotFoundError(f"${ENV_VAR}=zig but the ziglang package is not installed: {INSTALL_HINT}")
-            return Linker(found.command, f"${ENV_VAR}")
+    if chosen == "zig":
+        found = zig_linker(arch)
+        if found is None:
+            raise LinkerNotFoundError(f"${ENV_VAR}=zig but the ziglang package is not installed: {INSTALL_HINT}")
+        return Linker(found.command, f"${ENV_VAR}")
+    if chosen and arch == host_architecture():  # a compiler command links this machine's kernels only
         return Linker(tuple(shlex.split(chosen)), f"${ENV_VAR}")
     if arch == host_architecture():
         found = system_compiler()

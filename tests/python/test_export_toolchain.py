@@ -38,6 +38,8 @@ def test_the_system_compiler_is_chosen_first_when_present(monkeypatch: pytest.Mo
     assert toolchain.linker().source == "$CXX"
     monkeypatch.setenv(toolchain.ENV_VAR, "other-cc")
     assert toolchain.linker().command == ("other-cc",)
+    if toolchain.zig_executable() is not None:  # a host compiler command never links a board's kernels
+        assert toolchain.linker("aarch64").source == "ziglang"
 
 
 @needs_ziglang
@@ -97,3 +99,19 @@ def test_a_failing_linker_names_itself_and_its_message(monkeypatch: pytest.Monke
     monkeypatch.setenv(toolchain.ENV_VAR, "false")
     with pytest.raises(RuntimeError, match=r"linking .*out.so with false \(from \$TVM_HETERO_CC\) failed \(exit 1\)"):
         toolchain.linker().link_shared(str(tmp_path / "out.so"), ["a.o"])
+
+
+@needs_ziglang
+@pytest.mark.slow
+def test_a_board_artifact_exports_with_no_cross_toolchain(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """Export's board library (lib.aarch64.dev1.so) falls back to zig cc when no aarch64 g++ is there."""
+    from tvm_hetero.compiler import kernel_libraries
+
+    monkeypatch.setattr(kernel_libraries, "cross_compiler_name", lambda target: "no-such-linux-gnu-g++")
+    mod, params = models.mlp()
+    board = {"kind": "llvm", "mtriple": "aarch64-linux-gnu"}
+    art = tvm_hetero.build(mod, [(tvm.cpu(0), "llvm"), (tvm.cpu(1), board)], placement={"matmul": 1}, params=params)
+    out = art.export(tmp_path / "out")
+    header = (out / "lib.aarch64.dev1.so").read_bytes()[:20]
+    assert header[:4] == b"\x7fELF" and int.from_bytes(header[18:20], "little") == 183  # EM_AARCH64
+    assert tvm_hetero.load(out).device_libs[1].path.name == "lib.aarch64.dev1.so"

@@ -88,6 +88,7 @@ def test_cross_link_errors_name_the_device_and_target(board_artifact, tmp_path, 
                                            r"for aarch64: exporting its kernels with false failed"):
         board_artifact.export(tmp_path / "a")
     monkeypatch.setattr(kernel_libraries, "cross_compiler_name", lambda target: "no-such-linux-gnu-g++")
+    monkeypatch.setattr(kernel_libraries, "zig_linker", lambda arch: None)  # and no ziglang either
     with pytest.raises(RuntimeError, match=r"device 1 \(cpu:1\) with target llvm -mtriple=aarch64-linux-gnu "
                                            r"for aarch64: cross compiler no-such-linux-gnu-g\+\+ not found"):
         board_artifact.export(tmp_path / "b")

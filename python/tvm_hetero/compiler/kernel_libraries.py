@@ -4,8 +4,9 @@ board driven from an x86 host) gets its own library, exported with that target's
 Guarantee: the host library (``Artifact.lib``, ``lib.so``) holds only kernels of devices whose
 target's architecture is the build machine's, so the host's ``g++`` can link it; each device of a
 foreign architecture has a :class:`DeviceLibrary` (devices with equal targets share one) that is
-compiled for its target, linked with ``<arch>-linux-gnu-g++`` and uploaded to that device's RPC
-session when a runtime is created. Artifacts without foreign devices keep their one-library layout.
+compiled for its target, linked with ``<arch>-linux-gnu-g++`` (else ziglang's ``zig cc``) and
+uploaded to that device's RPC session when a runtime is created. Artifacts without foreign devices
+keep their one-library layout.
 
 A device of a foreign architecture cannot be local (this process cannot execute its kernels):
 :func:`check_local_devices` raises naming the device. Failures to compile or link name the device
@@ -27,6 +28,7 @@ from typing import Any
 import tvm
 
 from ..devices import is_remote
+from ..toolchain import zig_linker
 from .compile_kernels import compile_kernels
 from .lower import LoweredGraph
 
@@ -97,15 +99,19 @@ class DeviceLibrary:
             return out
         target = tvm.target.Target(self.target)
         compiler = cross_compiler_name(target)
-        if shutil.which(compiler) is None:
+        if shutil.which(compiler) is not None:
+            from tvm.support.cc import cross_compiler
+
+            fcompile = cross_compiler(compiler)
+        elif (zig := zig_linker(self.arch)) is not None:  # no cross toolchain: ziglang's (toolchain.py)
+            compiler, fcompile = zig.describe(), zig.fcompile()
+        else:
             raise RuntimeError(
                 f"{self.describe()}: cross compiler {compiler} not found on PATH (Debian: apt-get install "
-                f"g++-{self.arch.replace('_', '-')}-linux-gnu)"
+                f"g++-{self.arch.replace('_', '-')}-linux-gnu, or pip install ziglang)"
             )
-        from tvm.support.cc import cross_compiler
-
         try:
-            self.module.export_library(str(out), fcompile=cross_compiler(compiler))
+            self.module.export_library(str(out), fcompile=fcompile)
         except Exception as error:  # the toolchain's message, with the device and target in front
             first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             raise RuntimeError(

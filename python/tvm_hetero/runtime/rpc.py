@@ -22,6 +22,7 @@ import tvm
 from tvm import rpc as tvm_rpc
 
 from ..native import library_path
+from ..toolchain import linker as shared_library_linker
 
 #: Seconds :func:`connect` waits for a server's handshake by default (None: forever). A server on
 #: a network answers in milliseconds; one that accepts and says nothing should fail fast.
@@ -275,6 +276,6 @@ def upload_library(
         return session.load_module(name)
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, name)
-        lib.export_library(path)
+        lib.export_library(path, fcompile=shared_library_linker().fcompile())
         session.upload(path)
     return session.load_module(name)
