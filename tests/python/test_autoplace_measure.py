@@ -104,3 +104,20 @@ def test_unconfirmed_times_are_used_but_never_cached(tmp_path):
     again = FakeMeasurer(lambda _name, d: 1e-3 * (1 + d))
     tvm_hetero.build(MLP, TWO_CPUS, placement="auto", params=PARAMS, cost_cache=cache_file, measurer=again)
     assert 0 < len(again.asked) < asked  # a rebuild measures exactly what was not confirmed
+
+
+def test_targets_auto_measures_the_built_graph_with_the_settings_its_kernels_were_timed_with(monkeypatch):
+    from tvm_hetero.compiler.build import runs_tvm_kernels
+
+    measured_with = []
+
+    def fake_latency(artifact, device_options=None, runs=10):
+        measured_with.append(device_options)
+        return 1e-3
+
+    monkeypatch.setattr(autoplace_measure, "measure_latency", fake_latency)
+    art = tvm_hetero.build(MLP, targets="auto", placement="auto", params=PARAMS, cost_cache=False,
+                           backends=())
+    discovered = [d.options for d in tvm_hetero.devices() if runs_tvm_kernels(d.device)]
+    assert art.build_report.autoplace["measured_seconds"] == 1e-3
+    assert measured_with and measured_with[0] == discovered  # not None: the caller gave no options

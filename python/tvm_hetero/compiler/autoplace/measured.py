@@ -53,6 +53,7 @@ import tvm
 import tvm_ffi
 
 from ...backends import Backend
+from ...devices import name_of
 from ..lower import lower_to_graph, op_infos
 from ..placement import Capabilities, OpInfo
 from ..schedule_model import CostModel, simulate
@@ -197,9 +198,12 @@ def choose_placement(
     choose, final_backends, chosen_anchors = placing(chosen)
     variant_table = alone_variants if len(set(assignment)) == 1 else variant_costs
     explanation = explain_choice(model, units, assignment, unit_variants, variant_table,
-                                 [str(d) for d in devices], objective, counts)
+                                 [name_of(d) for d in devices], objective, counts)
     explanation["as_built_measured"] = times.measured - counts["measured"]  # kernels and blocks of candidates
     explanation["unconfirmed"] = times.unconfirmed  # used for this build, kept out of the cache
+    # The executor settings every time was measured with: run the artifact with them (targets="auto"
+    # resolves them from discovery, so its caller has not seen them).
+    explanation["device_options"] = options[:num_devices]
     if decision.predicted:
         explanation["unit_predicted_seconds"] = explanation["predicted_seconds"]
         explanation["predicted_seconds"] = decision.predicted.get(chosen.label, explanation["predicted_seconds"])
