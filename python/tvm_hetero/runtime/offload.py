@@ -6,6 +6,10 @@ groups (maximal runs of kernels) and the tensors they use; the remote process bu
 ``OffloadRunner`` (src/offload_runner.cc) holding each segment's kernels and packed arguments, and
 from then on the host calls ``run_segment(i)`` once per segment instead of once per kernel. Tensors
 cross only through the graph's ``__copy`` nodes.
+
+A server lost during set-up or a run is a ConnectionError, one that does not answer within
+``remote_timeout`` a TimeoutError, both naming the remote devices and their servers' ``host:port``
+(:class:`RemoteCalls`).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ class MixedRuntime(NamedTuple):
     module: tvm.runtime.Module
     #: Sessions, uploaded libraries and runners the module needs alive.
     keep_alive: tuple
-    #: The RunWatchdog bounding runs (``remote_timeout``), or None.
+    #: What bounds (``remote_timeout``) and names a run's remote calls: a :class:`RemoteCalls`.
     watchdog: Any
 
 
@@ -81,6 +85,7 @@ def create_mixed(
                 "remote_timeout needs sessions from tvm_hetero.rpc.connect, connect_tracker or LocalServer.connect"
             )
         watchdog = RunWatchdog([s.peer for s in sessions], remote_timeout, ", ".join(s.address for s in sessions))
+    guard = RemoteCalls(_remote_devices(devices, remote, sessions), watchdog)
     stage = "uploading the kernel library"
     try:
         with watchdog if watchdog is not None else contextlib.nullcontext():
@@ -117,15 +122,73 @@ def create_mixed(
             f"{servers}: the connection was lost while {stage} (server stopped or gone?): "
             f"{str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__}"
         ) from None
-    return MixedRuntime(module, (tuple(sessions), tuple(libs), tuple(runners)), watchdog)
+    return MixedRuntime(module, (tuple(sessions), tuple(libs), tuple(runners)), guard)
+
+
+def _remote_devices(devices: Sequence[tvm.runtime.Device], remote: Sequence[bool], sessions: list) -> str:
+    """``device 1 (remote:cpu:0) at 127.0.0.1:9091``, per server, for messages."""
+    from ..devices import cost_key
+
+    named = []
+    for session in sessions:
+        where = [f"device {p} ({cost_key(dev)})" for p, (dev, away) in enumerate(zip(devices, remote))
+                 if away and _session_of(dev) is session]
+        named.append(f"{', '.join(where)} at {_address(session)}")
+    return "; ".join(named)
+
+
+class RemoteCalls:
+    """Names (and, with a watchdog, bounds) a run that calls remote devices. Used as a context
+    manager around ``run``: on the way out, an error that is the connection failing becomes a
+    ConnectionError naming every remote device and its server's ``host:port``, and one after the
+    watchdog fired a TimeoutError naming them (the transport reports both only in its message).
+    The runtime stays usable: a later run raises the same way, and ``close`` releases it."""
+
+    def __init__(self, address: str, watchdog: Any = None) -> None:
+        #: The remote devices and their servers, for messages.
+        self.address = address
+        self.watchdog = watchdog
+
+    @property
+    def fired(self) -> bool:
+        """Whether the watchdog closed the connections (the run took longer than ``timeout``)."""
+        return self.watchdog is not None and self.watchdog.fired
+
+    @property
+    def timeout(self) -> float | None:
+        return None if self.watchdog is None else self.watchdog.timeout
+
+    def __enter__(self) -> RemoteCalls:  # noqa: PYI034
+        if self.watchdog is not None:
+            self.watchdog.__enter__()
+        return self
+
+    def __exit__(self, exc_type, exc, _tb) -> None:
+        if self.watchdog is not None:
+            self.watchdog.__exit__(None, None, None)
+        if exc is None or isinstance(exc, (TimeoutError, ConnectionError)):
+            return  # nothing raised, or already named
+        if self.fired:
+            raise TimeoutError(f"{self.address} did not answer within {self.timeout} s during run; "
+                               "the connection was closed (create a new runtime after reconnecting)") from exc
+        if isinstance(exc, Exception) and _connection_lost(exc):
+            raise ConnectionError(f"{self.address}: the connection was lost during run (server stopped or gone?); "
+                                  f"create a new runtime after reconnecting: {_last_line(exc)}") from exc
+
+
+def _last_line(err: BaseException) -> str:
+    lines = [line for line in str(err).splitlines() if line.strip()]
+    return lines[-1] if lines else type(err).__name__
 
 
 def _connection_lost(err: BaseException) -> bool:
-    """Whether a set-up error is the connection failing (TVM reports it only in the message)."""
+    """Whether an error is the connection failing (TVM reports it only in the message; the runtime
+    says so of a remote step that failed other than by an error raised remotely)."""
     if isinstance(err, (ConnectionError, BrokenPipeError)):
         return True
     text = str(err)
-    return any(sign in text for sign in ("kShutdown", "RPCCode", "Broken pipe", "Connection reset", "Socket", "socket"))
+    return any(sign in text for sign in ("kShutdown", "RPCCode", "Broken pipe", "Connection reset", "Socket", "socket",
+                                         "connection to the remote device was lost"))
 
 
 def _attach_runner(module, position: int, session, remote_lib):
@@ -139,4 +202,4 @@ def _attach_runner(module, position: int, session, remote_lib):
     return runner
 
 
-__all__ = ["MixedRuntime", "create_mixed"]
+__all__ = ["MixedRuntime", "RemoteCalls", "create_mixed"]
