@@ -36,6 +36,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from ..compiler.constant_values import constant_bytes, is_literal, is_tensor_constant
 from ..compiler.relax_helpers import entry_pass, readers, replace_body, same_kind_block, with_operands
 from .qdq import DEQUANTIZE
 
@@ -108,9 +109,13 @@ def _constant_leaves(value: Any, leaves: dict, constants: dict) -> set | None:
         return set() if _static(value.args[0].ty) else None
     found: set = set()
     for arg in _operands(value):
-        if isinstance(arg, tvm.ir.Constant):
-            constants[arg] = int(arg.value.numpy().nbytes)
+        if is_tensor_constant(arg):
+            constants[arg] = constant_bytes(arg)
             found.add(arg)
+        elif is_literal(arg):
+            continue  # a prim value, a string, a data type, a static shape: part of the op
+        elif isinstance(arg, relax.ShapeExpr):
+            return None  # a symbolic shape: known only at run time
         elif isinstance(arg, relax.Var):
             if arg not in leaves:
                 return None

@@ -35,6 +35,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from ..compiler.constant_values import is_tensor_constant
 from ..compiler.relax_helpers import entry_pass, replace_body, same_kind_block, with_operands
 from .qdq import DEQUANTIZE
 
@@ -74,7 +75,7 @@ def _copy_in_block(block: relax.BindingBlock, params: set) -> tuple[relax.Bindin
         if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
             continue
         if value.op.name in ELEMENTWISE and _elements(var) is not None and _elements(var) <= SMALL_ELEMENTS and all(
-                a in params or a in small_chain or isinstance(a, tvm.ir.Constant) for a in _tensor_operands(value)):
+                a in params or a in small_chain or is_tensor_constant(a) for a in _tensor_operands(value)):
             small_chain.add(var)
         if var in small_chain or value.op.name == DEQUANTIZE:
             copyable.add(var)
@@ -179,8 +180,8 @@ def _tensor_operands(call: relax.Call) -> list[Any]:
     out = []
     for arg in call.args:
         for item in (arg.fields if isinstance(arg, relax.Tuple) else [arg]):
-            if isinstance(item, relax.Var | tvm.ir.Constant):
-                out.append(item)
+            if isinstance(item, relax.Var) or is_tensor_constant(item):
+                out.append(item)  # prim values, shapes, strings and data types are part of the op
     return out
 
 

@@ -37,6 +37,7 @@ from tvm.relax.backend.utils import has_leaking_intermediate_variables
 from tvm.relax.dpl import is_const, is_op, is_tuple, is_tuple_get_item, rewrite_call, wildcard
 from tvm.relax.transform import FusionPattern
 
+from ..compiler.constant_values import scalar_value
 from ..compiler.relax_helpers import replace_body, same_kind_block, use_counts
 from .base import Backend, Region, WeightPredicate
 from .dnnl_int8 import (
@@ -268,9 +269,7 @@ def _check_activation(ctx: Any) -> bool:
 
 
 def _scalar(expr: Any) -> float | None:
-    if not isinstance(expr, tvm.ir.Constant) or expr.value.numpy().size != 1:
-        return None
-    return float(expr.value.numpy().reshape(()))
+    return scalar_value(expr)
 
 
 def _clip_bounds(call: relax.Call) -> tuple[float, float] | None:

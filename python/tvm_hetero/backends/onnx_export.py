@@ -23,6 +23,7 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, wildcard
 
+from ..compiler.constant_values import is_tensor_constant, scalar_value, tensor_value
 from ..qnn_ep import IR_VERSION, OPSET
 
 
@@ -57,8 +58,8 @@ def describe(composite: relax.Function, scalars: dict[str, float] | None = None)
     refs: dict[Any, list] = {p: ["p", i] for i, p in enumerate(composite.params)}
 
     def ref(expr: Any) -> list:
-        if isinstance(expr, tvm.ir.Constant):
-            return nodes.const(expr.value.numpy())
+        if is_tensor_constant(expr):
+            return nodes.const(tensor_value(expr))
         if expr in refs:
             return refs[expr]
         raise Unexportable(f"an operand ({type(expr).__name__}) that is neither a value of the region nor a constant")
@@ -94,9 +95,9 @@ def describe(composite: relax.Function, scalars: dict[str, float] | None = None)
             for arg in value.args:
                 if isinstance(arg, relax.Tuple):
                     args.append(["t", [ref(f) for f in arg.fields]])
-                elif isinstance(arg, (relax.Var, tvm.ir.Constant)):
+                elif isinstance(arg, relax.Var) or is_tensor_constant(arg):
                     args.append(ref(arg))
-                else:  # a shape, a scalar or a string: part of the op, not an operand
+                else:  # a prim value, a shape, a string or a data type: part of the op, not an operand
                     args.append(["x", arg])
             refs[binding.var] = last = exporter(nodes, value, args, scalars or {})
     out_expr = composite.body.body
@@ -126,8 +127,8 @@ ERF_GELU_ANNOTATIONS = {"anchor": ERF_GELU, "data": GELU_X, "sqrt2": _GELU_SQRT2
 def is_erf_gelu(named: dict) -> bool:
     """The matched constants are sqrt(2), 1 and 0.5 (scalars): then the pattern is GELU exactly."""
     for name, value in {"sqrt2": 2 ** 0.5, "one": 1.0, "half": 0.5}.items():
-        const = named[name].value.numpy()
-        if const.size != 1 or abs(float(const.reshape(())) - value) > 1e-5 * value:
+        const = scalar_value(named[name])
+        if const is None or abs(const - value) > 1e-5 * value:
             return False
     return True
 
@@ -183,11 +184,10 @@ def _lrn_attrs(named: dict) -> dict | None:
     if (size[0] % 2 != 1 or size[1:] != [1, 1] or [int(v) for v in pool.padding] != [half, 0, 0, half, 0, 0]
             or [int(v) for v in pool.strides] != [1, 1, 1] or not bool(pool.count_include_pad)):
         return None
-    scalar = {n: named[n].value.numpy() for n in ("alpha", "beta", "k")}
-    if any(v.size != 1 for v in scalar.values()):
+    scalar = {n: scalar_value(named[n]) for n in ("alpha", "beta", "k")}
+    if any(v is None for v in scalar.values()):
         return None
-    return {"size": size[0], "alpha": float(scalar["alpha"].reshape(())), "beta": float(scalar["beta"].reshape(())),
-            "bias": float(scalar["k"].reshape(()))}
+    return {"size": size[0], "alpha": scalar["alpha"], "beta": scalar["beta"], "bias": scalar["k"]}
 
 
 def _tensor_info(ty: Any) -> dict:
@@ -308,9 +308,11 @@ def _stack(n: _Nodes, call: relax.Call, args: list, _s: dict) -> list:
 
 
 def _clip(n: _Nodes, call: relax.Call, args: list, _s: dict) -> list:
-    low, high = (float(a[1].value.value) if a[0] == "x" else None for a in args[1:3])
     dtype = _tensor_info(call.ty)["dtype"]
-    return n.add("Clip", [args[0], n.const(np.array(low, dtype)), n.const(np.array(high, dtype))])
+    bounds = [scalar_value(arg) for arg in call.args[1:3]]  # prim values (int or float) or 1-element tensors
+    if None in bounds:
+        raise Unexportable("clip with a bound that is not one constant number")
+    return n.add("Clip", [args[0], *(n.const(np.array(b, dtype)) for b in bounds)])
 
 
 def _gelu(n: _Nodes, call: relax.Call, args: list, _s: dict) -> list:

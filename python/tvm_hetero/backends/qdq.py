@@ -38,6 +38,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from ..compiler.constant_values import is_tensor_constant, tensor_value
+
 DEQUANTIZE = "relax.dequantize"
 QUANTIZE = "relax.quantize"
 
@@ -248,7 +250,7 @@ def _unit(
             transposed = "relax.permute_dims" in carried
     for d in dqs:
         src = values[d].args[0]
-        if isinstance(src, tvm.ir.Constant) and str(src.value.dtype) == "int32":
+        if is_tensor_constant(src) and str(src.ty.dtype) == "int32":
             bias = dequantize(d) if bias is None else bias
     roles = {x.var for x in (weight, bias) if x is not None}
     acts = _in_argument_order(call, activations, values)
@@ -327,7 +329,7 @@ def _quantize(var: relax.Var, call: relax.Call) -> Quantize:
 
 
 def _const(expr: relax.Expr) -> np.ndarray | None:
-    return expr.value.numpy() if isinstance(expr, tvm.ir.Constant) else None
+    return tensor_value(expr)
 
 
 def _axis(call: relax.Call, src: relax.Expr) -> int:

@@ -17,6 +17,7 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
+from ..compiler.constant_values import tensor_value
 from .qdq import DEQUANTIZE, QUANTIZE
 
 
@@ -43,12 +44,10 @@ def DropIdentityRequantize(entry: str = "main") -> tvm.transform.Pass:
 def _same_quantization(dequantize: relax.Call, quantize: relax.Call) -> bool:
     """Scale and zero point equal constants (bit for bit) on the same axis."""
     for a, b in zip(dequantize.args[1:3], quantize.args[1:3]):
-        if not isinstance(a, tvm.ir.Constant) or not isinstance(b, tvm.ir.Constant):
+        va, vb = tensor_value(a), tensor_value(b)
+        if va is None or vb is None or va.shape != vb.shape or va.dtype != vb.dtype or not np.array_equal(va, vb):
             return False
-        va, vb = a.value.numpy(), b.value.numpy()
-        if va.shape != vb.shape or va.dtype != vb.dtype or not np.array_equal(va, vb):
-            return False
-    scalar = dequantize.args[1].value.numpy().size == 1
+    scalar = tensor_value(dequantize.args[1]).size == 1
     return scalar or int(dequantize.attrs.axis) == int(quantize.attrs.axis)
 
 

@@ -32,6 +32,7 @@ from tvm import relax
 from tvm.relax.dpl import is_op, is_tuple, is_tuple_get_item, wildcard
 from tvm.relax.transform import FusionPattern
 
+from ..compiler.constant_values import is_literal, is_tensor_constant, scalar_value, tensor_value
 from ..compiler.relax_helpers import readers, static_shape
 from ..devices import KINDS
 from ..htp_process import HtpProcessDied, vendor_call
@@ -61,7 +62,7 @@ _FORMAT = "tvm-hetero-qnn/1"
 _ARITY = {"relax.nn.conv2d": 2, "relax.add": 2, "relax.subtract": 2, "relax.multiply": 2, "relax.divide": 2,
           "relax.power": 2, "relax.matmul": 2, "relax.nn.layer_norm": 3, "relax.take": 2,
           "relax.quantize": 3, "relax.dequantize": 3, "relax.reshape": 2, "relax.broadcast_to": 2,
-          "relax.call_tir": 2, "relax.less": 2, "relax.greater": 2, "relax.equal": 2, "relax.where": 3}
+          "relax.call_tir": 2, "relax.clip": 3, "relax.less": 2, "relax.greater": 2, "relax.equal": 2, "relax.where": 3}
 _TUPLE_OPS = ("relax.concat", "relax.stack")
 _MAX_TUPLE = 64
 _LRN_ATTR = "tvm_hetero.lrn"
@@ -186,7 +187,7 @@ class QnnBackend(Backend):
                     else:
                         spec, weights = _subgraph_spec([binding])
                 except Unexportable as err:
-                    constant_only = all(isinstance(a, tvm.ir.Constant) or not isinstance(a, relax.Var | relax.Tuple)
+                    constant_only = all(is_literal(a) or not isinstance(a, relax.Var | relax.Tuple)
                                         for a in value.args)
                     self.answers[key] = (op, False, FOLDED if constant_only else f"no ONNX form: {err}")
                     continue
@@ -259,7 +260,9 @@ class QnnBackend(Backend):
 
     def _accepts_lrn(self, ctx: Any) -> bool:
         ann = ctx.annotated_expr
-        scalars = {n: float(ann[n].value.numpy()) for n in ("alpha", "beta", "k")}
+        scalars = {n: scalar_value(ann[n]) for n in ("alpha", "beta", "k")}
+        if any(v is None for v in scalars.values()):
+            return False
         attrs = {"size": int(ann["pool"].attrs.pool_size[0]), "alpha": scalars["alpha"], "beta": scalars["beta"],
                  "bias": scalars["k"]}
         return self._accepts_single(ctx, "LRN", "", attrs)
@@ -382,8 +385,8 @@ class QnnBackend(Backend):
                 site = f"{region.name}@{binding.var.name}"
                 weights = {}
                 for i, arg in enumerate(value.args):
-                    if isinstance(arg, tvm.ir.Constant):
-                        weights[i] = arg.value.numpy()
+                    if is_tensor_constant(arg):
+                        weights[i] = tensor_value(arg)
                     elif isinstance(arg, relax.Var) and arg.name in weight_values:
                         weights[i] = np.asarray(weight_values[arg.name])
                 self._weights[site] = weights
@@ -460,18 +463,18 @@ def _subgraph_spec(bindings: list[relax.VarBinding]) -> tuple[dict, dict[int, np
             return relax.Tuple([operand(f) for f in expr.fields])
         if expr in remap:
             return remap[expr]
-        if isinstance(expr, tvm.ir.Constant) and expr.value.numpy().ndim == 0:
+        if is_tensor_constant(expr) and tensor_value(expr).ndim == 0:
             return expr  # a scalar (a scale, an LRN's alpha) stays part of its op
-        if isinstance(expr, tvm.ir.Constant) or (isinstance(expr, relax.Var) and expr not in defined):
+        if is_tensor_constant(expr) or (isinstance(expr, relax.Var) and expr not in defined):
             if not isinstance(getattr(expr, "ty", None), relax.TensorType):
                 raise Unexportable(f"an operand of type {getattr(expr, 'ty', None)}")
             p = relax.Var(f"p{len(params)}", expr.ty)
-            if isinstance(expr, tvm.ir.Constant):
-                weights[len(params)] = expr.value.numpy()
+            if is_tensor_constant(expr):
+                weights[len(params)] = tensor_value(expr)
             params.append(p)
             remap[expr] = p
             return p
-        return expr  # a shape, a scalar or a string: part of the op, not an operand
+        return expr  # a prim value, a shape, a string or a data type: part of the op, not an operand
 
     body = []
     for binding in bindings:

@@ -409,3 +409,33 @@ def run_and_compare(
         raise AssertionError(f"output shape {got.shape}, torch's {expected.shape}")
     scale = max(float(np.max(np.abs(expected))), 1e-6)
     return float(np.max(np.abs(got.astype(np.float64) - expected))) / scale, art
+
+
+# ---- ONNX exports ------------------------------------------------------------------------------
+#: The ONNX opset and IR version of :func:`onnx_export` (ONNX Runtime 1.31 refuses newer IR).
+ONNX_OPSET = 17
+ONNX_IR_VERSION = 9
+
+
+def onnx_export(name: str, example: Sequence[Any] | None = None) -> Any:
+    """``torch.onnx.export`` (opset 17, TorchScript exporter, static shapes) of the model ``name``
+    (:func:`torch_model`, batch norms randomized) as a checked ``onnx.ModelProto``; ``example``
+    replaces its example inputs (e.g. a 1x3x96x96 image for MobileNetV3-small). Inputs are named
+    ``input0``..., the output ``output``."""
+    import io
+    import warnings
+
+    import onnx
+
+    torch = _torch()
+    model, args = torch_model(name)
+    args = tuple(example) if example is not None else args
+    buffer = io.BytesIO()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # the TorchScript exporter is deprecated, not gone
+        torch.onnx.export(model, args, buffer, dynamo=False, opset_version=ONNX_OPSET,
+                          input_names=[f"input{i}" for i in range(len(args))], output_names=["output"])
+    exported = onnx.load_from_string(buffer.getvalue())
+    exported.ir_version = ONNX_IR_VERSION
+    onnx.checker.check_model(exported)
+    return exported
