@@ -1,0 +1,214 @@
+"""Index checks (compiler/index_checks.py): no index reads or writes outside its tensor.
+
+Every case runs in a child process (index_check_worker.py, one per model, kept for the module): an
+out-of-range read or write that crashed would fail the test, not pytest. Each op gets the eight kinds
+of bad index (n, n+1, 50,000,000, 2**31-1, -n-1, -1001, -2**31, a huge int64), each an IndexError naming
+the node, the input, the value and the bound, each followed by a good run that must still match ONNX
+Runtime (the runtime stays usable). In-range indices, negatives included, match ONNX Runtime exactly;
+hypothesis draws index tensors in and out of range for every op and for a tiny decoder's token ids.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+
+N = 1000  # rows of every table (index_check_worker.ROWS)
+#: The eight kinds of bad index for an axis of N entries.
+BAD = [N, N + 1, 50_000_000, 2**31 - 1, -N - 1, -1001, -(2**31), 2**40 + 7]
+WORKER = Path(__file__).with_name("index_check_worker.py")
+
+
+class IndexWorker:
+    """A child process running one model on the index tensors it is sent (index_check_worker.py)."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self.process = subprocess.Popen([sys.executable, str(WORKER), model], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert self._read().get("ready"), f"worker {model} did not start"
+
+    def ask(self, values: np.ndarray) -> dict:
+        """The worker's answer for one index tensor; a crashed worker fails the calling test."""
+        request = {"values": np.asarray(values).tolist(), "dtype": str(np.asarray(values).dtype)}
+        try:
+            self.process.stdin.write(json.dumps(request) + "\n")
+            self.process.stdin.flush()
+        except BrokenPipeError:
+            pass  # _read reports how the worker died
+        return self._read(values)
+
+    def _read(self, values: object = None) -> dict:
+        for line in self.process.stdout:
+            if line.startswith("@@"):
+                return json.loads(line[2:])
+        code = self.process.wait()
+        tail = self.process.stderr.read()[-2000:]
+        pytest.fail(f"worker {self.model} died (exit code {code}) on indices {values}:\n{tail}")
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait(timeout=60)
+
+
+_workers: dict[str, IndexWorker] = {}
+
+
+@pytest.fixture(scope="module")
+def worker():
+    """``worker(model)``: the model's child process, started once for the module."""
+
+    def get(model: str) -> IndexWorker:
+        if model not in _workers or _workers[model].process.poll() is not None:
+            _workers[model] = IndexWorker(model)
+        return _workers[model]
+
+    yield get
+    for w in _workers.values():
+        w.close()
+    _workers.clear()
+
+
+def assert_matches(answer: dict, what: str) -> None:
+    assert answer["ok"], f"{what}: {answer.get('message')}"
+    assert answer["matches"], f"{what}: differs from the reference by {answer['max_diff']}"
+
+
+def assert_index_error(answer: dict, node: str, value: int, low: int, high: int, element: str) -> None:
+    assert not answer["ok"], f"index {value} ran without an error"
+    assert answer["kind"] == "IndexError", answer
+    message = answer["message"]
+    assert f"node '{node}'" in message, message
+    assert "input 'indices'" in message, message
+    assert f"index {value} at {element} is outside [{low}, {high})" in message, message
+
+
+# ---- the eight bad indices for each op, a good run after each ---------------------------------
+OPS = {
+    # model: (node, a good index tensor, where the bad value goes, the element's name)
+    "gather": ("embed_tokens", np.array([[0, 5, 999], [-1, -1000, 7]]), (1, 2), "ids[1, 2]"),
+    "gather_elements": ("pick_rows", np.array([[0, 1, 2, 3], [-1, 500, 999, -1000], [4, 4, 4, 4]]), (2, 1),
+                        "ids[2, 1]"),
+    "gather_nd": ("lookup_cells", np.array([[0, 0], [-1, 3], [999, -4]]), (1, 0), "ids[1, 0]"),
+    "scatter_elements": ("scatter_rows", np.array([[0, 1, 2, 3], [-1, 500, 999, -1000], [0, 1, 2, 3]]),
+                         (0, 3), "ids[0, 3]"),
+    "scatter_nd": ("scatter_nd_rows", np.array([[0], [-1], [0]]), (2, 0), "ids[2, 0]"),
+}
+
+
+@pytest.mark.parametrize("model", sorted(OPS))
+def test_every_bad_index_is_an_error_naming_the_node_and_the_next_run_is_right(worker, model):
+    node, good, position, element = OPS[model]
+    w = worker(model)
+    assert_matches(w.ask(good), f"{model} in range")
+    for value in BAD:
+        bad = good.copy()
+        bad[position] = value
+        answer = w.ask(bad)
+        assert_index_error(answer, node, value, -N, N, element)
+        assert answer["reference_refused"], f"ONNX Runtime accepted {value}"
+        assert_matches(w.ask(good), f"{model} after the bad index {value}")
+
+
+def test_gather_nd_checks_each_coordinate_against_its_own_axis(worker):
+    w = worker("gather_nd")
+    ok = np.array([[0, 3], [1, -4], [2, 0]])
+    assert_matches(w.ask(ok), "coordinates in range")
+    for value in (4, -5):
+        bad = ok.copy()
+        bad[2, 1] = value
+        assert_index_error(w.ask(bad), "lookup_cells", value, -4, 4, "ids[2, 1]")
+
+
+def test_int32_indices(worker):
+    w = worker("gather_int32")
+    good = np.array([[0, 5, 999], [-1, -1000, 7]], dtype=np.int32)
+    assert_matches(w.ask(good), "int32 in range")
+    for value in (N, 50_000_000, 2**31 - 1, -(2**31), -1001):
+        bad = good.copy()
+        bad[0, 1] = value
+        assert_index_error(w.ask(bad), "embed_tokens", value, -N, N, "ids[0, 1]")
+
+
+def test_torch_embedding(worker):
+    """``nn.Embedding``: torch casts the ids to int32 before the lookup; a huge int64 id must not wrap
+    into a valid row, so the check reads the ids before the cast."""
+    w = worker("torch_embedding")
+    good = np.array([[0, 5, 999], [3, 2, 1]])
+    assert_matches(w.ask(good), "embedding in range")
+    for value in [*BAD, 2**32 + 5]:
+        bad = good.copy()
+        bad[1, 0] = value
+        answer = w.ask(bad)
+        assert not answer["ok"] and answer["kind"] == "IndexError", (value, answer)
+        assert "relax.take" in answer["message"] and "input 'indices'" in answer["message"], answer
+        assert f"index {value} at input[1, 0] is outside [-{N}, {N})" in answer["message"], answer
+        assert_matches(w.ask(good), f"embedding after {value}")
+
+
+# ---- properties: drawn index tensors, in and out of range -------------------------------------
+def index_values(shape: tuple[int, ...], extents: tuple[int, ...] = (N,), dtype=np.int64):
+    """Index tensors of ``shape`` whose last-axis coordinate j selects within ``extents[j % k]``:
+    mostly in range (negatives included), sometimes one value far outside."""
+    info = np.iinfo(dtype)
+    size = int(np.prod(shape))
+    in_range = st.lists(st.integers(0, 10**9), min_size=size, max_size=size)
+    return st.tuples(in_range, st.one_of(st.none(), st.tuples(st.integers(0, size - 1), st.one_of(
+        st.integers(int(info.min), int(info.max)), st.sampled_from([N, -N - 1, 2**31 - 1, -(2**31)]))))).map(
+        lambda drawn: _place(drawn, shape, extents, dtype))
+
+
+def _place(drawn, shape, extents, dtype):
+    raw, bad = drawn
+    k = len(extents)
+    values = [r % (2 * extents[j % k]) - extents[j % k] for j, r in enumerate(raw)]  # each in [-n, n)
+    if bad is not None:
+        values[bad[0]] = bad[1]
+    return np.array(values, dtype=dtype).reshape(shape)
+
+
+def in_range(ids: np.ndarray, extents: tuple[int, ...]) -> bool:
+    bounds = np.resize(np.asarray(extents), ids.size).reshape(ids.shape)
+    return bool(np.all((ids >= -bounds) & (ids < bounds)))
+
+
+PROPERTY_CASES = {
+    "gather": ((2, 3), (N,)),
+    "gather_int32": ((2, 3), (N,)),
+    "gather_elements": ((3, 4), (N,)),
+    "gather_nd": ((3, 2), (N, 4)),
+    "scatter_elements": ((3, 4), (N,)),
+    "scatter_nd": ((3, 1), (N,)),
+    "torch_embedding": ((2, 3), (N,)),
+    "tiny_decoder": ((1, 8), (N,)),
+}
+
+
+@pytest.mark.parametrize("model", sorted(PROPERTY_CASES))
+def test_drawn_indices_match_the_reference_or_raise(worker, model):
+    shape, extents = PROPERTY_CASES[model]
+    dtype = np.int32 if model == "gather_int32" else np.int64
+    w = worker(model)
+
+    @settings(max_examples=25, deadline=None, derandomize=True,
+              suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+    @given(index_values(shape, extents, dtype))
+    def check(ids):
+        answer = w.ask(ids)
+        if in_range(ids, extents):
+            assert_matches(answer, f"{model} {ids.tolist()}")
+        else:
+            assert not answer["ok"] and answer["kind"] == "IndexError", (ids.tolist(), answer)
+            assert "outside [" in answer["message"], answer
+
+    check()
