@@ -36,9 +36,8 @@ def _onnx_model(node: Any, index_shape: tuple[int, ...], index_dtype: str, out_s
                 initializers: dict[str, np.ndarray]) -> Model:
     import onnx
     import onnxruntime
-    from onnx import TensorProto, helper
-
     import tvm_hetero
+    from onnx import TensorProto, helper
     from tvm_hetero import importers
 
     elem = TensorProto.INT64 if index_dtype == "int64" else TensorProto.INT32
