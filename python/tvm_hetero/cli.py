@@ -36,7 +36,7 @@ def parse_device_specs(specs: list[str]) -> list[tuple[str, str] | str]:
     for spec in specs:
         device, sep, target = spec.partition("=")
         if not sep or not device or not target:
-            raise SystemExit(f"--device {spec!r}: expected DEVICE=TARGET, e.g. cpu:1=llvm or htp=qnn-htp")
+            raise ValueError(f"--device {spec!r}: expected DEVICE=TARGET, e.g. cpu:1=llvm or htp=qnn-htp")
         kind = KINDS.get(target.partition(":")[0])
         pairs.append(target if kind is not None and kind.default_target is None else (device, target))
     return pairs
@@ -57,23 +57,34 @@ def parse_backends(specs: list[str] | None) -> list | None:
     return out
 
 
-def parse_placement(place: list[str], split: float | None, num_devices: int, num_ops: int | None = None):
-    """``--place OP=DEV`` (repeatable) and/or ``--split F`` (the first F of the ops on the last device);
-    ``--place auto`` alone: automatic placement by measured cost (``--split`` is then ignored)."""
+def parse_place_flags(place: list[str], split: float | None, num_devices: int) -> str | dict[str, int]:
+    """``--place`` and ``--split`` checked without the model (so a bad flag fails before the import):
+    ``"auto"``, or the ``OP -> device`` table."""
     if "auto" in place:
         if len(place) > 1:
-            raise SystemExit("--place auto: give it alone (automatic placement chooses every op)")
+            raise ValueError("--place auto: give it alone (automatic placement chooses every op)")
         return "auto"
     table: dict[str, int] = {}
     for item in place:
         op, sep, dev = item.partition("=")
-        if not sep or not dev.isdigit():
-            raise SystemExit(f"--place {item!r}: expected OP=DEVICE_INDEX, e.g. conv2d=1")
+        if not sep or not op or not dev.isdigit():
+            raise ValueError(f"--place {item!r}: expected OP=DEVICE_INDEX, e.g. conv2d=1")
+        if int(dev) >= num_devices:
+            raise ValueError(f"--place {item!r}: device {dev} is out of range for {num_devices} devices")
         table[op] = int(dev)
+    if split is not None and not 0.0 <= split <= 1.0:
+        raise ValueError(f"--split {split}: must be between 0 and 1")
+    return table
+
+
+def parse_placement(place: list[str], split: float | None, num_devices: int, num_ops: int | None = None):
+    """``--place OP=DEV`` (repeatable) and/or ``--split F`` (the first F of the ops on the last device);
+    ``--place auto`` alone: automatic placement by measured cost (``--split`` is then ignored)."""
+    table = parse_place_flags(place, split, num_devices)
+    if table == "auto":
+        return "auto"
     if split is None:
         return table or None
-    if not 0.0 <= split <= 1.0:
-        raise SystemExit("--split must be between 0 and 1")
     last = num_devices - 1
 
     def by_position(info) -> int:
@@ -122,9 +133,11 @@ def cmd_demo_htp(args: argparse.Namespace) -> int:
     from tvm_hetero.testing import onnxruntime_qnn as peer
 
     say = _progress(time.perf_counter())
-    print(f"tvm-hetero demo-htp: {args.model} (ONNX light model, seeded random weights) on cpu:0 + qnn-htp "
+    from_file = args.model.endswith(".onnx") or os.sep in args.model
+    what = "ONNX model" if from_file else "ONNX light model, seeded random weights"
+    print(f"tvm-hetero demo-htp: {args.model} ({what}) on cpu:0 + qnn-htp "
           "(Snapdragon X Elite NPU, soc 60 / HTP v73, fp16; emulated by onnxruntime-qnn on this x86 host)")
-    model = models.light_model(args.model)
+    model = _onnx_model(args.model) if from_file else models.light_model(args.model)
     inputs = models.model_inputs(model)
     t = time.perf_counter()
     art = tvm_hetero.build(from_onnx(model), [(tvm.cpu(0), "llvm"), "qnn-htp"], progress=say)
@@ -158,6 +171,13 @@ def cmd_demo_htp(args: argparse.Namespace) -> int:
         print(f"ONNX Runtime + QNN EP: did not finish: {result.error}")
     print("(emulator times are hundreds of times a real HTP's: context only, never a cost)")
     return 0 if ours_err <= 1e-2 else 1
+
+
+def _onnx_model(path: str):
+    """An ONNX model file, read with the importer's checks (errors name the file)."""
+    from tvm_hetero.importers import load_onnx
+
+    return load_onnx(path)
 
 
 def cmd_qnn_fit(args: argparse.Namespace) -> int:
@@ -370,8 +390,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
     devices = parse_device_specs(args.device) if args.device else default_devices()
     if Path(args.output).exists() and not Path(args.output).is_dir():
         raise FileExistsError(f"-o {args.output}: exists and is not a directory")
+    parse_place_flags(args.place, args.split, len(devices))  # a bad flag fails before the import
+    shapes = parse_input_shapes(args.input_shape)
     say(f"importing {args.model}")
-    mod = from_onnx(args.model, parse_input_shapes(args.input_shape))
+    mod = from_onnx(args.model, shapes)
     placement = parse_placement(args.place, args.split, len(devices), count_ops(mod) if args.split else None)
     artifact = tvm_hetero.build(mod, devices, placement=placement, progress=say,
                                 backends=parse_backends(args.backend), **auto_options(args, len(devices)))
@@ -442,6 +464,28 @@ def parse_clusters(specs: list[str], num_devices: int) -> list[dict | None] | No
     return options
 
 
+def _inputs_from_flags(args: argparse.Namespace, input_names: list[str],
+                       graphs: list[dict]) -> dict[str, np.ndarray]:
+    """``--input`` values by name, and seeded random values (shape and dtype from ``graphs``) for
+    the inputs not given."""
+    from tvm_hetero.artifact import graph_inputs
+
+    inputs = dict(_load_input(s) for s in args.input)
+    unknown = [n for n in inputs if n not in input_names]
+    if unknown:
+        raise ValueError(f"--input {unknown[0]}: the model has no input of that name (inputs: {input_names})")
+    missing = [n for n in input_names if n not in inputs]
+    if missing:
+        rng = np.random.default_rng(0)
+        print(f"no --input for {', '.join(missing)}: using seeded random values")
+        declared = {name: spec for graph in graphs
+                    for name, spec in graph_inputs(graph, args.artifact).items()}
+        for name in missing:
+            shape, dtype = declared[name]
+            inputs[name] = rng.standard_normal(shape).astype(dtype)
+    return inputs
+
+
 def _runtime_with_inputs(args: argparse.Namespace):
     """The artifact's runtime (execution options from the flags) with every input set."""
     import tvm_hetero
@@ -449,25 +493,41 @@ def _runtime_with_inputs(args: argparse.Namespace):
     artifact = tvm_hetero.load(args.artifact)
     runtime = artifact.create(execution=args.execution,
                               device_options=parse_clusters(args.cluster, len(artifact.devices)))
-    inputs = dict(_load_input(s) for s in args.input)
-    unknown = [n for n in inputs if n not in artifact.input_names]
-    if unknown:
-        raise ValueError(f"--input {unknown[0]}: the model has no input of that name (inputs: {artifact.input_names})")
-    missing = [n for n in artifact.input_names if n not in inputs]
-    if missing:
-        rng = np.random.default_rng(0)
-        print(f"no --input for {', '.join(missing)}: using seeded random values")
-        graph = artifact.graph
-        for name in missing:
-            nid = next(i for i, n in enumerate(graph["nodes"]) if n["name"] == name)
-            eid = graph["node_row_ptr"][nid]
-            shape, dtype = graph["attrs"]["shape"][1][eid], graph["attrs"]["dltype"][1][eid]
-            inputs[name] = rng.standard_normal(shape).astype(dtype)
-    runtime.set_input(**inputs)
+    runtime.set_input(**_inputs_from_flags(args, artifact.input_names, [artifact.graph]))
     return artifact, runtime
 
 
+def first_values(array: np.ndarray, count: int = 5) -> str:
+    """The first ``count`` values at the array's own precision (a float32 as float32, not float64)."""
+    return "[" + ", ".join(str(v) for v in array.ravel()[:count]) + "]"
+
+
+def _save_dir(args: argparse.Namespace) -> Path | None:
+    """``--save DIR``, created (with its parents) before anything runs."""
+    if not args.save:
+        return None
+    folder = Path(args.save)
+    if folder.exists() and not folder.is_dir():
+        raise FileExistsError(f"--save {args.save}: exists and is not a directory")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def _print_and_save_outputs(outputs: list[np.ndarray], folder: Path | None) -> None:
+    for i, out in enumerate(outputs):
+        print(f"output {i}: shape {out.shape} {out.dtype}, first values {first_values(out)}")
+    if folder is not None:
+        for i, out in enumerate(outputs):
+            np.save(folder / f"output_{i}.npy", out)
+        print(f"wrote {len(outputs)} output(s) to {folder}/ (output_<i>.npy)")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    from tvm_hetero.artifact import is_pipeline_dir
+
+    if is_pipeline_dir(args.artifact):
+        return _run_pipeline(args)
+    folder = _save_dir(args)
     _artifact, runtime = _runtime_with_inputs(args)
     runtime.run()
     times = []
@@ -475,21 +535,81 @@ def cmd_run(args: argparse.Namespace) -> int:
         t = time.perf_counter()
         runtime.run()
         times.append(time.perf_counter() - t)
-    for i in range(runtime.get_num_outputs()):
-        out = runtime.get_output(i).numpy()
-        print(f"output {i}: shape {out.shape} {out.dtype}, first values {np.round(out.ravel()[:5], 4).tolist()}")
-        if args.save:
-            np.save(Path(args.save) / f"output_{i}.npy", out)
+    outputs = runtime.get_outputs()
     print(f"latency {np.median(times) * 1e3:.2f} ms (median of {args.repeat}); stats {json.dumps(runtime.stats())}")
-    if args.trace:
+    if args.trace:  # before the outputs are saved: a failure there must not lose the trace
         runtime.trace(args.trace)
         print(f"wrote {args.trace} (a Chrome trace: open it in https://ui.perfetto.dev or chrome://tracing)")
+    _print_and_save_outputs(outputs, folder)
+    return 0
+
+
+def _refuse_graph_only_flags(args: argparse.Namespace, flags: list[str]) -> None:
+    """A pipeline's stages always run at once, each in its own worker: graph-only flags are refused."""
+    for flag in flags:
+        value = getattr(args, flag.lstrip("-").replace("-", "_"), None)
+        if value and not (flag == "--execution" and value == "concurrent"):
+            raise ValueError(f"{flag}: {args.artifact} is a pipeline, whose stages always run at once in "
+                             "their own workers; this flag is for single graphs (run's stats show each "
+                             "stage's busy time)")
+
+
+def _pipeline_options(args: argparse.Namespace, artifact) -> dict | None:
+    """``--cluster STAGE=CORES[:THREADS]`` as the pipeline's per-stage options (None: the build's)."""
+    clusters = parse_clusters(args.cluster, artifact.num_stages)
+    if clusters is None:
+        return None
+    return {**artifact.options, "stages": [option or {} for option in clusters]}
+
+
+def _run_pipeline(args: argparse.Namespace) -> int:
+    """``run`` on a pipeline: ``--repeat`` inferences streamed through the stages, their throughput."""
+    from tvm_hetero import pipeline
+
+    _refuse_graph_only_flags(args, ["--execution", "--trace"])
+    folder = _save_dir(args)
+    artifact = pipeline.load(args.artifact)
+    graphs = [json.loads(g) for g in artifact.stage_graph_jsons]
+    inputs = _inputs_from_flags(args, artifact.input_names, graphs)
+    with artifact.create(options=_pipeline_options(args, artifact)) as pipe:
+        outputs = pipe.run_batch([inputs])[0]  # warm up
+        count = max(args.repeat, 1)
+        t = time.perf_counter()
+        pipe.run_batch([inputs] * count)
+        seconds = time.perf_counter() - t
+        stats = pipe.stats()
+    print(f"throughput {count / seconds:.1f} inferences/s ({count} streamed through {artifact.num_stages} "
+          f"stages in {seconds * 1e3:.2f} ms); stats {json.dumps(stats)}")
+    _print_and_save_outputs(outputs, folder)
+    return 0
+
+
+def _inspect_pipeline(args: argparse.Namespace) -> int:
+    """``inspect`` on a pipeline: its report, each stage's kernels, and a picture with a box per stage."""
+    from tvm_hetero import pipeline
+
+    _refuse_graph_only_flags(args, ["--timeline"])
+    artifact = pipeline.load(args.artifact)
+    print(artifact.report())
+    graphs = [json.loads(g) for g in artifact.stage_graph_jsons]
+    for s, graph in enumerate(graphs):
+        print(f"stage {s} nodes:")
+        for nid, node in enumerate(graph["nodes"]):
+            if node["op"] != "null":
+                ins = ", ".join(f"%{i[0]}" for i in node["inputs"])
+                print(f"  %{nid:<4} {node['attrs']['func_name']}({ins})")
+    if args.dot:
+        Path(args.dot).write_text(pipeline_to_dot(graphs))
+        print(f"wrote {args.dot} (render with: dot -Tpng {args.dot} -o pipeline.png)")
     return 0
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     import tvm_hetero
+    from tvm_hetero.artifact import is_pipeline_dir
 
+    if is_pipeline_dir(args.artifact):
+        return _inspect_pipeline(args)
     artifact = tvm_hetero.load(args.artifact)
     print(artifact.report())
     graph = artifact.graph
@@ -522,8 +642,26 @@ DEVICE_COLOURS = ["#9ecae1", "#fdae6b", "#a1d99b", "#bcbddc", "#fc9272", "#d9d9d
 def to_dot(graph: dict) -> str:
     """Graphviz source of the graph, nodes coloured by device, copies as diamonds, and tensors
     another device reads in place (shared memory) as dashed edges."""
-    devices = graph["attrs"]["device_index"][1]
     lines = ["digraph tvm_hetero {", "  rankdir=TB; node [style=filled, fontsize=10];"]
+    lines += _dot_nodes(graph, "n")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def pipeline_to_dot(stage_graphs: list[dict]) -> str:
+    """Graphviz source of a pipeline: one box per stage holding its graph (as :func:`to_dot`)."""
+    lines = ["digraph tvm_hetero_pipeline {", "  rankdir=TB; node [style=filled, fontsize=10];"]
+    for s, graph in enumerate(stage_graphs):
+        lines.append(f'  subgraph cluster_{s} {{ label="stage {s}";')
+        lines += ["  " + line for line in _dot_nodes(graph, f"s{s}n")]
+        lines.append("  }")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def _dot_nodes(graph: dict, prefix: str) -> list[str]:
+    devices = graph["attrs"]["device_index"][1]
+    lines = []
     for nid, node in enumerate(graph["nodes"]):
         colour = DEVICE_COLOURS[devices[nid] % len(DEVICE_COLOURS)]
         if node["op"] == "null":
@@ -532,12 +670,12 @@ def to_dot(graph: dict) -> str:
             shape, label = "diamond", f"copy -> dev{devices[nid]}"
         else:
             shape, label = "box", node["attrs"]["func_name"]
-        lines.append(f'  n{nid} [label="{label}", shape={shape}, fillcolor="{colour}"];')
+        lines.append(f'  {prefix}{nid} [label="{label}", shape={shape}, fillcolor="{colour}"];')
         for src in node["inputs"]:
             in_place = node["op"] != "null" and devices[src[0]] != devices[nid] and shape != "diamond"
-            lines.append(f'  n{src[0]} -> n{nid} [style=dashed, label="in place"];' if in_place else f"  n{src[0]} -> n{nid};")
-    lines.append("}")
-    return "\n".join(lines)
+            edge = f"  {prefix}{src[0]} -> {prefix}{nid}"
+            lines.append(f'{edge} [style=dashed, label="in place"];' if in_place else f"{edge};")
+    return lines
 
 
 class PrintVersion(argparse.Action):
@@ -555,7 +693,8 @@ class PrintVersion(argparse.Action):
         parser.exit()
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The ``tvm-hetero`` argument parser: every subcommand and flag, each with its help text."""
     parser = argparse.ArgumentParser(prog="tvm-hetero", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action=PrintVersion)
@@ -569,7 +708,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--execution", choices=["concurrent", "serial"], default="concurrent",
                        help="devices at the same time (default) or one after another")
         p.add_argument("--cluster", action="append", default=[], metavar="DEV=CORES[:THREADS]",
-                       help="pin device DEV's executor to CORES (comma-separated) with THREADS threads, "
+                       help="pin device DEV's executor (a pipeline: stage DEV's worker) to CORES "
+                            "(comma-separated) with THREADS threads (default: one per core), "
                             "e.g. --cluster 0=0 --cluster 1=1")
 
     def placement_flags(p):
@@ -583,7 +723,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--cost-cache", default=None, metavar="FILE|none",
                        help="with --place auto: measurement cache (default ~/.cache/tvm-hetero/costs.sqlite)")
         p.add_argument("--cluster", action="append", default=[], metavar="DEV=CORES[:THREADS]",
-                       help="with --place auto: time device DEV pinned to CORES with THREADS threads")
+                       help="with --place auto: time device DEV pinned to CORES with THREADS threads "
+                            "(default: one per core)")
         p.add_argument("--backend", action="append", default=None, metavar="NAME[=DEV]|none",
                        help="external backend, e.g. dnnl or dnnl=1; 'none': TVM kernels only "
                             "(default: oneDNN on every host CPU when libtvm_hetero has it)")
@@ -592,7 +733,7 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--model", default="inception_v1", help="light ONNX model (inception_v1, resnet50, shufflenet, ...)")
     demo.add_argument("--split", type=float, default=None,
                       help="fraction of ops (in order) on the last device (default: --place auto)")
-    demo.add_argument("--repeat", type=int, default=15)
+    demo.add_argument("--repeat", type=int, default=15, help="timed runs of each configuration (default 15)")
     demo.add_argument("--timeline", metavar="FILE.png", default="demo-timeline.png",
                       help="where to draw the run's timeline ('' for none; needs matplotlib)")
     demo.add_argument("--no-compare", dest="compare", action="store_false",
@@ -604,14 +745,17 @@ def main(argv: list[str] | None = None) -> int:
     demo.set_defaults(fn=cmd_demo)
     demo_htp = sub.add_parser("demo-htp", help="a model over the host CPU and a Qualcomm HTP (QNN), against "
                                                "ONNX Runtime + QNN EP")
-    demo_htp.add_argument("--model", default="squeezenet", help="light ONNX model (squeezenet, inception_v1, ...)")
-    demo_htp.add_argument("--repeat", type=int, default=3)
+    demo_htp.add_argument("--model", default="squeezenet",
+                          help="a light ONNX model's name (squeezenet, inception_v1, ...) or an .onnx file")
+    demo_htp.add_argument("--repeat", type=int, default=3,
+                          help="timed runs of ours and of the peer (default 3)")
     demo_htp.set_defaults(fn=cmd_demo_htp)
     fit = sub.add_parser("qnn-fit", help="import a QNN profile taken on a real device: its microseconds per HTP "
                                          "cycle, used for modeled HTP latencies")
     fit.add_argument("profile", help="the CSV the QNN EP writes with profiling_level=detailed, on the device")
-    fit.add_argument("--soc-model", type=int, default=60)
-    fit.add_argument("--htp-arch", type=int, default=73)
+    fit.add_argument("--soc-model", type=int, default=60, help="the device's QNN SoC model (default 60)")
+    fit.add_argument("--htp-arch", type=int, default=73,
+                     help="the device's HTP architecture version (default 73)")
     fit.set_defaults(fn=cmd_qnn_fit)
     costs = sub.add_parser("qnn-costs", help="import HTP graph costs measured on a real device (used by "
                                              "placement='auto' instead of modeled ones)")
@@ -620,31 +764,38 @@ def main(argv: list[str] | None = None) -> int:
     costs.set_defaults(fn=cmd_qnn_costs)
 
     comp = sub.add_parser("compile", help="compile an ONNX model to an artifact directory")
-    comp.add_argument("model")
-    comp.add_argument("-o", "--output", required=True)
-    comp.add_argument("--split", type=float, default=None)
+    comp.add_argument("model", help="the ONNX model file")
+    comp.add_argument("-o", "--output", required=True, metavar="DIR",
+                      help="the artifact directory to write (graph.json, lib.so, params.bin, manifest.json)")
+    comp.add_argument("--split", type=float, default=None, metavar="F",
+                      help="put the first fraction F (0..1) of the ops, in order, on the last device and "
+                           "the rest on device 0 (--place entries still win)")
     comp.add_argument("--input-shape", action="append", default=[], metavar="NAME=D0,D1,...",
                       help="fix an input's shape, e.g. data=1,3,224,224 (repeatable; needed for symbolic dims)")
     placement_flags(comp)
     debug_flag(comp)
     comp.set_defaults(fn=cmd_compile)
 
-    run = sub.add_parser("run", help="run an artifact directory")
-    run.add_argument("artifact")
-    run.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy")
-    run.add_argument("--repeat", type=int, default=5)
-    run.add_argument("--save", metavar="DIR", help="save outputs as .npy here")
+    run = sub.add_parser("run", help="run an artifact or pipeline directory")
+    run.add_argument("artifact", help="a directory written by compile (or by PipelineArtifact.export)")
+    run.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
+                     help="an input's value (repeatable); inputs not given get seeded random values")
+    run.add_argument("--repeat", type=int, default=5,
+                     help="timed runs after one warm-up (a pipeline: inferences streamed) (default 5)")
+    run.add_argument("--save", metavar="DIR", help="save outputs as DIR/output_<i>.npy (DIR is created)")
     run.add_argument("--trace", metavar="FILE.json", help="write a Chrome trace (Perfetto) of one run")
     execution_flags(run)
     debug_flag(run)
     run.set_defaults(fn=cmd_run)
 
-    insp = sub.add_parser("inspect", help="placement, groups, copies and memory of an artifact")
-    insp.add_argument("artifact")
+    insp = sub.add_parser("inspect", help="placement, groups, copies and memory of an artifact (or a "
+                                          "pipeline's stages)")
+    insp.add_argument("artifact", help="a directory written by compile (or by PipelineArtifact.export)")
     insp.add_argument("--dot", metavar="FILE", help="write a Graphviz picture coloured by device")
     insp.add_argument("--timeline", metavar="FILE.png", help="run once and draw a Gantt picture per device "
                       "(needs matplotlib)")
-    insp.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy")
+    insp.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
+                      help="with --timeline: an input's value (repeatable; others get seeded random values)")
     execution_flags(insp)
     debug_flag(insp)
     insp.set_defaults(fn=cmd_inspect)
@@ -653,7 +804,11 @@ def main(argv: list[str] | None = None) -> int:
     board.set_defaults(fn=cmd_board)
 
     parser.add_argument("--debug", action="store_true", help="on error, show the Python traceback")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
     except KeyboardInterrupt:

@@ -52,7 +52,40 @@ def require() -> Any:
             onnxruntime.register_execution_provider_library("QNNExecutionProvider",
                                                             onnxruntime_qnn.get_library_path())
             _registered = True
+    _load_without_notice(onnxruntime_qnn.get_qnn_htp_path())
     return onnxruntime, onnxruntime_qnn
+
+
+#: libQnnHtp, loaded once and kept: the QNN EP's own loads then find it loaded and print nothing.
+_htp_library: Any = None
+#: What libQnnHtp prints on the native stdout when it is loaded (its thread-local storage config).
+_LOAD_NOTICE = "# LIBNATIVE:"
+
+
+def _load_without_notice(path: str) -> None:
+    """Load libQnnHtp once, its load-time notice kept off the user's terminal; every other line it
+    prints on stdout while loading is passed on."""
+    global _htp_library
+    import ctypes
+    import sys
+
+    with _lock:
+        if _htp_library is not None:
+            return
+        sys.stdout.flush()
+        with tempfile.TemporaryFile(mode="w+b") as sink:
+            saved = os.dup(1)
+            try:
+                os.dup2(sink.fileno(), 1)
+                _htp_library = ctypes.CDLL(path)
+            finally:
+                os.dup2(saved, 1)
+                os.close(saved)
+                sink.seek(0)
+                kept = [line for line in sink.read().decode("utf-8", "replace").splitlines(keepends=True)
+                        if not line.strip().startswith(_LOAD_NOTICE)]
+                if kept:
+                    os.write(1, "".join(kept).encode())
 
 
 def available() -> bool:

@@ -264,6 +264,12 @@ def test_create_takes_stage_devices_and_checks_their_number(three_stages):
         three_stages.create(stage_devices=["cpu:0", "cpu:1"])
 
 
+@pytest.mark.parametrize("stages", [["cpu:0", "qnn-htp"], ["cpu:0", ("qnn-htp", "llvm")]])
+def test_an_htp_stage_is_refused_at_build_naming_the_stage(stages):
+    with pytest.raises(ValueError, match=r"stage 1: qnn-htp:0 runs only its vendor's graphs.*not supported yet"):
+        pipeline.build(Net, stages, [2], params=PARAMS)
+
+
 def test_stage_failure_surfaces_at_get_output_naming_the_stage(three_stages):
     # Stage 2's graph claims y is 10x8: its kernel, compiled for 8x10, rejects the buffer in Run.
     graph = json.loads(three_stages.stage_graph_jsons[2])

@@ -56,7 +56,7 @@ import tvm_ffi
 
 from ..compiler.autoplace.kernel_times import MeasureJob, compile_for_target, compile_jobs
 from ..compiler.graph import Entry, Graph, Node
-from ..devices import is_remote, needs_completion_wait, shares_memory
+from ..devices import is_remote, name_of, needs_completion_wait, shares_memory
 from . import graph_runtime
 from .rpc import upload_library
 
@@ -176,7 +176,7 @@ class RuntimeMeasurer:
 
     def _tick(self, done: float, total: int, jobs: Sequence[MeasureJob], stage: str) -> None:
         if self._count is not None:
-            where = ", ".join(str(job.device) for job in jobs)
+            where = ", ".join(name_of(job.device) for job in jobs)
             self._count(int(done), total, f"{int(done)}/{total} kernels timed on {where} ({stage})")
 
     def _together(self, jobs: Sequence[MeasureJob]) -> list[list[float]]:

@@ -12,7 +12,7 @@ import tvm_ffi
 
 import tvm_hetero.native  # noqa: F401  (registers tvm_hetero.graph_runtime.create)
 
-from ..devices import is_remote
+from ..devices import is_remote, name_of
 from . import qnn_runner  # noqa: F401  (registers the HTP regions' runner factory)
 from .offload import create_mixed
 
@@ -121,7 +121,7 @@ def create(
 
         check_local_devices(devices, device_libs)
         if remote[0]:
-            raise ValueError(f"device 0 ({devices[0]}) must be local when other devices have kernel libraries of "
+            raise ValueError(f"device 0 ({name_of(devices[0])}) must be local when other devices have kernel libraries of "
                              "another architecture (the host drives them)")
     if all(remote):
         module = _create_remote(graph_json, lib, devices, device_index_kind)

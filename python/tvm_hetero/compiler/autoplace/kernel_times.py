@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import tvm
 
 from ...backends import Backend, Region
+from ...devices import name_of
 from ..compile_kernels import _build
 from .cost_cache import CostCache, settings_key
 from .units import Part
@@ -147,7 +148,7 @@ class KernelTimes:
         if not jobs:
             return 0
         self.say("automatic placement: measuring " + ", ".join(
-            f"{len(job.calls)} {what} on {job.device}" for job in jobs))
+            f"{len(job.calls)} {what} on {name_of(job.device)}" for job in jobs))
         timers = {"kernel": self.measurer.kernel_seconds, "kernel_alone": self._alone_timer}
         unconfirmed = getattr(self.measurer, "unconfirmed", None)
         for kind in kinds:
@@ -169,7 +170,7 @@ def _checked(measured: Sequence[Sequence[float]], jobs: Sequence[MeasureJob]) ->
         raise ValueError(f"measurer answered for {len(measured)} devices, asked for {len(jobs)}")
     for job, times in zip(jobs, measured):
         if len(times) != len(job.calls) or not all(math.isfinite(t) and t >= 0 for t in times):
-            raise ValueError(f"measurer on {job.device}: expected {len(job.calls)} finite non-negative "
+            raise ValueError(f"measurer on {name_of(job.device)}: expected {len(job.calls)} finite non-negative "
                              f"times, got {list(times)[:8]}")
     return measured
 

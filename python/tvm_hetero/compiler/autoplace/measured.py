@@ -216,9 +216,11 @@ def choose_placement(
                 row["busy_seconds"] = busy
     explanation["split_predicted_seconds"] = decision.split_predicted
     explanation["measured_check_device"] = (None if decision.verdict_device is None
-                                            else str(devices[decision.verdict_device]))
+                                            else name_of(devices[decision.verdict_device]))
     explanation["min_gain"] = min_gain
-    explanation["module_key"] = plan_key
+    # What a built graph's measured latency is kept under, with the graph: the module and the
+    # devices' settings (with targets="auto" its caller never saw the settings to key it by).
+    explanation["module_key"] = hashlib.sha256(json.dumps([plan_key, times.settings]).encode()).hexdigest()
     explanation["decision_key"] = decision_key
     explanation["regions_chosen"] = len(chosen_anchors)
     return AutoPlacement(choose, explanation, model, assignment, units, ops, prepared, final_backends,
@@ -474,6 +476,6 @@ def _optional_timing(measurer: Measurer, cache: CostCache, kind: str, devices, o
             return 0.0
         seconds = float(timer(*[devices[d] for d in where], *[options[d] for d in where]))
         if not (math.isfinite(seconds) and seconds >= 0):
-            raise ValueError(f"measurer: {kind} of {' -> '.join(str(devices[d]) for d in where)} is {seconds}")
+            raise ValueError(f"measurer: {kind} of {' -> '.join(name_of(devices[d]) for d in where)} is {seconds}")
         cache.put(kind, keys[0], keys[1], "", seconds)
     return seconds

@@ -8,6 +8,7 @@ from typing import Any
 import tvm
 
 from ...backends import default_backends
+from ...devices import default_target as kind_default_target
 from ...devices import parse_device, runs_tvm_kernels
 from ..build import device_name, shares_memory_between
 
@@ -16,7 +17,17 @@ StageSpec = Any
 
 
 def stage_spec(spec: StageSpec) -> tuple[tvm.runtime.Device, tvm.target.Target]:
-    """``(device, target)`` from any :data:`StageSpec`."""
+    """``(device, target)`` from any :data:`StageSpec`; a device that runs no TVM kernels (an HTP,
+    driven through its vendor's graphs) cannot be a stage yet."""
+    dev, target = _parse_stage_spec(spec)
+    if not runs_tvm_kernels(dev):
+        raise ValueError(f"{device_name(dev)} runs only its vendor's graphs, not TVM kernels: pipeline stages "
+                         "on it are not supported yet (tvm_hetero.build(mod, [(tvm.cpu(0), 'llvm'), "
+                         "'qnn-htp']) runs a graph over the host and the HTP)")
+    return dev, target
+
+
+def _parse_stage_spec(spec: StageSpec) -> tuple[tvm.runtime.Device, Any]:
     if isinstance(spec, tuple) and len(spec) == 2:
         dev = parse_device(spec[0])
         target = spec[1] if isinstance(spec[1], tvm.target.Target) else tvm.target.Target(spec[1])
@@ -36,9 +47,10 @@ def stage_spec(spec: StageSpec) -> tuple[tvm.runtime.Device, tvm.target.Target]:
     raise TypeError(f"a stage is (device, target), a device or a target; got {spec!r}")
 
 
-def default_target(dev: tvm.runtime.Device) -> tvm.target.Target:
-    kind = device_name(dev).split(":")[0]
-    return tvm.target.Target("llvm" if kind == "cpu" else kind)
+def default_target(dev: tvm.runtime.Device) -> tvm.target.Target | None:
+    """The device kind's default target (``devices.default_target``); None for a kind without TVM kernels."""
+    target = kind_default_target(dev)
+    return tvm.target.Target(target) if target is not None else None
 
 
 def target_label(target: str) -> str:
@@ -61,10 +73,18 @@ def stage_specs(stages: StageSpec | Sequence[StageSpec], num_stages: int | None)
             raise ValueError(f"{len(stages)} stage devices/targets for {num_stages} stages")
         if not stages:
             raise ValueError("stages: at least one stage is needed")
-        return [stage_spec(s) for s in stages]
+        return [_stage_spec_of(f"stage {s}", spec) for s, spec in enumerate(stages)]
     if num_stages is None:
         raise ValueError("give a list of stages, or the number of stages (split_points=int)")
-    return [stage_spec(stages)] * num_stages
+    return [_stage_spec_of("every stage", stages)] * num_stages
+
+
+def _stage_spec_of(which: str, spec: StageSpec) -> tuple[Any, Any]:
+    """:func:`stage_spec`, its errors naming the stage (``which``)."""
+    try:
+        return stage_spec(spec)
+    except ValueError as err:
+        raise ValueError(f"{which}: {err}") from None
 
 
 def stage_backends(backends: Sequence[Any] | None, specs: Sequence[tuple[Any, Any]]) -> Sequence[Any]:
