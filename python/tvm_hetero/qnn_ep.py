@@ -28,8 +28,17 @@ IR_VERSION = 9
 #: The ONNX opset of exported regions (LayerNormalization is 17).
 OPSET = 17
 
+#: The name this package registers the QNN EP library under when the process has not registered
+#: it yet. Not the usual "QNNExecutionProvider": that name stays free for the user's own
+#: ``onnxruntime.register_execution_provider_library`` call (ONNX Runtime refuses a second
+#: registration under one name, and the same library loads under two names side by side).
+OWN_REGISTRATION = "tvm_hetero.QNNExecutionProvider"
+#: The ``source`` of the EP-context nodes :func:`finalize` writes. The QNN EP opens a context whose
+#: source is this name under any registration, but one stamped with another registration's name only
+#: under that name; so contexts finalized here open in any process, whoever registered the EP there.
+CONTEXT_SOURCE = "QNNExecutionProvider"
+
 _lock = threading.Lock()
-_registered = False
 
 
 class QnnUnavailable(RuntimeError):
@@ -37,8 +46,8 @@ class QnnUnavailable(RuntimeError):
 
 
 def require() -> Any:
-    """``(onnxruntime, onnxruntime_qnn)``, registering the QNN EP once per process."""
-    global _registered
+    """``(onnxruntime, onnxruntime_qnn)`` with the QNN EP registered: found where the process
+    registered it already (under any name), else registered once under :data:`OWN_REGISTRATION`."""
     try:
         import onnxruntime
         import onnxruntime_qnn
@@ -47,11 +56,7 @@ def require() -> Any:
             "the qnn-htp device needs ONNX Runtime's QNN execution provider, which is not installed: "
             "pip install 'tvm-hetero[qnn]' (onnxruntime==1.31.1, onnxruntime-qnn==2.7.0)"
         ) from err
-    with _lock:
-        if not _registered:
-            onnxruntime.register_execution_provider_library("QNNExecutionProvider",
-                                                            onnxruntime_qnn.get_library_path())
-            _registered = True
+    ep_devices()
     _load_without_notice(onnxruntime_qnn.get_qnn_htp_path())
     return onnxruntime, onnxruntime_qnn
 
@@ -86,6 +91,54 @@ def _load_without_notice(path: str) -> None:
                         if not line.strip().startswith(_LOAD_NOTICE)]
                 if kept:
                     os.write(1, "".join(kept).encode())
+
+
+def ep_devices() -> list:
+    """ONNX Runtime's devices of the QNN EP (one registration's), registering it when no
+    registration of this wheel's QNN EP library is listed (asked of ``get_ep_devices`` each time:
+    the user may register or unregister theirs at any time)."""
+    import onnxruntime
+    import onnxruntime_qnn
+
+    library = onnxruntime_qnn.get_library_path()
+    with _lock:
+        devices = _registered_devices(onnxruntime, library)
+        if not devices:
+            try:
+                onnxruntime.register_execution_provider_library(OWN_REGISTRATION, library)
+            except Exception as err:  # ONNX Runtime raises its own Fail type
+                if "already registered" not in str(err):
+                    raise QnnUnavailable(f"ONNX Runtime could not load the QNN EP library {library}: {err}") from err
+            devices = _registered_devices(onnxruntime, library)
+    if not devices:
+        raise QnnUnavailable(f"ONNX Runtime lists no QNN EP device for {library} (onnxruntime-qnn failed to load)")
+    return devices
+
+
+def ep_name() -> str:
+    """The name the QNN EP is registered under in this process (what ONNX Runtime's assignment
+    records and logs call it)."""
+    return ep_devices()[0].ep_name
+
+
+def _registered_devices(ort: Any, library: str) -> list:
+    """The devices of one registration of ``library`` (this package's own name first, so that a
+    user unregistering theirs never leaves this package's sessions without one)."""
+    by_name: dict[str, list] = {}
+    for device in ort.get_ep_devices():
+        path = (dict(device.ep_metadata) if device.ep_metadata is not None else {}).get("library_path", "")
+        if path and _same_file(path, library):
+            by_name.setdefault(device.ep_name, []).append(device)
+    if not by_name:
+        return []
+    return by_name.get(OWN_REGISTRATION) or next(iter(by_name.values()))
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def available() -> bool:
@@ -129,10 +182,7 @@ def _session_options(options: dict, extra: dict[str, str] | None = None, threads
     so.log_severity_level = log_level  # QNN's warnings are collected from stderr where they matter
     if threads is not None:
         so.intra_op_num_threads = threads
-    devices = [d for d in ort.get_ep_devices() if d.ep_name == "QNNExecutionProvider"]
-    if not devices:
-        raise QnnUnavailable("ONNX Runtime lists no QNN EP device (onnxruntime-qnn failed to load)")
-    so.add_provider_for_devices(devices, provider_options(options))
+    so.add_provider_for_devices(ep_devices(), provider_options(options))
     return so
 
 
@@ -308,4 +358,21 @@ def finalize(model: bytes, options: dict) -> bytes:
         with captured_stderr():
             ort.InferenceSession(model, _session_options(options, extra))
         with open(path, "rb") as f:
-            return f.read()
+            return portable_context(f.read())
+
+
+def portable_context(context: bytes) -> bytes:
+    """An EP-context model whose nodes' ``source`` is :data:`CONTEXT_SOURCE` (the QNN EP stamps the
+    name it was registered under, and opens a context of another registration's name nowhere else)."""
+    import onnx
+
+    model = onnx.load_from_string(context)
+    changed = False
+    for node in model.graph.node:
+        if node.op_type != "EPContext":
+            continue
+        for attribute in node.attribute:
+            if attribute.name == "source" and attribute.s.decode() != CONTEXT_SOURCE:
+                attribute.s = CONTEXT_SOURCE.encode()
+                changed = True
+    return model.SerializeToString() if changed else context

@@ -1,16 +1,16 @@
 """The peer: ONNX Runtime with the QNN execution provider on an emulated Hexagon HTP.
 
 The ``onnxruntime-qnn`` wheel ships the QNN EP as a plugin library and ``libQnnHtp.so``, whose x86_64
-build emulates the HTP. :func:`htp_session` registers the plugin once per process and opens a session
-on it (default: Snapdragon X Elite, ``soc_model`` 60 / ``htp_arch`` 73, fp16 precision for float
-models). :func:`run_peer` runs a model there and reports what the peer did:
+build emulates the HTP. :func:`htp_session` opens a session on the process's registration of the
+plugin (the user's, under whatever name, else the product's own: ``qnn_ep.ep_devices``); default:
+Snapdragon X Elite, ``soc_model`` 60 / ``htp_arch`` 73, fp16 precision for float models. :func:`run_peer` runs a model there and reports what the peer did:
 
 - where nodes went: ORT's graph-assignment record (session config
   ``session.record_ep_graph_assignment_info``) lists one subgraph per QNN partition (fused node) and
   the nodes left on the CPU EP. The count is of ORT's optimized graph, which includes the layout
   Transposes ORT inserts around NHWC regions, so it can exceed the model's node count. The plugin
   does not log the "Number of partitions supported by QNN EP" summary, so the record is the source;
-  where the verbose log's "Node(s) placed on [QNNExecutionProvider]. Number of nodes: N" line is
+  where the verbose log's "Node(s) placed on [<its registration name>]. Number of nodes: N" line is
   present it must agree, and a mismatch is reported as an error in the result;
 - why nodes were refused: the native log at verbose level (captured by redirecting file descriptor 2
   around session creation and the runs), its "Validation FAILED" reasons and any QNN backend
@@ -41,7 +41,6 @@ from typing import Any
 
 import numpy as np
 
-QNN_EP = "QNNExecutionProvider"
 CPU_EP = "CPUExecutionProvider"
 # Snapdragon X Elite (SC8380XP): SoC id 60, HTP v73. fp16 must be set explicitly (the plugin's
 # default is 0) and needs soc_model on x86_64.
@@ -53,7 +52,7 @@ _FAILED = re.compile(r"Validation FAILED for \d+ nodes in OrtNodeUnit \((?P<op>[
 _REASON = re.compile(r"REASON\s*:\s*(?P<reason>.*)")
 _NODE = re.compile(r"Operator type: (?P<op>\S+) Node name: (?P<name>.*?) Node index")
 _BACKEND_FAILED = re.compile(r"(backendValidateOpConfig\(\) failed.*|Failed to (?:validate|finalize|compose).*)")
-_PLACED_ON_QNN = re.compile(r"Node\(s\) placed on \[QNNExecutionProvider\]\. Number of nodes: (\d+)")
+_PLACED_ON = re.compile(r"Node\(s\) placed on \[(?P<ep>[^\]]+)\]\. Number of nodes: (?P<count>\d+)")
 
 # The PeerResult fields known once the session exists (written by an isolated child before it runs).
 _PLACEMENT = ("session_seconds", "partitions", "nodes_qnn", "nodes_cpu", "cpu_ops", "partition_sizes")
@@ -99,14 +98,18 @@ def available() -> bool:
 
 
 def _register() -> list:
-    """Register the QNN plugin with ONNX Runtime (once per process); its EP devices."""
+    """The QNN plugin's EP devices: the process's registration of it (the user's, under any name),
+    else the product's own (one per process, shared with the product)."""
     from tvm_hetero import qnn_ep
 
-    ort, _qnn = qnn_ep.require()  # one registration per process, shared with the product
-    devices = [d for d in ort.get_ep_devices() if d.ep_name == QNN_EP]
-    if not devices:
-        raise RuntimeError("the QNN plugin registered no EP device")
-    return devices
+    return qnn_ep.ep_devices()
+
+
+def _qnn_ep_name() -> str:
+    """What ONNX Runtime calls the QNN EP in this process (its registration name)."""
+    from tvm_hetero import qnn_ep
+
+    return qnn_ep.ep_name()
 
 
 def _model_bytes(model: Any) -> bytes:
@@ -183,9 +186,10 @@ def _refusals(log: str) -> list[str]:
 
 def _assignment(session, result: PeerResult) -> None:
     """Fill partitions and node counts from ORT's assignment record."""
+    qnn = _qnn_ep_name()
     for subgraph in session.get_provider_graph_assignment_info():
         nodes = subgraph.get_nodes()
-        if subgraph.ep_name == QNN_EP:
+        if subgraph.ep_name == qnn:
             result.partitions += 1
             result.partition_sizes.append(len(nodes))
             result.nodes_qnn += len(nodes)
@@ -197,7 +201,8 @@ def _assignment(session, result: PeerResult) -> None:
 
 def _check_against_log(result: PeerResult, log: str) -> None:
     """The record and the verbose log must agree on the number of QNN partitions."""
-    placed = _PLACED_ON_QNN.findall(log)
+    qnn = _qnn_ep_name()
+    placed = [m["count"] for m in _PLACED_ON.finditer(log) if m["ep"] == qnn]
     if placed and int(placed[-1]) != result.partitions:
         result.error = (f"assignment record shows {result.partitions} QNN partitions but the log placed "
                         f"{placed[-1]} fused nodes on QNN")
