@@ -185,7 +185,7 @@ class _CheckInserter:
         region = _region_of(value, self.regions)
         if region is not None:
             device = 0 if region.device in self.kernel_free else region.device
-            guarded = list(_region_index_inputs(self.builder.get()[value.op], value.op.name_hint))
+            guarded = list(_region_index_inputs(self.builder.get(), value, self.bound))
             return self._checked(binding, guarded, dataflow, device)
         return [binding]
 
@@ -197,7 +197,7 @@ class _CheckInserter:
         out: list[relax.Binding] = []
         for index, arg, field, where in inputs:
             current = fields[arg][field] if field is not None else args[arg]
-            root = self._source(current)
+            root = _trace(current, self.bound, _extent_check(index.extents, self.bound))
             name = f"{where}, input '{index.name}'"
             if isinstance(root, tvm.ir.Constant):
                 checked = relax.const(_checked_constant(root.value.numpy(), current, index, name))
@@ -220,19 +220,6 @@ class _CheckInserter:
         new_call = relax.Call(call.op, args, call.attrs, call.ty_args, call.span)
         out.append(relax.VarBinding(binding.var, self.builder.normalize(new_call)))
         return out
-
-    def _source(self, expr: Any) -> Any:
-        """The value ``expr`` was made from by steps that keep an in-range index's meaning: reshapes,
-        integer casts and the frontends' ``where(x < 0, x + extent, x)``."""
-        while isinstance(expr, relax.Var) and expr in self.bound:
-            value = self.bound[expr]
-            inner = _reshape_or_cast_source(value)
-            if inner is None:
-                inner = _normalization_source(value, self.bound)
-            if inner is None:
-                break
-            expr = inner
-        return expr
 
     def _kernel(self, root: Any, target: Any, index: IndexInput, where: str, tensor: str) -> tvm.ir.GlobalVar:
         shape, dtype = _shape(root), str(root.ty.dtype)
@@ -321,81 +308,125 @@ def _reshape_or_cast_source(value: Any) -> Any:
     return None
 
 
-def _normalization_source(value: Any, bound: Mapping[relax.Var, Any]) -> Any:
-    """``x`` of ``where(less(x, 0), add(x, extent), x)`` with ``extent`` computed from shapes (the
-    frontends' negative-index normalization, which a check makes redundant); None otherwise."""
+def _trace(expr: Any, bound: Mapping[relax.Var, Any], extent_ok: Callable[[Any], bool],
+           resolve: Callable[[Any], Any] = lambda e: e) -> Any:
+    """The value ``expr`` was made from by steps that keep an in-range index's meaning: reshapes,
+    integer casts and the frontends' ``where(x < 0, x + extent, x)`` (``extent_ok(extent)``).
+    ``resolve`` gives the value behind a function parameter (a region's argument)."""
+    for _ in range(64):  # a chain of such steps is short; the bound only guards against a cycle
+        value = bound.get(expr) if isinstance(expr, relax.Var) else None
+        inner = None if value is None else _reshape_or_cast_source(value)
+        if inner is None and value is not None:
+            inner = _normalization_source(value, bound, extent_ok, resolve)
+        if inner is None:
+            return expr
+        expr = inner
+    return expr
+
+
+def _normalization_source(value: Any, bound: Mapping[relax.Var, Any], extent_ok: Callable[[Any], bool],
+                          resolve: Callable[[Any], Any]) -> Any:
+    """``x`` of ``where(less(x, 0), add(x, extent), x)`` with an ``extent`` that ``extent_ok`` accepts
+    (the frontends' negative-index normalization, which a check makes redundant); None otherwise."""
     if not _is_op(value, "relax.where"):
         return None
     condition, shifted, x = _bound_value(value.args[0], bound), _bound_value(value.args[1], bound), value.args[2]
     if not (_is_op(condition, "relax.less") and _is_op(shifted, "relax.add")):
         return None
-    if not condition.args[0].same_as(x) or not shifted.args[0].same_as(x) or not _is_zero(condition.args[1]):
+    if not condition.args[0].same_as(x) or not shifted.args[0].same_as(x) or not _is_zero(resolve(condition.args[1])):
         return None
-    if _shape(x) != _shape(value.args[2]) or not _from_shapes(shifted.args[1], bound):
+    if _shape(x) != _shape(value.args[2]) or not extent_ok(shifted.args[1]):
         return None
     return x
 
 
+def _extent_check(extents: tuple[int, ...], bound: Mapping[relax.Var, Any],
+                  outer: Callable[[Any], Any] = lambda e: e) -> Callable[[Any], bool]:
+    """Whether an ``extent`` added to negative indices is the true one: a constant equal to
+    ``extents`` (per coordinate), or a value computed from shapes alone (the frontends' way)."""
+
+    def ok(expr: Any) -> bool:
+        expr = outer(expr)
+        if isinstance(expr, tvm.ir.Constant):
+            values = expr.value.numpy().reshape(-1)
+            return values.size in (1, len(extents)) and bool(np.all(values == np.resize(extents, values.size)))
+        return _from_shapes(expr, bound)
+
+    return ok
+
+
 def _from_shapes(expr: Any, bound: Mapping[relax.Var, Any], depth: int = 8) -> bool:
     """Whether ``expr`` is computed from tensor shapes alone (the frontends' axis extents)."""
-    if isinstance(expr, tvm.ir.Constant):
-        return True
     value = bound.get(expr) if isinstance(expr, relax.Var) else None
     if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op) or depth == 0:
-        return isinstance(value, relax.ShapeExpr)
+        return False
     if value.op.name == "relax.shape_of":
         return True
     if value.op.name not in ("relax.shape_to_tensor", "relax.take", "relax.strided_slice", "relax.astype",
                              "relax.reshape"):
         return False
-    return all(_from_shapes(a, bound, depth - 1) for a in value.args if isinstance(a, relax.Expr)
-               and not isinstance(a, relax.ShapeExpr | relax.PrimValue | relax.StringImm))
+    tensors = [a for a in value.args if isinstance(a, relax.Var | tvm.ir.Constant)]
+    return all(isinstance(a, tvm.ir.Constant) or _from_shapes(a, bound, depth - 1) for a in tensors)
 
 
-def _region_index_inputs(region_func: Any, symbol: str) -> Iterator[tuple[IndexInput, int, None, str]]:
-    """The index inputs of the ops inside a region function that come from the region's inputs:
-    ``(input, position of the region argument, None, description)``."""
-    params = {p: k for k, p in enumerate(region_func.params)}
-    for call, var, mapping in _calls_in(region_func, {}):
+def _region_index_inputs(mod: tvm.IRModule, region_call: relax.Call, entry_bound: Mapping[relax.Var, Any]
+                         ) -> Iterator[tuple[IndexInput, int, None, str]]:
+    """The index inputs of the ops inside the region ``region_call`` calls that come from the region's
+    inputs (through reshapes, casts and normalizations): ``(input, argument position, None, what)``."""
+    region = mod[region_call.op]
+    params = {p: k for k, p in enumerate(region.params)}
+    bound = _flattened(mod, region)
+
+    def outer(expr: Any) -> Any:  # a region parameter is the call's argument
+        return region_call.args[params[expr]] if expr in params else expr
+
+    for var, call in bound.items():
         if not isinstance(call.op, tvm.ir.Op) or call.op.name not in INDEX_OPS:
             continue
-        bound = {b.var: b.value for blk in region_func.body.blocks for b in blk.bindings}
         for index in INDEX_OPS[call.op.name](call):
             if index.field is not None:
                 continue
-            source = _follow(call.args[index.arg], mapping, bound)
+            source = _trace(call.args[index.arg], bound, _extent_check(index.extents, entry_bound, outer), outer)
             if source in params:
-                yield index, params[source], None, f"{_describe(call, var)} in region {symbol}"
+                yield index, params[source], None, f"{_describe(call, var)} in region {region_call.op.name_hint}"
 
 
-def _calls_in(func: Any, mapping: dict) -> Iterator[tuple[relax.Call, relax.Var, dict]]:
-    """Every op call of ``func`` and of the local functions it calls (a region's composites), with the
-    map from each inner parameter to the outer value it receives."""
-    local = {}
+def _flattened(mod: tvm.IRModule, func: relax.Function) -> dict[relax.Var, Any]:
+    """``func``'s bindings with each call of a one-op function (a region's composite) replaced by that
+    op's call on ``func``'s own values, so that chains across composites read as one."""
+    out: dict[relax.Var, Any] = {}
     for block in func.body.blocks:
         for binding in block.bindings:
             value = binding.value
-            if isinstance(value, relax.Function):
-                local[binding.var] = value
-            elif isinstance(value, relax.Call):
-                callee = local.get(value.op) if isinstance(value.op, relax.Var) else None
-                if callee is not None:
-                    inner = {p: mapping.get(a, a) for p, a in zip(callee.params, value.args)}
-                    yield from _calls_in(callee, inner)
-                else:
-                    yield value, binding.var, mapping
+            if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.GlobalVar):
+                single = _single_op(mod[value.op], list(value.args))
+                value = value if single is None else single
+            out[binding.var] = value
+    return out
 
 
-def _follow(expr: Any, mapping: dict, bound: Mapping[relax.Var, Any]) -> Any:
-    """``expr`` traced back through parameters of composites, reshapes, casts and normalizations."""
-    for _ in range(16):
-        expr = mapping.get(expr, expr)
-        value = bound.get(expr) if isinstance(expr, relax.Var) else None
-        inner = None if value is None else (_reshape_or_cast_source(value) or _normalization_source(value, bound))
-        if inner is None:
-            return expr
-        expr = inner
-    return expr
+def _single_op(func: Any, args: list[Any]) -> relax.Call | None:
+    """The one op call ``func`` makes (through the local composite function it may wrap it in), on
+    ``args`` in place of its parameters; None when it makes more or other calls."""
+    if not isinstance(func, relax.Function):
+        return None
+    local, calls = {}, []
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            if isinstance(binding.value, relax.Function):
+                local[binding.var] = binding.value
+            else:
+                calls.append(binding)
+    if len(calls) != 1 or not calls[0].var.same_as(func.body.body) or not isinstance(calls[0].value, relax.Call):
+        return None
+    mapping = dict(zip(func.params, args))
+    call = calls[0].value
+    inner_args = [mapping.get(a, a) if isinstance(a, relax.Var) else a for a in call.args]
+    if isinstance(call.op, relax.Var) and call.op in local:
+        return _single_op(local[call.op], inner_args)
+    if isinstance(call.op, tvm.ir.Op):
+        return relax.Call(call.op, inner_args, call.attrs, call.ty_args, call.span)
+    return None
 
 
 def _region_of(call: relax.Call, regions: Mapping[str, Any]) -> Any:
