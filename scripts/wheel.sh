@@ -7,6 +7,9 @@
 # with other copies, and tags the wheel with the oldest manylinux its symbols allow. TVM's own libraries
 # (libtvm_runtime.so, libtvm_ffi.so) stay out: the apache-tvm and apache-tvm-ffi wheels, dependencies of
 # this one, install them beside it, where the library's RUNPATH ($ORIGIN/../../tvm/lib, ...) finds them.
+# The wheel also carries the public C++ headers and a CMake package (tvm_hetero/share/cmake/tvm_hetero) for
+# programs built against the installed wheel; ziglang, a dependency, links exported kernels where no C
+# compiler is installed (docs/runtime.md).
 #
 #   scripts/wheel.sh && pip install dist/tvm_hetero-*.whl
 #   TVM_HETERO_WITH_ONEDNN=OFF scripts/wheel.sh     # without oneDNN: CPU convolutions many times slower
