@@ -120,6 +120,22 @@ def test_every_bad_index_is_an_error_naming_the_node_and_the_next_run_is_right(w
         assert_matches(w.ask(good), f"{model} after the bad index {value}")
 
 
+def test_indices_of_an_htp_region_are_checked_on_the_cpu_before_it(worker):
+    """QNN takes the Gather (and ONNX's normalization of negatives) into its region; the check runs on
+    the CPU before the region, so QNN never sees a bad index and -1 still means the last row."""
+    pytest.importorskip("onnxruntime_qnn")
+    w = worker("gather_htp")
+    good = np.array([[0, 5, 999], [-1, -1000, 7]])
+    assert_matches(w.ask(good), "HTP in range")
+    for value in BAD:
+        bad = good.copy()
+        bad[0, 2] = value
+        answer = w.ask(bad)
+        assert_index_error(answer, "embed_tokens", value, -N, N, "ids[0, 2]")
+        assert "in region" in answer["message"], answer
+        assert_matches(w.ask(good), f"HTP after {value}")
+
+
 def test_gather_nd_checks_each_coordinate_against_its_own_axis(worker):
     w = worker("gather_nd")
     ok = np.array([[0, 3], [1, -4], [2, 0]])
