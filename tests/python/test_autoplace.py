@@ -228,7 +228,7 @@ def test_cli_compile_place_auto(tmp_path, capsys):
     assert "automatic placement" in capsys.readouterr().out
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["report"]["autoplace"]["kernels_measured"] > 0
-    with pytest.raises(SystemExit, match="give it alone"):
+    with pytest.raises(ValueError, match="give it alone"):
         cli.parse_placement(["auto", "conv2d=1"], None, 2)
 
 

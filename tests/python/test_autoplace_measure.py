@@ -121,3 +121,21 @@ def test_targets_auto_measures_the_built_graph_with_the_settings_its_kernels_wer
     discovered = [d.options for d in tvm_hetero.devices() if runs_tvm_kernels(d.device)]
     assert art.build_report.autoplace["measured_seconds"] == 1e-3
     assert measured_with and measured_with[0] == discovered  # not None: the caller gave no options
+    assert art.build_report.autoplace["device_options"] == discovered  # what to run the artifact with
+
+
+def test_a_built_graph_measured_with_other_discovered_settings_is_measured_again(tmp_path, monkeypatch):
+    from test_autoplace import LatencyFake
+    from tvm_hetero.compiler import build as build_module
+    from tvm_hetero.devices import DeviceInfo
+
+    def discovered(threads):
+        return lambda: [DeviceInfo(tvm.cpu(0), "llvm", {"cores": [0], "num_threads": threads}, "cpu")]
+
+    measurer = LatencyFake(1e-3, 1e-3)
+    for threads, measured_before in ((1, 0), (2, 1)):  # the machine's discovered settings change
+        monkeypatch.setattr(build_module, "discover_devices", discovered(threads))
+        art = tvm_hetero.build(MLP, targets="auto", placement="auto", params=PARAMS, backends=(),
+                               cost_cache=tmp_path / "c.sqlite", measurer=measurer)
+        assert measurer.latencies_measured == measured_before + 1
+        assert not art.build_report.autoplace["measured_cached"]
