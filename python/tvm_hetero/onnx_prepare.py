@@ -11,14 +11,18 @@ The steps, repeated until nothing more folds:
 
 1. ``onnx.shape_inference.infer_shapes`` with data propagation: every value whose shape follows from
    the (given) input shapes gets it.
-2. In graph order, a node is *constant* when it is deterministic, has no subgraph, belongs to the
-   default domain and every input is an initializer, a ``Constant``'s value or an earlier constant
+2. In graph order, a node is *constant* when it is deterministic, has no subgraph, is no
+   ``DequantizeLinear`` (a quantized weight stays one, for the QDQ units of the backends), belongs
+   to the default domain and every input is an initializer, a ``Constant``'s value or an earlier constant
    node's output; a ``Shape`` (or ``Size``) of a value of fully known shape is constant too, whatever
-   the value. A constant node is evaluated by ``onnx.reference`` (ONNX's own implementation of the
-   operators) and its outputs become initializers when each output is no larger than the inputs it
-   reads together, or than :data:`FOLD_LIMIT_BYTES` (so folding never makes a large tensor from a
-   small one: a weight made by ``ConstantOfShape`` folds, an activation-sized broadcast of a scalar
-   beyond the limit stays an op; the limit is the one of the Relax pass, compiler/fold_constant_ops.py). A node the reference cannot evaluate is left as it is.
+   the value. A constant node reading at most :data:`INPUT_LIMIT_BYTES` is evaluated by
+   ``onnx.reference`` (ONNX's own implementation of the operators, in Python: meant for shape
+   arithmetic and small tensors; a constant node reading more is left to the Relax pass
+   ``FoldConstantOps``, which folds it compiled) and its outputs become initializers when each
+   output is no larger than the inputs it reads together, or than ``FOLD_LIMIT_BYTES`` (so folding
+   never makes a large tensor from a small one: a weight made by ``ConstantOfShape`` folds, an
+   activation-sized broadcast of a scalar beyond the limit stays an op; the limit is the Relax
+   pass's, compiler/fold_constant_ops.py). A node the reference cannot evaluate is left as it is.
 3. Initializers no longer read are dropped (those listed as graph inputs, old-style, are kept).
 
 Guarantee: the prepared model computes what the original does for inputs of the given shapes (each
@@ -35,11 +39,16 @@ import numpy as np
 
 from .compiler.fold_constant_ops import FOLD_LIMIT_BYTES
 
+#: A constant node reading more than this is left to the Relax pass (module docstring).
+INPUT_LIMIT_BYTES = 1 << 20
 #: Ops whose value is not a function of their inputs: never folded.
 RANDOM_OPS = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
                         "Bernoulli", "Dropout"})
 #: Ops with graph attributes (subgraphs): left to the frontend.
 SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
+#: A quantized weight's dequantize: kept, as the backends' QDQ units read it (so nothing made from it
+#: folds either).
+KEPT_OPS = frozenset({"DequantizeLinear"})
 
 
 def input_dims(value: Any) -> list[int | str | None]:
@@ -165,7 +174,7 @@ def _fold_once(model: Any) -> bool:
 def _evaluate(node: Any, known: dict[str, np.ndarray], shapes: dict[str, tuple[int, ...]],
               opsets: dict[str, int]) -> list[np.ndarray] | None:
     """The outputs of ``node`` when it is constant (module rule), else None."""
-    if node.domain not in ("", "ai.onnx") or node.op_type in RANDOM_OPS | SUBGRAPH_OPS or not node.output:
+    if node.domain not in ("", "ai.onnx") or node.op_type in RANDOM_OPS | SUBGRAPH_OPS | KEPT_OPS or not node.output:
         return None
     if node.op_type in ("Shape", "Size") and node.input[0] not in known:
         if node.input[0] not in shapes:
@@ -175,6 +184,8 @@ def _evaluate(node: Any, known: dict[str, np.ndarray], shapes: dict[str, tuple[i
             return [np.array(int(np.prod(shape)), dtype=np.int64)]
         return [_shape_slice(node, shape)]
     if not all(name in known for name in node.input if name):
+        return None
+    if sum(known[name].nbytes for name in node.input if name) > INPUT_LIMIT_BYTES:
         return None
     return _run_reference(node, known, opsets)
 

@@ -322,7 +322,8 @@ def test_light_model_matches_onnxruntime(name):
     art = run_both(model, rtol=1e-3, atol=1e-3 * 10 ** (4 if name == "resnet50" else 0))
     ((_backend, _device, regions, ops),) = art.build_report.backend_regions
     print(f"{name}: {regions} oneDNN regions holding {ops} ops, {len(region_nodes(art))} region nodes")
-    assert ops >= 100 and regions == len(region_nodes(art))
+    # Nearly every op is oneDNN's (the bias reshapes are folded at build, so they are not counted).
+    assert ops >= 0.95 * sum(art.build_report.ops_per_device) and regions == len(region_nodes(art))
 
 
 @needs_dnnl

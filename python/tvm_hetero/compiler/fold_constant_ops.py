@@ -86,15 +86,21 @@ def fold_constant_ops(func: relax.Function, limit_bytes: int = FOLD_LIMIT_BYTES)
     analysis = analyse_constants(func)
     if not analysis.computable:
         return func
-    fold = _chosen(func, analysis, limit_bytes)
-    values = _evaluate(analysis, fold)
-    if not values:
-        return func
+    values = evaluate_on_host(analysis, _chosen(func, analysis, limit_bytes))
+    return with_constants(func, values) if values else func
+
+
+def with_constants(func: relax.Function, values: dict[relax.Var, np.ndarray]) -> relax.Function:
+    """``func`` with each binding of ``values`` bound to its value as a constant, its readers reading
+    that constant, and the bindings nobody reads any more removed."""
     folded = {var: relax.const(value, str(var.ty.dtype)) for var, value in values.items()}
     blocks = []
     for block in func.body.blocks:
         kept = []
         for binding in block.bindings:
+            if not isinstance(binding, relax.VarBinding):
+                kept.append(binding)  # a match_cast reads the folded variable, still bound to its constant
+                continue
             value = binding.value
             if binding.var in folded:
                 value = folded[binding.var]  # still bound: the function's output may name it
@@ -213,9 +219,9 @@ def _bytes_of(var: relax.Var) -> int:
     return int(np.prod(static_shape(var.ty), dtype=np.int64)) * np.dtype(str(var.ty.dtype)).itemsize
 
 
-def _evaluate(analysis: ConstantAnalysis, fold: list[relax.Var]) -> dict[relax.Var, np.ndarray]:
-    """The values of ``fold``: all in one host function, or (when one op cannot be built or run on
-    the host) each alone, leaving out the ones that fail."""
+def evaluate_on_host(analysis: ConstantAnalysis, fold: list[relax.Var]) -> dict[relax.Var, np.ndarray]:
+    """The values of the computable bindings ``fold``: all in one host function, or (when one op
+    cannot be built or run on the host) each alone, leaving out the ones that fail."""
     if not fold:
         return {}
     together = _try_on_host(analysis, fold)
@@ -256,4 +262,4 @@ def _run_on_host(analysis: ConstantAnalysis, fold: list[relax.Var]) -> dict[rela
 
 
 __all__ = ["FOLD_LIMIT_BYTES", "ConstantAnalysis", "FoldConstantOps", "analyse_constants", "computed_weight_notes",
-           "fold_constant_ops"]
+           "evaluate_on_host", "fold_constant_ops", "with_constants"]

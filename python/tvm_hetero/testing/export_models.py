@@ -96,17 +96,10 @@ def transformers_gpt2_onnx(seed: int = 0, sequence: int = BERT_SEQUENCE, dynamic
     _randomize_constant_parameters(torch, gpt2, seed)
     gpt2.eval()
 
-    class Logits(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.gpt2 = gpt2
-
-        def forward(self, input_ids, attention_mask):
-            return self.gpt2(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
-
+    logits = _exported_as(torch, gpt2, lambda m, ids, mask: m(input_ids=ids, attention_mask=mask, use_cache=False).logits)
     axes = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"}}
-    return _export(torch, Logits().eval(), _token_args(torch, seed, sequence), ["input_ids", "attention_mask"],
-                   ["logits"], axes if dynamic else None)
+    return _export(torch, logits, _token_args(torch, seed, sequence), ["input_ids", "attention_mask"], ["logits"],
+                   axes if dynamic else None)
 
 
 def transformers_bert_onnx(seed: int = 0, sequence: int = BERT_SEQUENCE):
@@ -126,15 +119,8 @@ def transformers_bert_onnx(seed: int = 0, sequence: int = BERT_SEQUENCE):
     _randomize_constant_parameters(torch, bert, seed)
     bert.eval()
 
-    class LastHidden(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.bert = bert
-
-        def forward(self, input_ids, attention_mask):
-            return self.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-
-    return _export(torch, LastHidden().eval(), _token_args(torch, seed, sequence), ["input_ids", "attention_mask"],
+    hidden = _exported_as(torch, bert, lambda m, ids, mask: m(input_ids=ids, attention_mask=mask).last_hidden_state)
+    return _export(torch, hidden, _token_args(torch, seed, sequence), ["input_ids", "attention_mask"],
                    ["last_hidden_state"])
 
 
@@ -152,16 +138,8 @@ def transformers_mobilenet_v2_onnx(seed: int = 0, image_size: int = 96):
     _randomize_batch_norms(torch, model, seed)
     model.eval()
 
-    class Logits(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = model
-
-        def forward(self, pixel_values):
-            return self.model(pixel_values=pixel_values).logits
-
-    example = torch.randn(1, 3, image_size, image_size)
-    return _export(torch, Logits().eval(), (example,), ["pixel_values"], ["logits"])
+    logits = _exported_as(torch, model, lambda m, pixels: m(pixel_values=pixels).logits)
+    return _export(torch, logits, (torch.randn(1, 3, image_size, image_size),), ["pixel_values"], ["logits"])
 
 
 def sample_inputs(model, seed: int = 1) -> dict[str, np.ndarray]:
@@ -192,6 +170,21 @@ def _bert_inputs(rng: np.random.Generator, sequence: int) -> dict[str, np.ndarra
     mask = np.ones((1, sequence), dtype=np.int64)
     mask[:, sequence - sequence // 4:] = 0
     return {"input_ids": rng.integers(0, BERT_VOCAB, size=(1, sequence), dtype=np.int64), "attention_mask": mask}
+
+
+def _exported_as(torch, model, forward):
+    """``model`` seen through ``forward(model, *inputs)`` (keyword arguments, one output picked), as a
+    module in eval mode for the exporter."""
+
+    class Exported(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, *inputs):
+            return forward(self.model, *inputs)
+
+    return Exported().eval()
 
 
 def _token_args(torch, seed: int, sequence: int) -> tuple:
