@@ -176,3 +176,28 @@ def test_cli_rejects_a_malformed_input_shape(tmp_path, capsys, spec) -> None:
     assert cli.main(["compile", str(path), "-o", str(tmp_path / "out"), "--input-shape", spec]) != 0
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--input-shape" in err and "NAME=D0,D1" in err
+
+
+def test_preparation_folds_constant_generators_but_keeps_quantized_weights() -> None:
+    """A weight made by ConstantOfShape becomes an initializer; a DequantizeLinear of an int8 weight
+    stays (the backends' QDQ units read it), and so does the MatMul reading it."""
+    shape = numpy_helper.from_array(np.array([4, 4], np.int64), "shape")
+    q = numpy_helper.from_array(np.arange(16, dtype=np.int8).reshape(4, 4), "q")
+    scale = numpy_helper.from_array(np.array(0.5, np.float32), "scale")
+    graph = helper.make_graph(
+        [helper.make_node("ConstantOfShape", ["shape"], ["ones"], name="fill",
+                          value=numpy_helper.from_array(np.ones(1, np.float32))),
+         helper.make_node("DequantizeLinear", ["q", "scale"], ["w"], name="dq"),
+         helper.make_node("MatMul", ["x", "ones"], ["a"], name="mm_ones"),
+         helper.make_node("MatMul", ["a", "w"], ["y"], name="mm_w")],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])], [shape, q, scale])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = export_models.IR_VERSION
+    prepared = prepare_onnx(model)
+    assert [n.name for n in prepared.graph.node] == ["dq", "mm_ones", "mm_w"]
+    ones = {t.name: numpy_helper.to_array(t) for t in prepared.graph.initializer}["ones"]
+    np.testing.assert_array_equal(ones, np.ones((4, 4), np.float32))
+    x = np.random.default_rng(2).standard_normal((2, 4)).astype(np.float32)
+    np.testing.assert_allclose(onnxruntime_outputs(prepared, {"x": x})[0], onnxruntime_outputs(model, {"x": x})[0],
+                               rtol=1e-6)
