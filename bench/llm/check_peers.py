@@ -4,7 +4,8 @@
 
 For a prompt of generated text, each peer's next-token logits after the prompt are compared with
 transformers' (fp32, eager): the largest difference over the largest |logit|, and whether the
-argmax agrees; then each peer's greedy tokens are compared. llama.cpp's logits are read at every
+argmax agrees; then each peer's greedy tokens are compared, and each peer's own tokenizer on a line
+of text. llama.cpp's logits are read at every
 prompt position (``logits_all``), which also checks the GGUF conversion's q/k row order for RoPE:
 a wrong order leaves position 0 right and every later position wrong. The fp32 lines must agree
 (relative error below ``--tol``, same argmax, same tokens); the 8-bit lines are reported only, their
@@ -67,6 +68,29 @@ def ortgenai_logits(checkpoint: Path, prompt: list[int], int8: bool) -> np.ndarr
     return np.asarray(generator.get_logits(), dtype=np.float32).reshape(1, -1)
 
 
+def tokenizations(checkpoint: Path) -> dict[str, list[int]]:
+    """One generated line through each peer's own tokenizer (all read the checkpoint's tokenizer.json;
+    llama.cpp its GGUF copy): transformers' ids, then whichever peers import."""
+    from transformers import AutoTokenizer
+
+    text = checkpoints.generated_text(32, seed=2)[0]
+    out = {"transformers": AutoTokenizer.from_pretrained(checkpoint)(text)["input_ids"]}
+    try:
+        from peer_llamacpp import gguf_file, load
+
+        out["llama.cpp"] = load(gguf_file(checkpoint, False), 1, 64).tokenize(text.encode(), add_bos=False)
+    except ImportError:
+        pass
+    try:
+        import onnxruntime_genai as og
+        from peer_ortgenai import built_model
+
+        out["onnxruntime-genai"] = og.Tokenizer(og.Model(str(built_model(checkpoint, "fp32")))).encode(text).tolist()
+    except ImportError:
+        pass
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", default="tiny", choices=list(checkpoints.SHAPES))
@@ -79,6 +103,12 @@ def main() -> int:
     ref = transformers_logits(checkpoint, prompt)
 
     failures = []
+    tokenized = tokenizations(checkpoint)
+    for name, ids in tokenized.items():
+        same = ids == tokenized["transformers"]
+        print(f"{name:<34} tokenizer: {len(ids)} ids, same as transformers: {same}")
+        if not same:
+            failures.append(f"{name} tokenizer")
 
     def report(label: str, got: np.ndarray, fp32: bool) -> None:
         err = rel_err(got, ref[-len(got):])

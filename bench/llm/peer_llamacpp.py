@@ -1,7 +1,8 @@
 """The llama.cpp peer through llama-cpp-python: the checkpoint as a GGUF file (gguf_export.py), F32 or
 Q8_0 for the 8-bit line, greedy, driven with token ids.
 
-``n_threads`` (decode) and ``n_threads_batch`` (the prompt) are both the thread count. Each call
+``n_threads`` (decode) and ``n_threads_batch`` (the prompt) are both the thread count; the whole
+prompt is one batch (``n_batch`` = ``n_ubatch`` = the context). Each call
 starts from an empty cache (``reset``), so the prompt is evaluated every time rather than found in
 llama-cpp-python's prefix cache.
 """
@@ -24,10 +25,13 @@ def gguf_file(checkpoint: Path, q8: bool) -> Path:
 
 
 def load(path: Path, threads: int, n_ctx: int, logits_all: bool = False):
-    from llama_cpp import Llama
+    """A context with an fp32 KV cache, as the other peers keep (llama.cpp's default f16 cache alone
+    moves the logits by ~1e-3 of their range; its traffic is a few MB against hundreds of weights)."""
+    import llama_cpp
 
-    return Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, n_threads=threads,
-                 n_threads_batch=threads, logits_all=logits_all, verbose=False)
+    return llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, n_threads=threads,
+                           n_threads_batch=threads, type_k=llama_cpp.GGML_TYPE_F32,
+                           type_v=llama_cpp.GGML_TYPE_F32, logits_all=logits_all, verbose=False)
 
 
 class LlamaCppPeer:
