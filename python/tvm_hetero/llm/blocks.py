@@ -16,7 +16,16 @@ import numpy as np
 from tvm import relax, tirx
 
 from .config import DecoderConfig
-from .graph_io import CACHE_MASK, CHUNK_MASK, LOGIT_ROW, POSITIONS, data_inputs, key_cache, value_cache
+from .graph_io import (
+    CACHE_MASK,
+    CHUNK_MASK,
+    LOGIT_ROW,
+    POSITIONS,
+    TOKENS,
+    data_inputs,
+    key_cache,
+    value_cache,
+)
 
 op = relax.op
 
@@ -42,14 +51,18 @@ class GraphBuilder:
     def emit(self, expr: Any) -> relax.Var:
         return self.builder.emit(expr)
 
-    def linear(self, x: relax.Expr, weight: str, bias: str | None = None, transposed: bool = True) -> relax.Var:
-        """``x @ W.T (+ b)`` for a (out, in) weight (torch Linear); ``transposed=False``: ``x @ W`` for
-        an (in, out) weight (GPT-2's Conv1D). oneDNN takes either form as one matmul region."""
-        w = self[weight]
-        if transposed:
-            w = self.emit(op.permute_dims(w, [1, 0]))
-        y = self.emit(op.matmul(x, w))
+    def linear(self, x: relax.Expr, weight: str, bias: str | None = None) -> relax.Var:
+        """``x @ W (+ b)`` for an (in, out) weight (family.py: the graphs' layout); one oneDNN region."""
+        y = self.emit(op.matmul(x, self[weight]))
         return self.emit(op.add(y, self[bias])) if bias else y
+
+    def embed(self, table: str, transposed: bool) -> relax.Var:
+        """The chunk's token embeddings [1, n, hidden] from a (vocab, hidden) table, or from the
+        (hidden, vocab) LM head it is tied to (``transposed``: columns gathered)."""
+        tokens = self[TOKENS]
+        if not transposed:
+            return self.emit(op.take(self[table], tokens, axis=0))
+        return self.emit(op.permute_dims(op.take(self[table], tokens, axis=1), [1, 2, 0]))
 
     def rms_norm(self, x: relax.Expr, weight: str) -> relax.Var:
         return self.emit(op.nn.rms_norm(x, self[weight], axes=[-1], epsilon=self.cfg.norm_eps))
@@ -102,11 +115,10 @@ class GraphBuilder:
                                    [1, n, cfg.num_heads * d]))
         return out, new_keys, new_values
 
-    def finish(self, hidden: relax.Expr, norm: Any, lm_head: str, lm_head_transposed: bool,
-               new_rows: list[relax.Var]) -> relax.Function:
+    def finish(self, hidden: relax.Expr, norm: Any, lm_head: str, new_rows: list[relax.Var]) -> relax.Function:
         """Logits of ``logit_row`` (normed by ``norm(x)``) and the new rows as the function's outputs."""
         last = self.emit(op.take(hidden, self[LOGIT_ROW], axis=1))  # [1, 1, hidden]
-        logits = self.linear(norm(last), lm_head, transposed=lm_head_transposed)
+        logits = self.linear(norm(last), lm_head)
         return self.emit(relax.Tuple([logits, *new_rows]))
 
 

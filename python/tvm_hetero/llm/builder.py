@@ -23,6 +23,7 @@ from .buckets import check_sizes
 from .checkpoint import load_weights, read_checkpoint
 from .entry_graphs import EntryGraph, create_runtimes
 from .export import read_exported
+from .family import graph_weight_shapes, graph_weights
 from .model import LanguageModel
 
 PHASES = ("prefill", "decode")
@@ -50,9 +51,9 @@ def build(model: Any, targets: Any = None, *, capacity: int = 512,
     checkpoint = read_checkpoint(model)
     cfg = checkpoint.config
     family = family_builder(cfg)
-    weights = load_weights(checkpoint, family.weight_shapes(cfg))
-    weights.update(family.derived_weights(cfg, capacity))
-    symbolic = tvm.IRModule({"main": family.entry_function(cfg, capacity)})
+    weights = graph_weights(family, cfg, load_weights(checkpoint, family.weight_shapes(cfg)), capacity)
+    shapes = graph_weight_shapes(family, cfg, capacity)
+    symbolic = tvm.IRModule({"main": family.entry_function(cfg, capacity, shapes)})
     graphs = []
     for size in sorted(set(sizes) | {1}):
         phase = "decode" if size == 1 else "prefill"

@@ -1,4 +1,10 @@
-"""What each decoder family's file provides to the builder."""
+"""What each decoder family's file provides to the builder, and the graph's weights made from it.
+
+Weights reach the graphs in the layout oneDNN multiplies fastest: every projection weight (and the
+LM head) as (in, out), so ``x @ W`` reads no transposed operand (an (out, in) LM head made the
+one-row decode matmul 1.09x slower, interleaved median). A tied LM head is that one (hidden, vocab)
+tensor, which the token embedding also gathers from (columns), so the largest tensor is held once.
+"""
 
 from __future__ import annotations
 
@@ -12,9 +18,30 @@ from .config import DecoderConfig
 
 
 class Family(NamedTuple):
-    """A family's graph builder: the checkpoint tensors it reads (Hugging Face name -> shape), the
-    weights it derives from the configuration, and its entry function (symbolic chunk length)."""
+    """A family's graph builder: the checkpoint tensors it reads (Hugging Face name -> shape), which
+    of them the graphs take transposed to (in, out), the weights it derives from the configuration,
+    and its entry function (symbolic chunk length) given the graph's weight shapes."""
 
     weight_shapes: Callable[[DecoderConfig], dict[str, tuple[int, ...]]]
+    transposed: Callable[[DecoderConfig], set[str]]
     derived_weights: Callable[[DecoderConfig, int], dict[str, np.ndarray]]
-    entry_function: Callable[[DecoderConfig, int], relax.Function]
+    entry_function: Callable[[DecoderConfig, int, dict[str, tuple[int, ...]]], relax.Function]
+
+
+def graph_weights(family: Family, cfg: DecoderConfig, checkpoint_weights: dict[str, np.ndarray],
+                  capacity: int) -> dict[str, np.ndarray]:
+    """The graphs' parameters: the checkpoint's tensors (the transposed ones as contiguous (in, out)
+    copies) and the derived tables."""
+    transposed = family.transposed(cfg)
+    weights = {name: np.ascontiguousarray(value.T) if name in transposed else value
+               for name, value in checkpoint_weights.items()}
+    weights.update(family.derived_weights(cfg, capacity))
+    return weights
+
+
+def graph_weight_shapes(family: Family, cfg: DecoderConfig, capacity: int) -> dict[str, tuple[int, ...]]:
+    transposed = family.transposed(cfg)
+    shapes = {name: tuple(reversed(shape)) if name in transposed else shape
+              for name, shape in family.weight_shapes(cfg).items()}
+    shapes.update({name: table.shape for name, table in family.derived_weights(cfg, capacity).items()})
+    return shapes

@@ -9,7 +9,7 @@ from tvm import relax
 from .blocks import GraphBuilder, make_function
 from .config import DecoderConfig
 from .family import Family
-from .graph_io import POSITIONS, TOKENS
+from .graph_io import POSITIONS
 
 op = relax.op
 
@@ -40,36 +40,40 @@ def derived_weights(cfg: DecoderConfig, capacity: int) -> dict[str, np.ndarray]:
     return {}
 
 
-def entry_function(cfg: DecoderConfig, capacity: int) -> relax.Function:
+def transposed(cfg: DecoderConfig) -> set[str]:
+    """The token embedding, which is also the LM head: (hidden, vocab) in the graphs. Conv1D weights
+    are (in, out) already."""
+    return {"transformer.wte.weight"}
+
+
+def entry_function(cfg: DecoderConfig, capacity: int, shapes: dict[str, tuple[int, ...]]) -> relax.Function:
     """The chunk graph with a symbolic chunk length ``n`` (inputs and outputs: :mod:`.graph_io`)."""
     if cfg.max_positions is not None and capacity > cfg.max_positions:
         raise ValueError(f"gpt2: a cache capacity of {capacity} tokens exceeds the model's {cfg.max_positions} "
                          "learned positions (n_positions)")
-    return make_function(GraphBuilder(cfg, capacity, weight_shapes(cfg)), lambda g: _body(g, cfg))
+    return make_function(GraphBuilder(cfg, capacity, shapes), lambda g: _body(g, cfg))
 
 
 def _body(g: GraphBuilder, cfg: DecoderConfig) -> relax.Var:
     heads = cfg.num_heads
-    tokens = g.emit(op.take(g["transformer.wte.weight"], g[TOKENS], axis=0))  # [1, n, h]
+    tokens = g.embed("transformer.wte.weight", transposed=True)  # [1, n, h]
     positions = g.emit(op.take(g["transformer.wpe.weight"], g[POSITIONS], axis=0))  # [n, h]
     hidden = g.emit(op.add(tokens, positions))
     new_rows = []
     for i in range(cfg.num_layers):
         p = f"transformer.h.{i}."
         x = g.layer_norm(hidden, p + "ln_1.weight", p + "ln_1.bias")
-        qkv = g.linear(x, p + "attn.c_attn.weight", p + "attn.c_attn.bias", transposed=False)
+        qkv = g.linear(x, p + "attn.c_attn.weight", p + "attn.c_attn.bias")
         parts = g.emit(op.split(qkv, 3, axis=2))
         q, k, v = (g.heads(g.emit(relax.TupleGetItem(parts, j)), heads) for j in range(3))
         attended, new_keys, new_values = g.cache_attention(i, q, k, v)
         new_rows += [new_keys, new_values]
-        hidden = g.emit(op.add(hidden, g.linear(attended, p + "attn.c_proj.weight", p + "attn.c_proj.bias",
-                                                transposed=False)))
+        hidden = g.emit(op.add(hidden, g.linear(attended, p + "attn.c_proj.weight", p + "attn.c_proj.bias")))
         x = g.layer_norm(hidden, p + "ln_2.weight", p + "ln_2.bias")
-        x = g.emit(op.nn.gelu_tanh(g.linear(x, p + "mlp.c_fc.weight", p + "mlp.c_fc.bias", transposed=False)))
-        hidden = g.emit(op.add(hidden, g.linear(x, p + "mlp.c_proj.weight", p + "mlp.c_proj.bias",
-                                                transposed=False)))
+        x = g.emit(op.nn.gelu_tanh(g.linear(x, p + "mlp.c_fc.weight", p + "mlp.c_fc.bias")))
+        hidden = g.emit(op.add(hidden, g.linear(x, p + "mlp.c_proj.weight", p + "mlp.c_proj.bias")))
     norm = lambda x: g.layer_norm(x, "transformer.ln_f.weight", "transformer.ln_f.bias")
-    return g.finish(hidden, norm, "transformer.wte.weight", True, new_rows)
+    return g.finish(hidden, norm, "transformer.wte.weight", new_rows)
 
 
-FAMILY = Family(weight_shapes, derived_weights, entry_function)
+FAMILY = Family(weight_shapes, transposed, derived_weights, entry_function)

@@ -12,7 +12,6 @@ from tvm import relax
 from .blocks import GraphBuilder, make_function, rope_tables
 from .config import DecoderConfig
 from .family import Family
-from .graph_io import TOKENS
 
 op = relax.op
 
@@ -46,10 +45,14 @@ def derived_weights(cfg: DecoderConfig, capacity: int) -> dict[str, np.ndarray]:
     return rope_tables(cfg, capacity)
 
 
-def entry_function(cfg: DecoderConfig, capacity: int) -> relax.Function:
+def transposed(cfg: DecoderConfig) -> set[str]:
+    """Every projection and the LM head (the embedding itself when tied): (in, out) in the graphs."""
+    names = {name for name, shape in weight_shapes(cfg).items() if len(shape) == 2}
+    return names if cfg.tie_word_embeddings else names - {"model.embed_tokens.weight"}
+
+
+def entry_function(cfg: DecoderConfig, capacity: int, shapes: dict[str, tuple[int, ...]]) -> relax.Function:
     """The chunk graph with a symbolic chunk length ``n`` (inputs and outputs: :mod:`.graph_io`)."""
-    shapes = dict(weight_shapes(cfg))
-    shapes.update({name: table.shape for name, table in derived_weights(cfg, capacity).items()})
     return make_function(GraphBuilder(cfg, capacity, shapes), lambda g: _body(g, cfg))
 
 
@@ -58,7 +61,7 @@ def _bias(g: GraphBuilder, name: str, present: bool) -> str | None:
 
 
 def _body(g: GraphBuilder, cfg: DecoderConfig) -> relax.Var:
-    hidden = g.emit(op.take(g["model.embed_tokens.weight"], g[TOKENS], axis=0))  # [1, n, h]
+    hidden = g.embed("model.embed_tokens.weight", transposed=cfg.tie_word_embeddings)  # [1, n, h]
     cos, sin = g.rope_tables()
     new_rows = []
     for i in range(cfg.num_layers):
@@ -80,7 +83,7 @@ def _body(g: GraphBuilder, cfg: DecoderConfig) -> relax.Var:
         out = g.linear(x, p + "mlp.down_proj.weight", _bias(g, p + "mlp.down_proj.bias", cfg.mlp_bias))
         hidden = g.emit(op.add(hidden, out))
     lm_head = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
-    return g.finish(hidden, lambda x: g.rms_norm(x, "model.norm.weight"), lm_head, True, new_rows)
+    return g.finish(hidden, lambda x: g.rms_norm(x, "model.norm.weight"), lm_head, new_rows)
 
 
-FAMILY = Family(weight_shapes, derived_weights, entry_function)
+FAMILY = Family(weight_shapes, transposed, derived_weights, entry_function)
