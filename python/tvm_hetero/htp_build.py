@@ -28,6 +28,7 @@ import numpy as np
 from .compiler import build as compiler_build
 from .htp_process import vendor_call
 from .qnn_ep import CALL_SECONDS, cpu_session, us_per_cycle
+from .qnn_probe import FP16_SMALLEST_NORMAL, underflow_hint
 
 #: Relative tolerance of an fp16 region (to the largest reference value).
 FP16_TOLERANCE = 1e-2
@@ -107,7 +108,9 @@ def build_verified(mod: Any, targets: Any, placement: Any, args: tuple, kwargs: 
             ok = check is not None and check.finite and check.relative_error <= tol
             results.append({"region": region["name"], "ops": region["ops"], "ok": ok,
                             "relative_error": float(check.relative_error) if check else float("nan"),
-                            "finite": bool(check.finite) if check else False})
+                            "finite": bool(check.finite) if check else False,
+                            "reference_scale": float(check.reference_scale) if check else float("nan"),
+                            "underflow": _underflow(check, htp)})
             if not ok:
                 bad.append((region, check))
         htp["quantized"] = _quantized(htp)
@@ -131,7 +134,9 @@ def build_verified(mod: Any, targets: Any, placement: Any, args: tuple, kwargs: 
             return artifact
         before = len(exclude)
         for region, check in bad:
-            reason = (f"verification: relative error {check.relative_error:.2e} > {tol:g}" if check and check.finite
+            reason = (f"verification: {underflow_hint(check.reference_scale)} (relative error "
+                      f"{check.relative_error:.2e} > {tol:g})" if _underflow(check, htp)
+                      else f"verification: relative error {check.relative_error:.2e} > {tol:g}" if check and check.finite
                       else "verification: non-finite values on the HTP (fp16 overflow)" if check
                       else "verification: the region did not run")
             keys = region["bindings"]
@@ -190,6 +195,12 @@ def _gate_small_groups(htp: dict, exclude: dict[str, str], min_flops: float) -> 
             exclude[key] = f"gate: {work} is not worth a QNN graph call (~0.16 ms fixed cost per call)"
             moved = True
     return moved
+
+
+def _underflow(check: Any, htp: dict) -> bool:
+    """An fp16 region whose every reference value is below fp16's normal range (it computes ~0)."""
+    return (check is not None and check.finite and htp["options"].get("precision") == "fp16"
+            and check.reference_scale < FP16_SMALLEST_NORMAL)
 
 
 def _quantized(htp: dict) -> bool:

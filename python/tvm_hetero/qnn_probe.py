@@ -31,6 +31,16 @@ OP_TOLERANCE = 1e-2
 #: requantizes in fixed point, ONNX Runtime's CPU in float, and random inputs push accumulators far
 #: from the calibrated range, so a few steps apart is the same answer.
 QUANTIZED_OP_STEPS = 4
+#: fp16's smallest normal number (2**-14): below it an fp16 value loses precision, below 2**-24 it is 0.
+FP16_SMALLEST_NORMAL = float(np.finfo(np.float16).tiny)
+
+
+def underflow_hint(largest: float) -> str:
+    """Why an fp16 result is off when even the largest reference value (``largest``) is below fp16's
+    normal range: the HTP computes zeros or a few bits where the CPU has values."""
+    return (f"fp16 underflow: the CPU's values are at most {largest:.1e}, below fp16's smallest normal number "
+            f"({FP16_SMALLEST_NORMAL:.1e}); scale the model's inputs or weights into fp16's range, or give it "
+            "quantized (QDQ) with precision='quantized'")
 
 
 def probe(models: list[bytes], options: dict, timeout: float = 600.0) -> list[tuple[bool, str]]:
@@ -111,6 +121,8 @@ def answer(model: bytes, options: dict) -> tuple[bool, str]:
         error = float(np.abs(g[where] - e[where]).max()) / scale
         if integer and float(np.abs(g[where] - e[where]).max()) <= QUANTIZED_OP_STEPS:
             continue
+        if error > OP_TOLERANCE and scale < FP16_SMALLEST_NORMAL and options.get("precision", "fp16") == "fp16":
+            return False, f"{underflow_hint(scale)} (relative error {error:.1e} against the CPU on random inputs)"
         if error > OP_TOLERANCE:
             return False, f"QNN computes it wrongly: relative error {error:.1e} against the CPU on random inputs"
     return True, ""

@@ -171,3 +171,18 @@ def test_bert_from_torch_builds_for_the_htp_and_matches() -> None:
     got = rt.get_output(0).numpy()
     assert got.shape == expected.shape
     assert np.abs(got - expected).max() <= FP16_TOLERANCE * np.abs(expected).max()
+
+
+@pytest.mark.parametrize("mode", ["constant", "reflect", "replicate"])
+def test_a_pad_is_exported_and_computes_what_tvm_computes(mode) -> None:
+    """Hugging Face's MobileNetV2 pads the TensorFlow way (relax.nn.pad before each strided conv)."""
+    import onnxruntime as ort
+
+    x = relax.Var("x", relax.TensorType((1, 2, 4, 5), "float32"))
+    func = _function([x], lambda bb: relax.op.nn.pad(x, [0, 0, 0, 0, 1, 2, 0, 1], mode, 1.5))
+    model, _bound, output = assemble(describe(func), {}, "pad")
+    values = np.arange(40, dtype="float32").reshape(1, 2, 4, 5)
+    got = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run([output], {"in0": values})[0]
+    mod = relax.transform.LegalizeOps()(tvm.IRModule({"main": func}))
+    vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+    np.testing.assert_array_equal(got, vm["main"](tvm.runtime.tensor(values)).numpy())

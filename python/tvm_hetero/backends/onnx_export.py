@@ -315,6 +315,22 @@ def _clip(n: _Nodes, call: relax.Call, args: list, _s: dict) -> list:
     return n.add("Clip", [args[0], *(n.const(np.array(b, dtype)) for b in bounds)])
 
 
+#: relax.nn.pad's modes with an ONNX Pad mode (TVM computes any other as constant padding: not exported).
+_PAD_MODES = {"constant": "constant", "reflect": "reflect", "replicate": "edge"}
+
+
+def _pad(n: _Nodes, call: relax.Call, args: list, _s: dict) -> list:
+    a = call.attrs
+    mode = _PAD_MODES.get(str(a.pad_mode))
+    if mode is None:
+        raise Unexportable(f"pad in mode {a.pad_mode}")
+    widths = _ints(a.pad_width)  # (before, after) per axis; ONNX wants every before, then every after
+    inputs = [args[0], n.const(np.array(widths[0::2] + widths[1::2], "int64"))]
+    if mode == "constant":
+        inputs.append(n.const(np.array(float(a.pad_value), _tensor_info(call.ty)["dtype"])))
+    return n.add("Pad", inputs, {"mode": mode})
+
+
 def _gelu(n: _Nodes, call: relax.Call, args: list, _s: dict) -> list:
     return n.add("Gelu", [args[0]], domain="com.microsoft")
 
@@ -369,6 +385,7 @@ EXPORTERS: dict[str, Callable] = {
     "relax.negative": _unary("Neg"),
     "relax.nn.gelu": _gelu,
     "relax.clip": _clip,
+    "relax.nn.pad": _pad,
     "relax.reshape": _reshape_like_output,
     "relax.permute_dims": _permute,
     "relax.concat": _concat,

@@ -118,7 +118,8 @@ class QnnBackend(Backend):
         self.options = {**KINDS["qnn-htp"].default_options, **(options or {})}
         #: Bindings kept off the HTP, with the reason (verification, a refused finalize).
         self.exclude: dict[str, str] = dict(exclude or {})
-        #: The last prepare's answers: binding key -> (op, accepted, reason).
+        #: The last prepare's answers: binding key -> (op, accepted by QNN, QNN's reason); QNN's own
+        #: answer also for a binding kept off the HTP (``exclude`` says why it is off).
         self.answers: dict[str, tuple[str, bool, str]] = {}
         #: Multiply-add FLOPs of each conv2d and matmul binding (what "FLOPs on the HTP" counts).
         self.flops: dict[str, float] = {}
@@ -177,9 +178,6 @@ class QnnBackend(Backend):
                     self.flops[key] = _flops(value, binding.var)
                 shape = static_shape(binding.var.ty) if isinstance(binding.var.ty, relax.TensorType) else None
                 self.elements[key] = int(np.prod(shape, dtype=np.int64)) if shape is not None else 0
-                if key in self.exclude:
-                    self.answers[key] = (op, False, self.exclude[key])
-                    continue
                 try:
                     unit = unit_of.get(binding.var)
                     if unit is not None:  # a QDQ unit is asked about whole: QNN takes DQ -> op -> Q together
@@ -202,7 +200,7 @@ class QnnBackend(Backend):
         for key, (var, op, cache_key) in keyed.items():
             ok, reason = cache[cache_key]
             self.answers[key] = (op, bool(ok), reason)
-            if ok:
+            if ok and key not in self.exclude:  # QNN's answer stays on record; the exclusion decides
                 self._accepted.add(var)
         self._ask_with_readers(func, binding_of, order, unit_of, cache)
 

@@ -18,8 +18,13 @@ def explain_htp(htp: dict, devices: list[str]) -> list[str]:
     options = htp.get("options", {})
     precision = (f"QDQ units quantized, other ops {options.get('precision')}" if htp.get("quantized")
                  else options.get("precision"))
+    # What QNN accepts and what the build put on the HTP are two numbers: verification, the gate and
+    # automatic placement move accepted ops back (each with its reason, under "moved back").
+    placed = sum(region["ops"] for region in htp["regions"])
+    moved = len(htp.get("excluded", {}))
     lines.append(f"  HTP (QNN; soc {options.get('soc_model')}, v{options.get('htp_arch')}, "
-                 f"{precision}): {htp['accepted']} of {htp['asked']} Relax ops accepted by QNN; "
+                 f"{precision}): {htp['accepted']} of {htp['asked']} Relax ops accepted by QNN, {placed} placed on "
+                 f"the HTP{f' ({moved} moved back to the CPU, below)' if moved else ''}; "
                  f"{len(htp['regions'])} QNN graphs, {htp['graph_executions']} graph executions per inference")
     if htp.get("flops"):
         scale, unit = (1e9, "GFLOP") if htp["flops"] >= 1e9 else (1e6, "MFLOP")
@@ -59,6 +64,9 @@ def explain_htp(htp: dict, devices: list[str]) -> list[str]:
                      f"relative to the largest CPU value, {verification['rounds']} build round(s)):")
         for check in verification["regions"]:
             verdict = "ok" if check["ok"] else "MOVED BACK"
+            why = (", non-finite values (fp16 overflow)" if not check["finite"] else
+                   f", fp16 underflow (the CPU's values are at most {check['reference_scale']:.1e})"
+                   if check.get("underflow") else "")
             lines.append(f"    {check['region']} ({check['ops']} ops): relative error {check['relative_error']:.2e}"
-                         f"{'' if check['finite'] else ', non-finite values (fp16 overflow)'}: {verdict}")
+                         f"{why}: {verdict}")
     return lines
