@@ -226,3 +226,15 @@ def test_text_in_text_out_with_the_checkpoint_tokenizer(llama_model, tmp_path):
     text = lm.generate_text("w3 w17 w42", max_new_tokens=6)
     ids = lm.generate([3, 17, 42], max_new_tokens=6)
     assert text == " ".join(f"w{i}" for i in ids)
+
+
+def test_prefill_and_decode_on_different_devices_give_the_same_tokens(llama, llama_model):
+    import tvm
+
+    split = llm.build(llama_model, capacity=CAPACITY, prefill_chunks=(16,),
+                      targets={"prefill": [(tvm.cpu(0), "llvm")], "decode": [(tvm.cpu(1), "llvm")]})
+    text = split.report()
+    assert "decode     1 rows  on cpu:1" in text and "prefill   16 rows  on cpu:0" in text
+    assert "(cpu:1, cpu:0)" in text  # a copy of the weights on each device
+    prompt = prompt_of(40, 256)
+    assert split.generate(prompt, max_new_tokens=20) == llama.generate(prompt, max_new_tokens=20)
