@@ -117,10 +117,25 @@ def _describe_failure(model: Any, err: Exception) -> str:
     if node is None and ":" in reason:
         missing = {name.strip() for name in reason.split(":", 1)[1].split(",")}
         node = next((n for n in model.graph.node if n.op_type in missing), None)
+    hint = _symbolic_inputs_hint(model)
     if node is None:
-        return f"ONNX import failed: {type(err).__name__}: {reason}"
+        return f"ONNX import failed: {type(err).__name__}: {reason}{hint}"
     name = node.name or (node.output[0] if node.output else "?")
-    return f"ONNX node {name!r} ({node.op_type}): {reason}"
+    return f"ONNX node {name!r} ({node.op_type}): {reason}{hint}"
+
+
+def _symbolic_inputs_hint(model: Any) -> str:
+    """For a model with inputs of symbolic dims (a frequent cause of a failed conversion): which, and
+    how to give their shapes; empty otherwise."""
+    from .onnx_prepare import format_dims, input_dims, real_inputs
+
+    symbolic = [(v.name, input_dims(v)) for v in real_inputs(model)
+                if not all(isinstance(d, int) for d in input_dims(v))]
+    if not symbolic:
+        return ""
+    listed = ", ".join(f"{name} {format_dims(dims)}" for name, dims in symbolic)
+    return (f" (inputs with symbolic dims: {listed}; give their shapes with input_shapes={{'{symbolic[0][0]}': "
+            f"(...)}} or --input-shape {symbolic[0][0]}=D0,D1,...)")
 
 
 def load_onnx(path: str | Path) -> Any:

@@ -98,6 +98,7 @@ def test_what_the_frontend_cannot_take_is_one_line_naming_the_node(dynamic_gpt2)
     op_type = {n.name: n.op_type for n in dynamic_gpt2.graph.node}[node]
     assert message.startswith(f"ONNX node '{node}' ({op_type}): ")
     assert "rank" in message  # the frontend's reason, not a traceback
+    assert "input_ids (batch, sequence)" in message and "--input-shape input_ids=" in message  # the likely fix
 
 
 def test_an_op_the_frontend_lacks_is_named_with_its_node() -> None:
