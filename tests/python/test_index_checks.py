@@ -228,3 +228,90 @@ def test_drawn_indices_match_the_reference_or_raise(worker, model):
             assert "outside [" in answer["message"], answer
 
     check()
+
+
+# ---- the pass itself, on lowered graphs (nothing runs: in process) ------------------------------
+def gather_module(indices=None, index_shape=(4,)):
+    """An ONNX Gather (node "embed_tokens") over a 1000 x 8 table, then a Relu; ``indices`` given:
+    a constant index tensor instead of the input."""
+    import onnx
+    from onnx import TensorProto, helper
+    from tvm_hetero import importers
+
+    table = np.zeros((N, 8), dtype=np.float32)
+    inits = [onnx.numpy_helper.from_array(table, "table")]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [*index_shape, 8])]
+    if indices is None:
+        inputs.append(helper.make_tensor_value_info("ids", TensorProto.INT64, list(index_shape)))
+    else:
+        inits.append(onnx.numpy_helper.from_array(np.asarray(indices, dtype=np.int64), "ids"))
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["rows"], name="embed_tokens", axis=0),
+             helper.make_node("Add", ["rows", "x"], ["sum"], name="add"),
+             helper.make_node("Relu", ["sum"], ["out"], name="relu")]
+    graph = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("out", TensorProto.FLOAT,
+                                                                              [*index_shape, 8])], inits)
+    return importers.from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+
+
+def test_the_check_runs_on_the_ops_device_right_before_it():
+    from tvm_hetero.compiler.lower import lower_to_graph
+
+    lowered = lower_to_graph(gather_module(), lambda info: 1 if info.op == "relax.take" else 0, 2)
+    nodes = lowered.graph.nodes
+    check = next(i for i, n in enumerate(nodes) if n.func_name.startswith("_tvm_hetero_check_indices"))
+    gather = next(i for i, n in enumerate(nodes) if any(e.node == check for e in n.inputs))
+    assert nodes[check].device == nodes[gather].device == 1
+    assert nodes[gather].relax_ops == ["relax.take"]
+    assert nodes[nodes[check].inputs[0].node].name == "ids"  # the user's ids, before ONNX's normalization
+    assert not any("where" in op for n in nodes for op in n.relax_ops)  # that normalization is dropped
+
+
+def test_check_kernels_sort_before_every_other_kernel():
+    """TVM 0.27 compiles the kernels emitted before a packed call without their noalias compute
+    function (a gather 4x slower): the check kernels' names must sort first."""
+    from tvm_hetero.compiler.lower import lower_to_graph
+
+    names = sorted(gv.name_hint for gv in lower_to_graph(gather_module(), None, 1).kernels.functions)
+    assert names[0].startswith("_tvm_hetero_check_indices"), names
+
+
+def constant_index_module(indices):
+    """``take(data, constant indices)`` (a gather whose table is an input, so nothing folds it)."""
+    from tvm import relax
+
+    builder = relax.BlockBuilder()
+    data = relax.Var("data", relax.TensorType((N, 2), "float32"))
+    with builder.function("main", [data]):
+        with builder.dataflow():
+            out = builder.emit_output(relax.op.take(data, relax.const(np.asarray(indices, "int64")), axis=0))
+        builder.emit_func_output(out)
+    return builder.get()
+
+
+def test_constant_indices_are_checked_and_normalized_at_build_time():
+    from tvm_hetero.compiler.lower import lower_to_graph
+    from tvm_hetero.compiler.relax_helpers import LoweringError
+
+    lowered = lower_to_graph(constant_index_module([3, -1, 0, 999]), None, 1)
+    assert not any(n.func_name.startswith("_tvm_hetero_check") for n in lowered.graph.nodes)
+    assert [v.tolist() for v in lowered.params.values()] == [[3, N - 1, 0, 999]]
+    with pytest.raises(LoweringError, match=r"relax.take 'gv', input 'indices': constant index 1000 at \[2\] "
+                                            r"is outside \[-1000, 1000\)"):
+        lower_to_graph(constant_index_module([3, -1, 1000, 0]), None, 1)
+
+
+def test_take_in_wrap_mode_is_left_alone():
+    from tvm import relax
+    from tvm_hetero.compiler.index_checks import insert_index_checks
+
+    builder = relax.BlockBuilder()
+    data = relax.Var("data", relax.TensorType((5, 2), "float32"))
+    ids = relax.Var("ids", relax.TensorType((3,), "int64"))
+    with builder.function("main", [data, ids]):
+        with builder.dataflow():
+            wrapped = builder.emit(relax.op.take(data, ids, axis=0, mode="wrap"))
+            fast = builder.emit_output(relax.op.take(wrapped, ids, axis=0))
+        builder.emit_func_output(fast)
+    checked, guards = insert_index_checks(builder.get())
+    calls = [b.value for blk in checked["main"].body.blocks for b in blk.bindings]
+    assert sum(1 for c in calls if "call_tir" in str(c.op)) == 1 and guards == {}
