@@ -168,6 +168,8 @@ def _fold_once(model: Any) -> bool:
     graph.node.extend(kept)
     del graph.initializer[:]
     graph.initializer.extend(initializers)
+    # Folded values are initializers that are no graph inputs, which IR version 4 on allows.
+    model.ir_version = max(model.ir_version, 4)
     return True
 
 
