@@ -27,7 +27,7 @@ from typing import Any
 
 import tvm
 
-from ..devices import is_remote
+from ..devices import is_remote, name_of
 from ..toolchain import zig_linker
 from .compile_kernels import compile_kernels
 from .lower import LoweredGraph
@@ -157,12 +157,12 @@ def compile_kernel_libraries(
     for region in lowered.regions.values():
         if arch[region.device] != host_arch:
             raise ValueError(
-                f"backend {region.backend}: a region is placed on device {region.device} ({devices[region.device]}) "
+                f"backend {region.backend}: a region is placed on device {region.device} ({name_of(devices[region.device])}) "
                 f"whose target is for {arch[region.device]}; external backends run only on {host_arch} devices"
             )
     if arch[0] != host_arch:  # fallbacks, copies and outputs live there
         raise ValueError(
-            f"device 0 ({devices[0]}) is the primary device and runs in this process: its target must be for "
+            f"device 0 ({name_of(devices[0])}) is the primary device and runs in this process: its target must be for "
             f"{host_arch}, not {arch[0]} (put the {arch[0]} device at another position)"
         )
     host = compile_kernels(lowered, targets, only_devices=local)
@@ -170,7 +170,7 @@ def compile_kernel_libraries(
     for target_text, group in foreign.items():
         module = compile_kernels(lowered, targets, only_devices=group)
         library = DeviceLibrary(devices=group, target=target_text, arch=arch[group[0]], module=module,
-                                device_names=[str(devices[d]) for d in group])
+                                device_names=[name_of(devices[d]) for d in group])
         for d in group:
             libraries[d] = library
     return host, libraries
@@ -218,7 +218,7 @@ def check_local_devices(devices: Sequence[tvm.runtime.Device], libraries: Mappin
                              f"{len(devices)} devices were given")
         if not is_remote(devices[position]):
             raise ValueError(
-                f"device {position} ({devices[position]}) has kernels for {library.arch} (target "
+                f"device {position} ({name_of(devices[position])}) has kernels for {library.arch} (target "
                 f"{library.target_kind()}) but is a local device of this {host_architecture()} "
                 f"host, which cannot run them: pass a device of an RPC session on an {library.arch} board "
                 "(session.cpu(0); see docs/board.md)"

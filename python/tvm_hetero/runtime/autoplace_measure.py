@@ -266,7 +266,7 @@ class RuntimeMeasurer:
         for job, ids, indices in zip(jobs, kernel_ids, picked):
             missing = [job.calls[i].func_name for i, nid in zip(indices, ids) if not durations[nid]]
             if missing:
-                raise RuntimeError(f"measuring on {job.device}: the trace has no time for kernels {', '.join(missing)}")
+                raise RuntimeError(f"measuring on {name_of(job.device)}: the trace has no time for kernels {', '.join(missing)}")
             halves = [(durations[nid][: len(durations[nid]) // 2] or durations[nid],
                        durations[nid][len(durations[nid]) // 2:]) for nid in ids]
             result.append([(statistics.median(durations[nid]), statistics.median(a), statistics.median(b))
@@ -312,10 +312,10 @@ class RuntimeMeasurer:
         ``time_evaluator``: the loop runs remotely, so the call's round trip is not in the time;
         :meth:`call_latency` measures that)."""
         if job.externals:
-            raise ValueError(f"measuring on {job.device}: external backends run only on local CPUs")
+            raise ValueError(f"measuring on {name_of(job.device)}: external backends run only on local CPUs")
         session = getattr(job.device, "_rpc_sess", None)
         if session is None:
-            raise ValueError(f"measuring on {job.device}: a remote device without its RPC session")
+            raise ValueError(f"measuring on {name_of(job.device)}: a remote device without its RPC session")
         remote_lib = upload_library(session, compile_jobs([job]), "autoplace_kernels.so")
         times = []
         for call in job.calls:
@@ -336,7 +336,7 @@ class RuntimeMeasurer:
             return 0.0
         session = getattr(device, "_rpc_sess", None)
         if session is None:
-            raise ValueError(f"measuring the call latency of {device}: a remote device without its RPC session")
+            raise ValueError(f"measuring the call latency of {name_of(device)}: a remote device without its RPC session")
         tiny = upload_library(session, compile_for_target(_tiny_kernel(), tvm.target.Target("llvm")),
                               "autoplace_tiny.so")["tiny"]
         x, y = tvm.runtime.tensor(np.zeros((1,), "float32"), device), tvm.runtime.empty((1,), "float32", device)

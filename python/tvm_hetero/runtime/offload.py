@@ -22,6 +22,8 @@ from typing import Any, NamedTuple
 import tvm
 import tvm_ffi
 
+from ..devices import name_of
+
 
 class MixedRuntime(NamedTuple):
     """What :func:`create_mixed` makes; ``graph_runtime.create`` wraps it in a GraphModule."""
@@ -37,7 +39,7 @@ class MixedRuntime(NamedTuple):
 def _session_of(device: tvm.runtime.Device):
     session = getattr(device, "_rpc_sess", None)
     if session is None:
-        raise ValueError(f"device {device} is remote but carries no RPC session (make it with session.cpu(0) etc.)")
+        raise ValueError(f"device {name_of(device)} is remote but carries no RPC session (make it with session.cpu(0) etc.)")
     return session
 
 
