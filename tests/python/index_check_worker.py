@@ -149,6 +149,22 @@ def torch_embedding() -> Model:
     return _torch_model(module, torch.zeros(2, 3, dtype=torch.int64), lambda ids: [np.take(weight, ids, axis=0)])
 
 
+def torch_indexing() -> Model:
+    """torch advanced indexing ``table[rows, cols]`` (Relax ``index_tensor``): rows select within 1000,
+    columns within 8; the ids hold both as (2, 3): row ids then column ids."""
+    import torch
+
+    table = torch.arange(ROWS * 8, dtype=torch.float32).reshape(ROWS, 8)
+
+    class Pick(torch.nn.Module):
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return table[ids[0], ids[1]]
+
+    values = table.numpy()
+    return _torch_model(Pick().eval(), torch.zeros(2, 3, dtype=torch.int64),
+                        lambda ids: [values[ids[0], ids[1]]])
+
+
 def tiny_decoder() -> Model:
     """A one-layer causal decoder through from_torch: token and position embeddings, masked
     self-attention, a vocabulary head (1000 tokens); token ids (1, 8). (transformers' GPT-2 does not
@@ -194,6 +210,7 @@ MODELS: dict[str, Callable[[], Model]] = {
     "scatter_elements": scatter_elements,
     "scatter_nd": scatter_nd,
     "torch_embedding": torch_embedding,
+    "torch_indexing": torch_indexing,
     "tiny_decoder": tiny_decoder,
 }
 

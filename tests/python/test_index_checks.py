@@ -172,6 +172,22 @@ def test_torch_embedding(worker):
         assert_matches(w.ask(good), f"embedding after {value}")
 
 
+def test_torch_advanced_indexing(worker):
+    """``table[rows, cols]`` (Relax ``index_tensor``): each index tensor against its own axis."""
+    w = worker("torch_indexing")
+    good = np.array([[0, 5, 999], [1, 2, 7]])
+    assert_matches(w.ask(good), "indexing in range")
+    assert_matches(w.ask(np.array([[0, -1, -1000], [1, -8, -1]])), "negative indices in range")
+    for row, (value, low, high) in [(0, (v, -N, N)) for v in BAD] + [(1, (8, -8, 8)), (1, (-9, -8, 8))]:
+        bad = good.copy()
+        bad[row, 2] = value
+        answer = w.ask(bad)
+        assert not answer["ok"] and answer["kind"] == "IndexError", (value, answer)
+        assert "relax.index_tensor" in answer["message"] and f"input 'indices[{row}]'" in answer["message"]
+        assert f"index {value} at " in answer["message"] and f"is outside [{low}, {high})" in answer["message"]
+        assert_matches(w.ask(good), f"indexing after {value}")
+
+
 # ---- properties: drawn index tensors, in and out of range -------------------------------------
 def index_values(shape: tuple[int, ...], extents: tuple[int, ...] = (N,), dtype=np.int64):
     """Index tensors of ``shape`` whose last-axis coordinate j selects within ``extents[j % k]``:
