@@ -238,15 +238,16 @@ print(json.dumps({"onnx_vs_numpy": float(np.abs(got - expected).max() / np.abs(e
 """
 
 
-def bare_env() -> dict[str, str]:
-    """What a login shell in the root would have: no $CXX, $CC or anything of this machine."""
-    return {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root",
+def bare_env(home: str = "/root") -> dict[str, str]:
+    """What a login shell in the root would have: no $CXX, $CC or anything of this machine. Each run gets
+    a fresh ``home`` (zig's cache lives there), so every run pays a first user's first link."""
+    return {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": home,
             "LANG": "C.UTF-8"}
 
 
-def in_root(root: Path, cmd: list[str], timeout: float = 900) -> subprocess.CompletedProcess:
+def in_root(root: Path, cmd: list[str], timeout: float = 900, home: str = "/root") -> subprocess.CompletedProcess:
     """``cmd`` run by chroot inside ``root``; a failure shows its output."""
-    result = subprocess.run(["chroot", str(root), *cmd], check=False, env=bare_env(), capture_output=True,
+    result = subprocess.run(["chroot", str(root), *cmd], check=False, env=bare_env(home), capture_output=True,
                             text=True, timeout=timeout)
     assert result.returncode == 0, f"in {root}: {' '.join(cmd)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     return result
@@ -293,12 +294,16 @@ def bare_install(wheel: Path, bare_root: Path) -> Path:
     work = bare_root / inside.relative_to("/")
     (work / "wheels").mkdir(parents=True)
     for file in [*wheels.glob("*.whl"), wheel]:
-        shutil.copyfile(file, work / "wheels" / file.name)
+        try:  # the cache and the root share a file system: a link, not a 300 MB copy
+            os.link(file, work / "wheels" / file.name)
+        except OSError:
+            shutil.copyfile(file, work / "wheels" / file.name)
     subprocess.run(["mount", "-t", "proc", "proc", str(bare_root / "proc")], check=True)
     try:
-        in_root(bare_root, ["python3", "-m", "venv", str(inside / "venv")])
+        in_root(bare_root, ["python3", "-m", "venv", str(inside / "venv")], home=str(inside))
         in_root(bare_root, [str(inside / "venv" / "bin" / "pip"), "install", "-q", "--no-index", "--find-links",
-                            str(inside / "wheels"), f"{inside / 'wheels' / wheel.name}", *BARE_EXTRA_REQUIREMENTS])
+                            str(inside / "wheels"), f"{inside / 'wheels' / wheel.name}", *BARE_EXTRA_REQUIREMENTS],
+                home=str(inside))
         yield inside
     finally:
         subprocess.run(["umount", str(bare_root / "proc")], check=False)
@@ -310,7 +315,7 @@ def on_the_bare_machine(bare_root: Path, bare_install: Path) -> dict:
     """IN_BARE_ROOT's findings (its artifacts stay in the root's work folder until the module ends)."""
     (bare_root / bare_install.relative_to("/") / "bare.py").write_text(IN_BARE_ROOT)
     result = in_root(bare_root, [str(bare_install / "venv" / "bin" / "python"), str(bare_install / "bare.py"),
-                                 str(bare_install)])
+                                 str(bare_install)], home=str(bare_install))
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
@@ -338,10 +343,11 @@ def test_tvm_hetero_compile_of_an_onnx_file_on_the_bare_machine(bare_root: Path,
     (work / "check_onnx.py").write_text(CHECK_COMPILED_ONNX)
     bin_dir = bare_install / "venv" / "bin"
     compiled = in_root(bare_root, [str(bin_dir / "tvm-hetero"), "compile", str(bare_install / "mm_relu.onnx"),
-                                   "-o", str(bare_install / "onnx-out")])
+                                   "-o", str(bare_install / "onnx-out")], home=str(bare_install))
     assert "wrote" in compiled.stdout, compiled.stdout
     checked = in_root(bare_root, [str(bin_dir / "python"), str(bare_install / "check_onnx.py"),
-                                  str(bare_install / "onnx-out"), str(bare_install / "w.npy")])
+                                  str(bare_install / "onnx-out"), str(bare_install / "w.npy")],
+                      home=str(bare_install))
     assert json.loads(checked.stdout.strip().splitlines()[-1])["onnx_vs_numpy"] < 1e-5
 
 
