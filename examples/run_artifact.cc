@@ -7,6 +7,9 @@
  * DIR holds graph.json, lib.so and params.bin (Artifact.export). Devices default to cpu:0, cpu:1.
  * Inputs that are not parameters are filled with a deterministic ramp; the outputs' checksums print.
  * With --expect-sum, output 0's sum must match the number in FILE (relative 1e-4) or it exits 1.
+ *
+ * Build it against an installed wheel with examples/CMakeLists.txt (docs/runtime.md, "C++ deploy"), or
+ * from the source tree with the top-level CMakeLists.txt.
  */
 #include <tvm/ffi/container/map.h>
 #include <tvm/ffi/extra/module.h>

@@ -352,27 +352,20 @@ def test_tvm_hetero_compile_of_an_onnx_file_on_the_bare_machine(bare_root: Path,
 
 
 # ---- C++ deploy against the installed wheel ------------------------------------------------------
-OUTSIDE_CMAKELISTS = """cmake_minimum_required(VERSION 3.18)
-project(run_artifact_outside LANGUAGES CXX)
-find_package(tvm_hetero CONFIG REQUIRED)
-add_executable(run_artifact run_artifact.cc)
-target_link_libraries(run_artifact PRIVATE tvm_hetero::tvm_hetero)
-set_target_properties(run_artifact PROPERTIES BUILD_RPATH "${tvm_hetero_LIBRARY_DIRS}")
-"""
 
 
 def test_run_artifact_builds_against_the_installed_wheel_and_matches_python(
     venv: Path, bare_root: Path, bare_install: Path, on_the_bare_machine: dict, tmp_path: Path
 ) -> None:
-    """examples/run_artifact.cc, copied away from the source tree with a CMakeLists of its own, finds
+    """examples/run_artifact.cc, copied away from the source tree with examples/CMakeLists.txt, finds
     the wheel's CMake package and runs the MLP the bare machine exported (linked by zig there): its
     output's sum matches the one Python computed there for the same ramp input."""
     cmake_dir = run([str(venv / "bin" / "python"), "-m", "tvm_hetero.config", "--cmakedir"], cwd=tmp_path).stdout.strip()
     assert site_packages(venv) in Path(cmake_dir).parents, cmake_dir
     source = tmp_path / "src"
     source.mkdir()
-    shutil.copyfile(REPO / "examples" / "run_artifact.cc", source / "run_artifact.cc")
-    (source / "CMakeLists.txt").write_text(OUTSIDE_CMAKELISTS)
+    for name in ("run_artifact.cc", "CMakeLists.txt"):  # the example as a user copies it
+        shutil.copyfile(REPO / "examples" / name, source / name)
     run(["cmake", "-S", str(source), "-B", str(tmp_path / "build"), f"-Dtvm_hetero_DIR={cmake_dir}"], cwd=tmp_path)
     run(["cmake", "--build", str(tmp_path / "build")], cwd=tmp_path, timeout=900)
     artifact = bare_root / bare_install.relative_to("/") / "mlp"
