@@ -306,3 +306,20 @@ def test_raw_light_squeezenet_gets_every_conv_into_onednn_and_runs_like_prebound
     print(f"raw / prebound SqueezeNet: {ratio:.2f}x ({np.median(times['raw']) * 1e3:.1f} ms against "
           f"{np.median(times['prebound']) * 1e3:.1f} ms)")
     assert ratio < 2.0
+
+
+def test_shape_arithmetic_on_a_static_input_folds() -> None:
+    @I.ir_module
+    class ShapeArithmetic:
+        @R.function
+        def main(x: R.Tensor((2, 3), "float32")) -> R.Tensor((2, 3), "float32"):
+            with R.dataflow():
+                dims = R.shape_to_tensor(R.shape_of(x))
+                grown = R.add(dims, R.const(np.array([1, 1], "int64"), "int64"))
+                y = R.add(x, R.astype(R.sum(grown), "float32"))
+                R.output(y)
+            return y
+
+    folded = FoldConstantOps()(ShapeArithmetic)
+    assert op_names(folded) == ["relax.add"]
+    assert float(bindings(folded)["y"].args[1].value.numpy()) == 7.0  # (2 + 1) + (3 + 1)

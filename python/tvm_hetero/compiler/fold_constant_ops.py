@@ -8,8 +8,9 @@ when its weight *is* a constant, so these must be folded before the backends loo
 
 Rule, per binding of the function, in order:
 
-- *computable*: a call to an op whose operands are tensor constants, literals (static shapes, prim
-  values, data types) or computable bindings; and ``shape_of`` of a tensor of static shape. A
+- *computable*: a call to an op (no packed call, print or assert) whose operands are tensor
+  constants, literals (static shapes, prim values, data types) or computable bindings; and
+  ``shape_of`` of a tensor of static shape. A
   function parameter is never constant, even with a value given at build (``params=``): the
   runtime's ``set_params`` may replace it.
 - The values kept are the computable bindings read by a binding that is not computable, or
@@ -43,6 +44,9 @@ from .relax_helpers import entry_pass, readers, replace_body, same_kind_block, s
 FOLD_LIMIT_BYTES = 64 * 2**20
 DEQUANTIZE = "relax.dequantize"
 SHAPE_OF = "relax.shape_of"
+#: Ops that do more than compute a value from their operands: never run at build time.
+EFFECT_OPS = frozenset({"relax.print", "relax.assert_op", "relax.call_packed", "relax.call_pure_packed",
+                        "relax.call_builtin_with_ctx", "relax.call_dps_packed", "relax.call_inplace_packed"})
 
 
 def FoldConstantOps(entry: str = "main", limit_bytes: int = FOLD_LIMIT_BYTES) -> tvm.transform.Pass:
@@ -170,7 +174,7 @@ def _chosen(func: relax.Function, analysis: ConstantAnalysis, limit_bytes: int) 
 def _constant_leaves(value: Any, leaves: dict, sizes: dict) -> frozenset | None:
     """The tensor constants a computable value reads (their bytes recorded in ``sizes``), or None
     when the value is not computable."""
-    if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
+    if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op) or value.op.name in EFFECT_OPS:
         return None
     if value.op.name == SHAPE_OF:
         return frozenset() if _static_type(value.args[0].ty) else None
@@ -183,6 +187,8 @@ def _constant_leaves(value: Any, leaves: dict, sizes: dict) -> frozenset | None:
         elif isinstance(arg, tvm.ir.Constant) and hasattr(getattr(arg, "value", None), "numpy"):
             sizes[arg] = int(arg.value.numpy().nbytes)
             found.add(arg)
+        elif isinstance(arg, tvm.ir.GlobalVar | relax.ExternFunc):
+            return None  # a call into a function of the module or outside it: not an op's value
         elif isinstance(arg, relax.Expr) and (relax.analysis.free_vars(arg) or _symbolic_shape(arg)):
             return None
     return frozenset(found)
@@ -240,6 +246,14 @@ def _try_on_host(analysis: ConstantAnalysis, fold: list[relax.Var]) -> dict[rela
         return None
 
 
+def _without_inputs(value: Any) -> Any:
+    """A computable value as the host function computes it: ``shape_of`` of a static-shaped tensor is
+    its shape (the tensor, an input's value, is not there)."""
+    if _op_name(value) == SHAPE_OF:
+        return relax.ShapeExpr(value.args[0].ty.shape.values)
+    return value
+
+
 def _run_on_host(analysis: ConstantAnalysis, fold: list[relax.Var]) -> dict[relax.Var, np.ndarray]:
     """One Relax function of the computable bindings ``fold`` needs, built for the host and run once."""
     needed: set[relax.Var] = set()
@@ -250,7 +264,7 @@ def _run_on_host(analysis: ConstantAnalysis, fold: list[relax.Var]) -> dict[rela
             continue
         needed.add(var)
         stack += [u for u in relax.analysis.free_vars(analysis.value_of[var]) if u in analysis.computable]
-    body = [relax.VarBinding(var, value) for var, value in analysis.value_of.items() if var in needed]
+    body = [relax.VarBinding(var, _without_inputs(value)) for var, value in analysis.value_of.items() if var in needed]
     # Dataflow variables may not leave their block: each value leaves through a plain variable.
     results = [relax.Var(f"folded{i}", var.ty) for i, var in enumerate(fold)]
     body += [relax.VarBinding(result, var) for result, var in zip(results, fold)]
