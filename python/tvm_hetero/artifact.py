@@ -204,12 +204,6 @@ def _write_lib_and_params(
     (out / PARAMS_FILE).write_bytes(bytes(tvm.runtime.save_param_dict(tensors)))
 
 
-def _read_lib_and_params(src: Path) -> tuple[tvm.runtime.Module, dict[str, np.ndarray]]:
-    # Every size in params.bin is checked against the bytes present; errors name the file.
-    params = read_params((src / PARAMS_FILE).read_bytes(), str(src / PARAMS_FILE))
-    return tvm.runtime.load_module(str(src / LIB_FILE)), params
-
-
 def _device_table(devices: Sequence[tvm.runtime.Device]) -> list[list[int]]:
     return [[d.dlpack_device_type(), d.index] for d in devices]
 
