@@ -317,8 +317,9 @@ def test_constant_indices_are_checked_and_normalized_at_build_time():
 
 
 def test_take_in_wrap_mode_is_left_alone():
+    import tvm
     from tvm import relax
-    from tvm_hetero.compiler.index_checks import insert_index_checks
+    from tvm_hetero.compiler.index_checks import CheckIndices
 
     builder = relax.BlockBuilder()
     data = relax.Var("data", relax.TensorType((5, 2), "float32"))
@@ -328,6 +329,6 @@ def test_take_in_wrap_mode_is_left_alone():
             wrapped = builder.emit(relax.op.take(data, ids, axis=0, mode="wrap"))
             fast = builder.emit_output(relax.op.take(wrapped, ids, axis=0))
         builder.emit_func_output(fast)
-    checked, guards = insert_index_checks(builder.get())
+    checked = tvm.transform.Sequential([CheckIndices()])(builder.get())  # a pass users can put in theirs
     calls = [b.value for blk in checked["main"].body.blocks for b in blk.bindings]
-    assert sum(1 for c in calls if "call_tir" in str(c.op)) == 1 and guards == {}
+    assert [str(c.op.name) for c in calls] == ["relax.take", "relax.call_tir", "relax.take"]
