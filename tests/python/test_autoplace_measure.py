@@ -139,3 +139,14 @@ def test_a_built_graph_measured_with_other_discovered_settings_is_measured_again
                                cost_cache=tmp_path / "c.sqlite", measurer=measurer)
         assert measurer.latencies_measured == measured_before + 1
         assert not art.build_report.autoplace["measured_cached"]
+
+
+def test_a_measurement_far_from_its_prediction_is_pointed_out_in_the_report():
+    from tvm_hetero.compiler.autoplace.report import explain
+
+    auto = {"objective": "latency", "kernels_measured": 1, "kernels_cached": 0, "per_device": [],
+            "alternatives": {}, "decisions": [], "predicted_seconds": 3.8e-3, "min_gain": 0.05}
+    far = explain({**auto, "measured_seconds": 117.7e-3})
+    near = explain({**auto, "measured_seconds": 4.5e-3})
+    assert any("measured far from predicted" in line and "OMP_WAIT_POLICY=PASSIVE" in line for line in far)
+    assert not any("far from predicted" in line for line in near)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+#: A measured latency this many times off its prediction (either way) gets a note in the report.
+FAR_OFF = 3.0
+
 
 def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1e3:.3f} ms"
@@ -38,6 +41,9 @@ def explain(auto: dict[str, Any]) -> list[str]:
     built = auto.get("as_built")
     how = f" (as built: {built['nodes']} kernels and blocks, {built['blocks']} blocks)" if built else ""
     lines.append(f"    latency predicted {_ms(auto['predicted_seconds'])}{how}, measured {_ms(measured)}{ratio}{again}")
+    if measured and auto["predicted_seconds"] and not 1 / FAR_OFF < measured / auto["predicted_seconds"] < FAR_OFF:
+        lines.append("    note: measured far from predicted: other processes loading the cores, or OpenMP threads spinning "
+                     "(start Python with OMP_WAIT_POLICY=PASSIVE; docs/autoplace.md, Accuracy)")
     check = auto.get("one_device_check")
     if check is not None:
         verdict = (f"faster, so the build keeps everything on {check['device']}" if check["kept_one_device"]
