@@ -733,7 +733,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--model", default="inception_v1", help="light ONNX model (inception_v1, resnet50, shufflenet, ...)")
     demo.add_argument("--split", type=float, default=None,
                       help="fraction of ops (in order) on the last device (default: --place auto)")
-    demo.add_argument("--repeat", type=int, default=15, help="timed runs of each configuration (default 15)")
+    demo.add_argument("--repeat", type=int, default=15, metavar="N", help="timed runs of each configuration (default 15)")
     demo.add_argument("--timeline", metavar="FILE.png", default="demo-timeline.png",
                       help="where to draw the run's timeline ('' for none; needs matplotlib)")
     demo.add_argument("--no-compare", dest="compare", action="store_false",
@@ -747,7 +747,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                "ONNX Runtime + QNN EP")
     demo_htp.add_argument("--model", default="squeezenet",
                           help="a light ONNX model's name (squeezenet, inception_v1, ...) or an .onnx file")
-    demo_htp.add_argument("--repeat", type=int, default=3,
+    demo_htp.add_argument("--repeat", type=int, default=3, metavar="N",
                           help="timed runs of ours and of the peer (default 3)")
     demo_htp.set_defaults(fn=cmd_demo_htp)
     fit = sub.add_parser("qnn-fit", help="import a QNN profile taken on a real device: its microseconds per HTP "
@@ -780,7 +780,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("artifact", help="a directory written by compile (or by PipelineArtifact.export)")
     run.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
                      help="an input's value (repeatable); inputs not given get seeded random values")
-    run.add_argument("--repeat", type=int, default=5,
+    run.add_argument("--repeat", type=int, default=5, metavar="N",
                      help="timed runs after one warm-up (a pipeline: inferences streamed) (default 5)")
     run.add_argument("--save", metavar="DIR", help="save outputs as DIR/output_<i>.npy (DIR is created)")
     run.add_argument("--trace", metavar="FILE.json", help="write a Chrome trace (Perfetto) of one run")
