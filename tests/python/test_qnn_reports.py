@@ -66,3 +66,22 @@ def test_fp16_underflow_in_qnn_s_answer_is_named_with_a_hint(tmp_path, monkeypat
     art = _build(_conv_relu_conv(scale=1e-9))
     refused = {r["op"]: r["reason"] for r in art.build_report.htp["refused"]}
     assert "relax.nn.conv2d" in refused and refused["relax.nn.conv2d"].startswith("fp16 underflow"), refused
+
+
+def test_a_quantized_output_is_judged_in_quantization_steps_whatever_its_width() -> None:
+    from tvm_hetero.qnn_probe import judge
+
+    small = np.array([0, 3, 20, 40], "uint8")  # 3 steps off where the largest value is 40: 7.5% of it
+    assert judge(small, small + np.array([3, 0, 0, 0], "uint8")) == ""
+    wide = np.array([0, 3000, 30000], "int16")  # 100 steps off, 0.3% of the largest value: still wrong
+    reason = judge(wide, wide + np.array([0, 100, 0], "int16"))
+    assert reason.startswith("QNN computes it wrongly: 100 quantization steps off the CPU (more than 4)"), reason
+
+
+def test_a_float_output_below_fp16_s_range_is_an_underflow_not_a_wrong_op() -> None:
+    from tvm_hetero.qnn_probe import judge
+
+    tiny = np.full(8, 3e-25, "float32")
+    assert judge(tiny, np.zeros(8, "float32")).startswith("fp16 underflow: the CPU's values are at most 3.0e-25")
+    assert judge(tiny, np.zeros(8, "float32"), precision="quantized").startswith("QNN computes it wrongly")
+    assert judge(np.ones(4, "float32"), np.ones(4, "float32") * 1.02).startswith("QNN computes it wrongly: relative")
