@@ -4,6 +4,8 @@ Weights reach the graphs in the layout oneDNN multiplies fastest: every projecti
 LM head) as (in, out), so ``x @ W`` reads no transposed operand (an (out, in) LM head made the
 one-row decode matmul 1.09x slower, interleaved median). A tied LM head is that one (hidden, vocab)
 tensor, which the token embedding also gathers from (columns), so the largest tensor is held once.
+Projections that read the same input are fused into one weight, concatenated along the outputs
+(Llama's q, k, v and gate, up): fewer, larger matmuls per layer.
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ from .config import DecoderConfig
 
 class Family(NamedTuple):
     """A family's graph builder: the checkpoint tensors it reads (Hugging Face name -> shape), which
-    of them the graphs take transposed to (in, out), the weights it derives from the configuration,
-    and its entry function (symbolic chunk length) given the graph's weight shapes."""
+    of them the graphs take transposed to (in, out), which are fused (graph name -> the checkpoint
+    names concatenated along their last axis, after transposing), the weights it derives from the
+    configuration, and its entry function (symbolic chunk length) given the graph's weight shapes."""
 
     weight_shapes: Callable[[DecoderConfig], dict[str, tuple[int, ...]]]
     transposed: Callable[[DecoderConfig], set[str]]
+    fused: Callable[[DecoderConfig], dict[str, list[str]]]
     derived_weights: Callable[[DecoderConfig, int], dict[str, np.ndarray]]
     entry_function: Callable[[DecoderConfig, int, dict[str, tuple[int, ...]]], relax.Function]
 
@@ -35,6 +39,8 @@ def graph_weights(family: Family, cfg: DecoderConfig, checkpoint_weights: dict[s
     transposed = family.transposed(cfg)
     weights = {name: np.ascontiguousarray(value.T) if name in transposed else value
                for name, value in checkpoint_weights.items()}
+    for fused, parts in family.fused(cfg).items():
+        weights[fused] = np.concatenate([weights.pop(part) for part in parts], axis=-1)
     weights.update(family.derived_weights(cfg, capacity))
     return weights
 
@@ -43,5 +49,8 @@ def graph_weight_shapes(family: Family, cfg: DecoderConfig, capacity: int) -> di
     transposed = family.transposed(cfg)
     shapes = {name: tuple(reversed(shape)) if name in transposed else shape
               for name, shape in family.weight_shapes(cfg).items()}
+    for fused, parts in family.fused(cfg).items():
+        first = shapes[parts[0]]
+        shapes[fused] = (*first[:-1], sum(shapes.pop(part)[-1] for part in parts))
     shapes.update({name: table.shape for name, table in family.derived_weights(cfg, capacity).items()})
     return shapes

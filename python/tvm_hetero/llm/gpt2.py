@@ -46,6 +46,11 @@ def transposed(cfg: DecoderConfig) -> set[str]:
     return {"transformer.wte.weight"}
 
 
+def fused(cfg: DecoderConfig) -> dict[str, list[str]]:
+    """None: GPT-2's q, k, v are one Conv1D already."""
+    return {}
+
+
 def entry_function(cfg: DecoderConfig, capacity: int, shapes: dict[str, tuple[int, ...]]) -> relax.Function:
     """The chunk graph with a symbolic chunk length ``n`` (inputs and outputs: :mod:`.graph_io`)."""
     if cfg.max_positions is not None and capacity > cfg.max_positions:
@@ -76,4 +81,4 @@ def _body(g: GraphBuilder, cfg: DecoderConfig) -> relax.Var:
     return g.finish(hidden, norm, "transformer.wte.weight", new_rows)
 
 
-FAMILY = Family(weight_shapes, transposed, derived_weights, entry_function)
+FAMILY = Family(weight_shapes, transposed, fused, derived_weights, entry_function)

@@ -1,7 +1,9 @@
 """The Llama family (Llama, Qwen2): RMSNorm, grouped-query attention with RoPE, SwiGLU MLP.
 
-Weights keep their Hugging Face names and layouts; Qwen2 differs only by the bias on q, k and v
-(``cfg.qkv_bias``). The RoPE tables are derived weights (:func:`.blocks.rope_tables`).
+Weights keep their Hugging Face names, in the graphs' layout (family.py): projections (in, out),
+q/k/v fused into ``self_attn.qkv_proj`` and gate/up into ``mlp.gate_up_proj``. Qwen2 differs only
+by the bias on q, k and v (``cfg.qkv_bias``). The RoPE tables are derived weights
+(:func:`.blocks.rope_tables`).
 """
 
 from __future__ import annotations
@@ -51,6 +53,20 @@ def transposed(cfg: DecoderConfig) -> set[str]:
     return names if cfg.tie_word_embeddings else names - {"model.embed_tokens.weight"}
 
 
+def fused(cfg: DecoderConfig) -> dict[str, list[str]]:
+    """q, k, v into one projection and gate, up into another (and their biases, when present)."""
+    groups: dict[str, list[str]] = {}
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}."
+        kinds = ["weight"] + (["bias"] if cfg.qkv_bias else [])
+        for kind in kinds:
+            groups[p + f"self_attn.qkv_proj.{kind}"] = [p + f"self_attn.{n}_proj.{kind}" for n in ("q", "k", "v")]
+        kinds = ["weight"] + (["bias"] if cfg.mlp_bias else [])
+        for kind in kinds:
+            groups[p + f"mlp.gate_up_proj.{kind}"] = [p + f"mlp.{n}_proj.{kind}" for n in ("gate", "up")]
+    return groups
+
+
 def entry_function(cfg: DecoderConfig, capacity: int, shapes: dict[str, tuple[int, ...]]) -> relax.Function:
     """The chunk graph with a symbolic chunk length ``n`` (inputs and outputs: :mod:`.graph_io`)."""
     return make_function(GraphBuilder(cfg, capacity, shapes), lambda g: _body(g, cfg))
@@ -67,9 +83,10 @@ def _body(g: GraphBuilder, cfg: DecoderConfig) -> relax.Var:
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
         x = g.rms_norm(hidden, p + "input_layernorm.weight")
-        q, k, v = (g.linear(x, p + f"self_attn.{name}_proj.weight", _bias(g, p + f"self_attn.{name}_proj.bias",
-                                                                           cfg.qkv_bias))
-                   for name in ("q", "k", "v"))
+        qkv = g.linear(x, p + "self_attn.qkv_proj.weight", _bias(g, p + "self_attn.qkv_proj.bias", cfg.qkv_bias))
+        q_end, k_end = cfg.num_heads * cfg.head_dim, (cfg.num_heads + cfg.num_kv_heads) * cfg.head_dim
+        parts = g.emit(op.split(qkv, [q_end, k_end], axis=2))
+        q, k, v = (g.emit(relax.TupleGetItem(parts, j)) for j in range(3))
         q = g.rope(g.heads(q, cfg.num_heads), cos, sin)
         k = g.rope(g.heads(k, cfg.num_kv_heads), cos, sin)
         attended, new_keys, new_values = g.cache_attention(i, q, k, g.heads(v, cfg.num_kv_heads))
@@ -77,8 +94,9 @@ def _body(g: GraphBuilder, cfg: DecoderConfig) -> relax.Var:
         out = g.linear(attended, p + "self_attn.o_proj.weight", _bias(g, p + "self_attn.o_proj.bias", cfg.o_bias))
         hidden = g.emit(op.add(hidden, out))
         x = g.rms_norm(hidden, p + "post_attention_layernorm.weight")
-        gate = g.linear(x, p + "mlp.gate_proj.weight", _bias(g, p + "mlp.gate_proj.bias", cfg.mlp_bias))
-        up = g.linear(x, p + "mlp.up_proj.weight", _bias(g, p + "mlp.up_proj.bias", cfg.mlp_bias))
+        gate_up = g.linear(x, p + "mlp.gate_up_proj.weight", _bias(g, p + "mlp.gate_up_proj.bias", cfg.mlp_bias))
+        gate_up = g.emit(op.split(gate_up, 2, axis=2))
+        gate, up = g.emit(relax.TupleGetItem(gate_up, 0)), g.emit(relax.TupleGetItem(gate_up, 1))
         x = g.emit(op.multiply(op.nn.silu(gate), up))
         out = g.linear(x, p + "mlp.down_proj.weight", _bias(g, p + "mlp.down_proj.bias", cfg.mlp_bias))
         hidden = g.emit(op.add(hidden, out))
@@ -86,4 +104,4 @@ def _body(g: GraphBuilder, cfg: DecoderConfig) -> relax.Var:
     return g.finish(hidden, lambda x: g.rms_norm(x, "model.norm.weight"), lm_head, new_rows)
 
 
-FAMILY = Family(weight_shapes, transposed, derived_weights, entry_function)
+FAMILY = Family(weight_shapes, transposed, fused, derived_weights, entry_function)
