@@ -147,9 +147,7 @@ def computed_weight_notes(func: relax.Function, backends: list[str],
 
 
 def _size(nbytes: int) -> str:
-    from .build import format_size  # the report's sizes (build imports this module)
-
-    return format_size(nbytes)
+    return f"{nbytes / 2**20:.2f} MiB" if nbytes >= 2**20 else f"{nbytes} B"
 
 
 def _chosen(func: relax.Function, analysis: ConstantAnalysis, limit_bytes: int) -> list[relax.Var]:
