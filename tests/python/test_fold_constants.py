@@ -308,6 +308,22 @@ def test_raw_light_squeezenet_gets_every_conv_into_onednn_and_runs_like_prebound
     assert ratio < 2.0
 
 
+@needs_dnnl
+def test_cli_compiles_the_raw_light_squeezenet_with_the_regions_of_prebound_weights(tmp_path, capsys) -> None:
+    from tvm_hetero import cli
+    from tvm_hetero.importers import from_onnx
+    from tvm_hetero.testing.models import light_model_dir
+
+    path = light_model_dir() / "light_squeezenet.onnx"
+    prebound = tvm_hetero.build(from_onnx(prebound_light_model(path), prepare=False), [(tvm.cpu(0), "llvm")])
+    ((backend, device, regions, ops),) = prebound.build_report.backend_regions
+    capsys.readouterr()
+    assert cli.main(["compile", str(path), "-o", str(tmp_path / "out"), "--device", "cpu:0=llvm"]) == 0
+    report = capsys.readouterr().out
+    assert f"backend {backend} on device {device} (cpu:0): {regions} regions holding {ops} relax ops" in report
+    assert "NOT TAKEN" not in report
+
+
 def test_shape_arithmetic_on_a_static_input_folds() -> None:
     @I.ir_module
     class ShapeArithmetic:

@@ -134,6 +134,14 @@ def test_symbolic_dims_survive_import_and_the_build_names_the_input_and_the_flag
     assert "--input-shape data=" in message and "input_shapes=" in message
 
 
+def test_a_symbolic_import_specialised_afterwards_builds() -> None:
+    model = conv_model()
+    mod = tvm.relax.transform.BindSymbolicVars({"batch": 3})(from_onnx(model))
+    x = np.random.default_rng(1).standard_normal((3, 3, 8, 8)).astype(np.float32)
+    np.testing.assert_allclose(run_built(mod, {"data": x}), onnxruntime_outputs(model, {"data": x})[0],
+                               rtol=1e-5, atol=1e-5)
+
+
 def test_input_shapes_make_a_symbolic_model_buildable() -> None:
     model = conv_model()
     x = np.random.default_rng(1).standard_normal((2, 3, 8, 8)).astype(np.float32)
