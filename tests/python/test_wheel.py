@@ -262,9 +262,11 @@ def bare_root() -> Path:
     marker = root / ".tvm-hetero-root"
     if (marker.read_text() if marker.exists() else None) != BARE_PACKAGES:
         partial = BARE_DIR / "root.partial"
+        subprocess.run(["umount", str(root / "proc")], check=False, capture_output=True)  # a run killed midway
         subprocess.run(["rm", "-rf", "--one-file-system", str(partial), str(root)], check=True)
         BARE_DIR.mkdir(parents=True, exist_ok=True)
         if shutil.which("debootstrap") is None:
+            run(["apt-get", "update", "-qq"], cwd=BARE_DIR)
             run(["apt-get", "install", "-y", "-qq", "debootstrap"], cwd=BARE_DIR)
         run(["debootstrap", "--variant=minbase", f"--include={BARE_PACKAGES}", "bookworm", str(partial),
              "http://deb.debian.org/debian"], cwd=BARE_DIR, timeout=1800)
