@@ -198,8 +198,9 @@ class _CheckInserter:
         args = list(call.args)
         fields = {k: list(a.fields) for k, a in enumerate(args) if isinstance(a, relax.Tuple)}
         out: list[relax.Binding] = []
+        inputs = [i for i in inputs if _is_int(_arg(args, fields, i[1], i[2]).ty.dtype)]  # bool masks select no memory
         for index, arg, field, where in inputs:
-            current = fields[arg][field] if field is not None else args[arg]
+            current = _arg(args, fields, arg, field)
             root = _trace(current, self.bound, _extent_check(index.extents, self.bound))
             name = f"{where}, input '{index.name}'"
             if isinstance(root, tvm.ir.Constant):
@@ -249,24 +250,27 @@ def check_kernel(shape: tuple[int, ...], dtype: str, out_dtype: str, out_shape: 
     out_shape_text = repr(tuple(out_shape)) if out_shape else "()"
     bad = "value >= extent" if unsigned else "value < -extent or value >= extent"
     dims = "".join(f", T.int64({d})" for d in shape)
+    # An unsigned value above int64's range must not read as a negative one: it is capped first.
+    element = f"T.min(source_flat[i], T.{dtype}({2**62}))" if unsigned else "source_flat[i]"
     source = f"""
 @T.prim_func(private=True)
 def check(source: T.Buffer({tuple(shape)!r}, "{dtype}"), checked: T.Buffer({out_shape_text}, "{out_dtype}")):
-    T.func_attr({{"op_pattern": {_OPAQUE}, "tir.noalias": True}})
+    T.func_attr({{"op_pattern": {_OPAQUE}, "tirx.noalias": True}})
     source_flat = T.decl_buffer(({size},), "{dtype}", data=source.data)
     checked_flat = T.decl_buffer(({size},), "{out_dtype}", data=checked.data)
     for i in range(T.int64({size})):
-        value: T.int64 = T.Cast("int64", source_flat[i])
+        value: T.int64 = T.Cast("int64", {element})
         extent: T.int64 = T.int64({extent_of})
         if {bad}:
             T.evaluate(T.call_packed("{ERROR_FUNCTION}", {where!r}, {tensor!r}, value, i,
                                      {"T.int64(0)" if unsigned else "-extent"}, extent{dims}))
         checked_flat[i] = T.Cast("{out_dtype}", T.if_then_else(value < T.int64(0), value + extent, value))
 """
-    if unsigned:  # an unsigned value above int64's range must not look negative
-        source = source.replace('value: T.int64 = T.Cast("int64", source_flat[i])',
-                                f'value: T.int64 = T.Cast("int64", T.min(source_flat[i], T.{dtype}({2**62})))')
     return tvm.script.from_source(source)
+
+
+def _arg(args: list[Any], fields: dict[int, list[Any]], arg: int, field: int | None) -> Any:
+    return fields[arg][field] if field is not None else args[arg]
 
 
 def _select_extent(extents: tuple[int, ...]) -> str:
