@@ -169,3 +169,15 @@ def test_sessions_never_allocate_per_token(lm):
     for token in range(5):
         assert session.decode(token).ctypes.data == address
     assert session.cache.filled == 8
+
+
+def test_a_session_checks_its_own_input(lm):
+    session = lm.session()
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        session.prefill([3, 100])
+    session.prefill(list(range(CAPACITY - 1)))
+    with pytest.raises(ValueError, match=r"decode: token id -2 is outside the vocabulary \[0, 100\)"):
+        session.decode(-2)
+    session.decode(4)  # the last free row
+    with pytest.raises(ValueError, match=f"the cache is full \\({CAPACITY} tokens"):
+        session.decode(4)

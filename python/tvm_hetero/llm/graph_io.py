@@ -11,7 +11,8 @@ inputs (data, set by the loop)
   ``chunk_mask``  float32 [n, n]    additive causal mask inside the chunk (0 on and below the diagonal)
   ``cache.{i}.k`` float32 [1, KV, D, C]  layer i's keys, stored transposed (scores need no transpose)
   ``cache.{i}.v`` float32 [1, KV, C, D]  layer i's values
-inputs (weights): the checkpoint's tensors by their Hugging Face names, plus derived tables
+inputs (weights): the checkpoint's tensors by name, in the graphs' layout (family.py), plus
+  derived tables (RoPE)
 outputs
   0: logits [1, 1, vocab] of ``logit_row``; then per layer i: ``1 + 2i`` new keys [1, KV, D, n]
   and ``2 + 2i`` new values [1, KV, n, D] -- only the chunk's rows, which the loop writes into the

@@ -72,7 +72,7 @@ def entry_function(cfg: DecoderConfig, capacity: int, shapes: dict[str, tuple[in
     return make_function(GraphBuilder(cfg, capacity, shapes), lambda g: _body(g, cfg))
 
 
-def _bias(g: GraphBuilder, name: str, present: bool) -> str | None:
+def _bias(name: str, present: bool) -> str | None:
     return name if present else None
 
 
@@ -83,7 +83,7 @@ def _body(g: GraphBuilder, cfg: DecoderConfig) -> relax.Var:
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
         x = g.rms_norm(hidden, p + "input_layernorm.weight")
-        qkv = g.linear(x, p + "self_attn.qkv_proj.weight", _bias(g, p + "self_attn.qkv_proj.bias", cfg.qkv_bias))
+        qkv = g.linear(x, p + "self_attn.qkv_proj.weight", _bias(p + "self_attn.qkv_proj.bias", cfg.qkv_bias))
         q_end, k_end = cfg.num_heads * cfg.head_dim, (cfg.num_heads + cfg.num_kv_heads) * cfg.head_dim
         parts = g.emit(op.split(qkv, [q_end, k_end], axis=2))
         q, k, v = (g.emit(relax.TupleGetItem(parts, j)) for j in range(3))
@@ -91,14 +91,14 @@ def _body(g: GraphBuilder, cfg: DecoderConfig) -> relax.Var:
         k = g.rope(g.heads(k, cfg.num_kv_heads), cos, sin)
         attended, new_keys, new_values = g.cache_attention(i, q, k, g.heads(v, cfg.num_kv_heads))
         new_rows += [new_keys, new_values]
-        out = g.linear(attended, p + "self_attn.o_proj.weight", _bias(g, p + "self_attn.o_proj.bias", cfg.o_bias))
+        out = g.linear(attended, p + "self_attn.o_proj.weight", _bias(p + "self_attn.o_proj.bias", cfg.o_bias))
         hidden = g.emit(op.add(hidden, out))
         x = g.rms_norm(hidden, p + "post_attention_layernorm.weight")
-        gate_up = g.linear(x, p + "mlp.gate_up_proj.weight", _bias(g, p + "mlp.gate_up_proj.bias", cfg.mlp_bias))
+        gate_up = g.linear(x, p + "mlp.gate_up_proj.weight", _bias(p + "mlp.gate_up_proj.bias", cfg.mlp_bias))
         gate_up = g.emit(op.split(gate_up, 2, axis=2))
         gate, up = g.emit(relax.TupleGetItem(gate_up, 0)), g.emit(relax.TupleGetItem(gate_up, 1))
         x = g.emit(op.multiply(op.nn.silu(gate), up))
-        out = g.linear(x, p + "mlp.down_proj.weight", _bias(g, p + "mlp.down_proj.bias", cfg.mlp_bias))
+        out = g.linear(x, p + "mlp.down_proj.weight", _bias(p + "mlp.down_proj.bias", cfg.mlp_bias))
         hidden = g.emit(op.add(hidden, out))
     lm_head = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
     return g.finish(hidden, lambda x: g.rms_norm(x, "model.norm.weight"), lm_head, new_rows)

@@ -17,7 +17,7 @@ import numpy as np
 from .config import DecoderConfig
 from .entry_graphs import EntryGraph
 from .sampling import Sampler
-from .session import GenerationSession
+from .session import GenerationSession, checked_prompt
 
 
 class LanguageModel:
@@ -88,23 +88,7 @@ class LanguageModel:
 
     def check_prompt(self, prompt_ids: Iterable[int]) -> np.ndarray:
         """The prompt as int32 ids, each checked against the vocabulary and the capacity."""
-        if isinstance(prompt_ids, (str, bytes)):
-            raise TypeError("prompt_ids: expected token ids (use generate_text for text)")
-        ids = np.asarray(list(prompt_ids) if not isinstance(prompt_ids, np.ndarray) else prompt_ids)
-        if ids.ndim != 1:
-            raise ValueError(f"prompt_ids: expected a flat sequence of token ids, got shape {list(ids.shape)}")
-        if ids.size == 0:
-            raise ValueError("prompt_ids: the prompt is empty (at least one token is needed)")
-        if ids.dtype.kind not in "iu":
-            raise TypeError(f"prompt_ids: token ids must be integers, got {ids.dtype}")
-        bad = np.flatnonzero((ids < 0) | (ids >= self.config.vocab_size))
-        if bad.size:
-            raise ValueError(f"prompt_ids: token id {int(ids[bad[0]])} at position {int(bad[0])} is outside the "
-                             f"vocabulary [0, {self.config.vocab_size})")
-        if ids.size > self.capacity:
-            raise ValueError(f"prompt_ids: a prompt of {ids.size} tokens exceeds the cache capacity of "
-                             f"{self.capacity} tokens")
-        return ids.astype(np.int32)
+        return checked_prompt(prompt_ids, self.config.vocab_size, self.capacity)
 
     def _generate(self, ids: np.ndarray, max_new_tokens: int, sampler: Sampler,
                   stops: frozenset[int]) -> Iterator[int]:

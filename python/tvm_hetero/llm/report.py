@@ -5,21 +5,18 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from ..compiler.build import device_name, format_size
 from .entry_graphs import weight_devices
 from .graph_io import key_cache_shape, value_cache_shape
 
 
 def kv_cache_bytes(model: Any) -> int:
-    """Bytes of one session's KV cache (keys and values of every layer, at full capacity)."""
+    """Bytes of one session's KV cache (keys and values of every layer, at full capacity, float32)."""
     cfg = model.config
-    per_layer = 1
-    for shape in (key_cache_shape(cfg, model.capacity), value_cache_shape(cfg, model.capacity)):
-        count = 1
-        for dim in shape:
-            count *= dim
-        per_layer += count
-    return 4 * (per_layer - 1) * cfg.num_layers
+    rows = [key_cache_shape(cfg, model.capacity), value_cache_shape(cfg, model.capacity)]
+    return 4 * cfg.num_layers * sum(int(np.prod(shape)) for shape in rows)
 
 
 def describe(model: Any) -> str:

@@ -9,7 +9,7 @@ its frames and cache; the weights are shared).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -29,6 +29,27 @@ from .graph_io import (
     value_cache,
 )
 from .kv_cache import KVCache, host_tensor
+
+
+def checked_prompt(prompt_ids: Iterable[int], vocab_size: int, capacity: int) -> np.ndarray:
+    """The prompt as int32 ids, each checked against the vocabulary and the capacity."""
+    if isinstance(prompt_ids, (str, bytes)):
+        raise TypeError("prompt_ids: expected token ids (use generate_text for text)")
+    ids = np.asarray(list(prompt_ids) if not isinstance(prompt_ids, np.ndarray) else prompt_ids)
+    if ids.ndim != 1:
+        raise ValueError(f"prompt_ids: expected a flat sequence of token ids, got shape {list(ids.shape)}")
+    if ids.size == 0:
+        raise ValueError("prompt_ids: the prompt is empty (at least one token is needed)")
+    if ids.dtype.kind not in "iu":
+        raise TypeError(f"prompt_ids: token ids must be integers, got {ids.dtype}")
+    bad = np.flatnonzero((ids < 0) | (ids >= vocab_size))
+    if bad.size:
+        raise ValueError(f"prompt_ids: token id {int(ids[bad[0]])} at position {int(bad[0])} is outside the "
+                         f"vocabulary [0, {vocab_size})")
+    if ids.size > capacity:
+        raise ValueError(f"prompt_ids: a prompt of {ids.size} tokens exceeds the cache capacity of "
+                         f"{capacity} tokens")
+    return ids.astype(np.int32)
 
 
 class ChunkRunner:
@@ -91,8 +112,9 @@ class GenerationSession:
         #: Graph calls made, by chunk size.
         self.calls = dict.fromkeys(self.sizes, 0)
 
-    def prefill(self, token_ids: np.ndarray) -> np.ndarray:
-        """Start over with ``token_ids`` (checked by the caller) in chunks; the last row's logits."""
+    def prefill(self, token_ids: Iterable[int]) -> np.ndarray:
+        """Start over with ``token_ids`` (checked: :func:`checked_prompt`) in chunks; the last row's logits."""
+        token_ids = checked_prompt(token_ids, self.cfg.vocab_size, self.cache.capacity)
         self.cache.reset()
         start = 0
         for size, rows in plan_chunks(len(token_ids), self.sizes):
@@ -102,7 +124,12 @@ class GenerationSession:
         return self.logits
 
     def decode(self, token_id: int) -> np.ndarray:
-        """Append one token; its logits."""
+        """Append one token; its logits. The decode graph's inputs are written directly (one row, no
+        padding); the id and the room left are checked first."""
+        if not 0 <= token_id < self.cfg.vocab_size:
+            raise ValueError(f"decode: token id {token_id} is outside the vocabulary [0, {self.cfg.vocab_size})")
+        if self.cache.filled >= self.cache.capacity:
+            raise ValueError(f"decode: the cache is full ({self.cache.capacity} tokens, its capacity)")
         runner = self.runners[1]
         runner.tokens[0, 0] = token_id
         runner.positions[0] = self.cache.filled
