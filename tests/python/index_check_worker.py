@@ -36,7 +36,7 @@ class Model:
 
 def _onnx_model(node: Any, index_shape: tuple[int, ...], index_dtype: str, out_shape: tuple[int, ...],
                 initializers: dict[str, np.ndarray], more_nodes: tuple = (), targets: tuple = ("cpu",),
-                tolerance: float = 1e-4) -> Model:
+                tolerance: float = 1e-4, placement: Any = None) -> Model:
     import onnx
     import onnxruntime
     import tvm_hetero
@@ -50,7 +50,7 @@ def _onnx_model(node: Any, index_shape: tuple[int, ...], index_dtype: str, out_s
         [onnx.numpy_helper.from_array(v, k) for k, v in initializers.items()])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     model.ir_version = 9
-    artifact = tvm_hetero.build(importers.from_onnx(model), list(targets))
+    artifact = tvm_hetero.build(importers.from_onnx(model), list(targets), placement=placement)
     runtime = artifact.create()
     session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
 
@@ -69,6 +69,19 @@ def gather(index_dtype: str = "int64") -> Model:
     table = np.random.default_rng(0).random((ROWS, 8), dtype=np.float32)
     node = helper.make_node("Gather", ["table", "ids"], ["out"], name="embed_tokens", axis=0)
     return _onnx_model(node, (2, 3), index_dtype, (2, 3, 8), {"table": table})
+
+
+def gather_two_devices() -> Model:
+    """The Gather on the second of two CPU devices (its own executor thread), a Relu on the first."""
+    import tvm
+    from onnx import helper
+
+    table = np.random.default_rng(6).random((ROWS, 8), dtype=np.float32)
+    node = helper.make_node("Gather", ["table", "ids"], ["rows"], name="embed_tokens", axis=0)
+    relu = helper.make_node("Relu", ["rows"], ["out"], name="relu")
+    targets = ((tvm.cpu(0), "llvm"), (tvm.cpu(1), "llvm"))
+    return _onnx_model(node, (2, 3), "int64", (2, 3, 8), {"table": table}, (relu,), targets,
+                       placement=lambda info: int(info.op == "relax.take"))
 
 
 def gather_htp() -> Model:
@@ -205,6 +218,7 @@ MODELS: dict[str, Callable[[], Model]] = {
     "gather": gather,
     "gather_int32": lambda: gather("int32"),
     "gather_htp": gather_htp,
+    "gather_two_devices": gather_two_devices,
     "gather_elements": gather_elements,
     "gather_nd": gather_nd,
     "scatter_elements": scatter_elements,

@@ -120,6 +120,21 @@ def test_every_bad_index_is_an_error_naming_the_node_and_the_next_run_is_right(w
         assert_matches(w.ask(good), f"{model} after the bad index {value}")
 
 
+def test_a_gather_on_another_devices_executor(worker):
+    """The check runs on the gather's device (cpu:1, its own executor thread); the error crosses
+    back to the caller naming that device, and the next run is right."""
+    w = worker("gather_two_devices")
+    good = np.array([[0, 5, 999], [-1, -1000, 7]])
+    assert_matches(w.ask(good), "two devices in range")
+    for value in BAD:
+        bad = good.copy()
+        bad[1, 1] = value
+        answer = w.ask(bad)
+        assert_index_error(answer, "embed_tokens", value, -N, N, "ids[1, 1]")
+        assert "on device 1 (cpu:1)" in answer["message"], answer
+        assert_matches(w.ask(good), f"two devices after {value}")
+
+
 def test_indices_of_an_htp_region_are_checked_on_the_cpu_before_it(worker):
     """QNN takes the Gather (and ONNX's normalization of negatives) into its region; the check runs on
     the CPU before the region, so QNN never sees a bad index and -1 still means the last row."""
