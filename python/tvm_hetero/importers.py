@@ -134,8 +134,9 @@ def _symbolic_inputs_hint(model: Any) -> str:
     if not symbolic:
         return ""
     listed = ", ".join(f"{name} {format_dims(dims)}" for name, dims in symbolic)
-    return (f" (inputs with symbolic dims: {listed}; give their shapes with input_shapes={{'{symbolic[0][0]}': "
-            f"(...)}} or --input-shape {symbolic[0][0]}=D0,D1,...)")
+    first = symbolic[0][0]
+    return (f" (inputs with symbolic dims: {listed}; give their shapes with "
+            f"input_shapes={{'{first}': (...)}} or --input-shape {first}=D0,D1,...)")
 
 
 def load_onnx(path: str | Path) -> Any:

@@ -42,13 +42,14 @@ from .compiler.fold_constant_ops import FOLD_LIMIT_BYTES
 #: A constant node reading more than this is left to the Relax pass (module docstring).
 INPUT_LIMIT_BYTES = 1 << 20
 #: Ops whose value is not a function of their inputs: never folded.
-RANDOM_OPS = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
-                        "Bernoulli", "Dropout"})
+RANDOM_OPS = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
+                        "Multinomial", "Bernoulli", "Dropout"})
 #: Ops with graph attributes (subgraphs): left to the frontend.
 SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 #: A quantized weight's dequantize: kept, as the backends' QDQ units read it (so nothing made from it
 #: folds either).
 KEPT_OPS = frozenset({"DequantizeLinear"})
+NEVER_FOLDED = RANDOM_OPS | SUBGRAPH_OPS | KEPT_OPS
 
 
 def input_dims(value: Any) -> list[int | str | None]:
@@ -91,8 +92,8 @@ def set_input_shapes(model: Any, input_shapes: Mapping[str, Sequence[int]]) -> N
             if given <= 0:
                 raise ValueError(f"input_shapes[{name!r}]: dim {axis} is {given}; dims must be positive")
             if isinstance(known, int) and known != given:
-                raise ValueError(f"input_shapes[{name!r}]: dim {axis} is {given}, but the model fixes it to {known} "
-                                 f"{format_dims(have)}")
+                raise ValueError(f"input_shapes[{name!r}]: dim {axis} is {given}, but the model fixes it to "
+                                 f"{known} {format_dims(have)}")
         tensor_shape = inputs[name].type.tensor_type.shape
         del tensor_shape.dim[:]
         for given in dims:
@@ -159,7 +160,7 @@ def _fold_once(model: Any) -> bool:
         folded_any = True
     if not folded_any:
         return False
-    read = {name for node in kept for name in node.input} | {value.name for value in graph.output}
+    read = _names_read(kept) | {value.name for value in graph.output}
     listed = {value.name for value in graph.input}
     original = {t.name for t in graph.initializer}
     initializers = [numpy_helper.from_array(np.asarray(value), name) for name, value in known.items()
@@ -173,10 +174,22 @@ def _fold_once(model: Any) -> bool:
     return True
 
 
+def _names_read(nodes: Any) -> set[str]:
+    """The value names ``nodes`` read, those read inside their subgraphs (an ``If``'s branches read
+    the outer graph's values by name) included."""
+    names: set[str] = set()
+    for node in nodes:
+        names.update(node.input)
+        for attribute in node.attribute:
+            for subgraph in [*([attribute.g] if attribute.HasField("g") else []), *attribute.graphs]:
+                names |= _names_read(subgraph.node)
+    return names
+
+
 def _evaluate(node: Any, known: dict[str, np.ndarray], shapes: dict[str, tuple[int, ...]],
               opsets: dict[str, int]) -> list[np.ndarray] | None:
     """The outputs of ``node`` when it is constant (module rule), else None."""
-    if node.domain not in ("", "ai.onnx") or node.op_type in RANDOM_OPS | SUBGRAPH_OPS | KEPT_OPS or not node.output:
+    if node.domain not in ("", "ai.onnx") or node.op_type in NEVER_FOLDED or not node.output:
         return None
     if node.op_type in ("Shape", "Size") and node.input[0] not in known:
         if node.input[0] not in shapes:
@@ -199,7 +212,8 @@ def _shape_slice(node: Any, shape: np.ndarray) -> np.ndarray:
     return shape[start:end]
 
 
-def _run_reference(node: Any, known: dict[str, np.ndarray], opsets: dict[str, int]) -> list[np.ndarray] | None:
+def _run_reference(node: Any, known: dict[str, np.ndarray],
+                   opsets: dict[str, int]) -> list[np.ndarray] | None:
     """``node`` run by ONNX's reference implementation on known inputs; None where it cannot."""
     from onnx.reference import ReferenceEvaluator
 
@@ -208,7 +222,8 @@ def _run_reference(node: Any, known: dict[str, np.ndarray], opsets: dict[str, in
         outputs = ReferenceEvaluator(node, opsets=opsets).run(None, feeds)
     except Exception:  # noqa: BLE001 (an op the reference lacks, or rejects: the frontend gets the node as it is)
         return None
-    if len(outputs) != len(node.output) or any(not isinstance(v, np.ndarray) and not np.isscalar(v) for v in outputs):
+    arrays = all(isinstance(v, np.ndarray) or np.isscalar(v) for v in outputs)
+    if len(outputs) != len(node.output) or not arrays:
         return None  # sequences, optionals: left to the frontend
     return [np.asarray(v) for v in outputs]
 

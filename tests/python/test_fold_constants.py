@@ -225,10 +225,12 @@ def test_parameters_and_quantized_weights_are_not_folded() -> None:
     @I.ir_module
     class Kept:
         @R.function
-        def main(x: R.Tensor((2, 8), "float32"), w: R.Tensor((16, 8), "float32")) -> R.Tensor((2, 16), "float32"):
+        def main(x: R.Tensor((2, 8), "float32"),
+                 w: R.Tensor((16, 8), "float32")) -> R.Tensor((2, 16), "float32"):
             with R.dataflow():
                 wt = R.permute_dims(w, axes=[1, 0])  # a parameter: set_params may replace it
-                q = R.dequantize(R.const(np.ones((8, 16), "int8")), R.const(0.5, "float32"), R.const(0, "int8"))
+                q = R.dequantize(R.const(np.ones((8, 16), "int8")), R.const(0.5, "float32"),
+                                 R.const(0, "int8"))
                 y = R.add(R.matmul(x, wt), R.matmul(x, q))
                 R.output(y)
             return y
@@ -263,7 +265,8 @@ def prebound_light_model(path) -> onnx.ModelProto:
             fill = next((numpy_helper.to_array(a.t) for a in node.attribute if a.name == "value"),
                         np.zeros(1, "float32"))
             shape = tuple(int(d) for d in initial[node.input[0]])
-            model.graph.initializer.append(numpy_helper.from_array(np.full(shape, fill.reshape(-1)[0]), node.output[0]))
+            weight = np.full(shape, fill.reshape(-1)[0])
+            model.graph.initializer.append(numpy_helper.from_array(weight, node.output[0]))
         else:
             kept.append(node)
     del model.graph.node[:]
@@ -301,7 +304,8 @@ def test_raw_light_squeezenet_gets_every_conv_into_onednn_and_runs_like_prebound
             start = time.perf_counter()
             runtime.run()
             times[name].append(time.perf_counter() - start)
-    np.testing.assert_allclose(built.get_output(0).numpy(), prebound.get_output(0).numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(built.get_output(0).numpy(), prebound.get_output(0).numpy(),
+                               rtol=1e-5, atol=1e-6)
     ratio = np.median(times["raw"]) / np.median(times["prebound"])
     print(f"raw / prebound SqueezeNet: {ratio:.2f}x ({np.median(times['raw']) * 1e3:.1f} ms against "
           f"{np.median(times['prebound']) * 1e3:.1f} ms)")
@@ -320,7 +324,8 @@ def test_cli_compiles_the_raw_light_squeezenet_with_the_regions_of_prebound_weig
     capsys.readouterr()
     assert cli.main(["compile", str(path), "-o", str(tmp_path / "out"), "--device", "cpu:0=llvm"]) == 0
     report = capsys.readouterr().out
-    assert f"backend {backend} on device {device} (cpu:0): {regions} regions holding {ops} relax ops" in report
+    regions_line = f"backend {backend} on device {device} (cpu:0): {regions} regions holding {ops} relax ops"
+    assert regions_line in report
     assert "NOT TAKEN" not in report
 
 

@@ -42,7 +42,8 @@ def test_transformers_model_imports_builds_and_matches_onnxruntime(exported) -> 
     expected = onnxruntime_outputs(model, inputs)[0]
     out = run_built(from_onnx(model), inputs)
     assert out.shape == expected.shape
-    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4 * float(np.abs(expected).max()), err_msg=name)
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4 * float(np.abs(expected).max()),
+                               err_msg=name)
 
 
 def test_transformers_model_needs_the_preparation(exported) -> None:
@@ -61,8 +62,8 @@ def test_preparation_folds_shape_arithmetic_into_initializers(exported) -> None:
     assert not left & {"Shape", "ConstantOfShape", "Constant", "Range"}, (name, left)
     assert len(prepared.graph.node) < len(model.graph.node)
     inputs = export_models.sample_inputs(model)
-    np.testing.assert_allclose(onnxruntime_outputs(prepared, inputs)[0], onnxruntime_outputs(model, inputs)[0],
-                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(onnxruntime_outputs(prepared, inputs)[0],
+                               onnxruntime_outputs(model, inputs)[0], rtol=1e-5, atol=1e-5)
 
 
 # ---- symbolic dims and input shapes ----------------------------------------------------------
@@ -80,11 +81,13 @@ def token_inputs(batch: int, sequence: int) -> dict[str, np.ndarray]:
 
 
 def test_dynamic_gpt2_builds_for_the_shapes_given(dynamic_gpt2) -> None:
-    assert [d.dim_param for d in dynamic_gpt2.graph.input[0].type.tensor_type.shape.dim] == ["batch", "sequence"]
+    dims = dynamic_gpt2.graph.input[0].type.tensor_type.shape.dim
+    assert [d.dim_param for d in dims] == ["batch", "sequence"]
     inputs = token_inputs(2, 12)
     mod = from_onnx(dynamic_gpt2, input_shapes={"input_ids": (2, 12), "attention_mask": (2, 12)})
     expected = onnxruntime_outputs(dynamic_gpt2, inputs)[0]
-    np.testing.assert_allclose(run_built(mod, inputs), expected, rtol=1e-4, atol=1e-4 * float(np.abs(expected).max()))
+    np.testing.assert_allclose(run_built(mod, inputs), expected, rtol=1e-4,
+                               atol=1e-4 * float(np.abs(expected).max()))
 
 
 def test_what_the_frontend_cannot_take_is_one_line_naming_the_node(dynamic_gpt2) -> None:
@@ -98,12 +101,14 @@ def test_what_the_frontend_cannot_take_is_one_line_naming_the_node(dynamic_gpt2)
     op_type = {n.name: n.op_type for n in dynamic_gpt2.graph.node}[node]
     assert message.startswith(f"ONNX node '{node}' ({op_type}): ")
     assert "rank" in message  # the frontend's reason, not a traceback
-    assert "input_ids (batch, sequence)" in message and "--input-shape input_ids=" in message  # the likely fix
+    # The likely fix, too.
+    assert "input_ids (batch, sequence)" in message and "--input-shape input_ids=" in message
 
 
 def test_an_op_the_frontend_lacks_is_named_with_its_node() -> None:
     graph = helper.make_graph(
-        [helper.make_node("Relu", ["x"], ["r"], name="first"), helper.make_node("Det", ["r"], ["y"], name="det_node")],
+        [helper.make_node("Relu", ["x"], ["r"], name="first"),
+         helper.make_node("Det", ["r"], ["y"], name="det_node")],
         "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 3])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
@@ -113,7 +118,8 @@ def test_an_op_the_frontend_lacks_is_named_with_its_node() -> None:
 
 def conv_model(batch: int | str = "batch") -> onnx.ModelProto:
     """A conv + relu on float32[batch, 3, 8, 8] (``batch`` symbolic by default)."""
-    weight = numpy_helper.from_array(np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
+    values = np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32)
+    weight = numpy_helper.from_array(values, "w")
     graph = helper.make_graph(
         [helper.make_node("Conv", ["data", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
          helper.make_node("Relu", ["c"], ["y"], name="relu")],
@@ -208,5 +214,27 @@ def test_preparation_folds_constant_generators_but_keeps_quantized_weights() -> 
     ones = {t.name: numpy_helper.to_array(t) for t in prepared.graph.initializer}["ones"]
     np.testing.assert_array_equal(ones, np.ones((4, 4), np.float32))
     x = np.random.default_rng(2).standard_normal((2, 4)).astype(np.float32)
-    np.testing.assert_allclose(onnxruntime_outputs(prepared, {"x": x})[0], onnxruntime_outputs(model, {"x": x})[0],
-                               rtol=1e-6)
+    np.testing.assert_allclose(onnxruntime_outputs(prepared, {"x": x})[0],
+                               onnxruntime_outputs(model, {"x": x})[0], rtol=1e-6)
+
+
+def test_a_folded_value_read_only_inside_a_branch_stays() -> None:
+    """An If's branches read the outer graph's values by name: a folded value they read is kept."""
+    shape = numpy_helper.from_array(np.array([2], np.int64), "shape")
+    branch = helper.make_graph([helper.make_node("Add", ["x", "twos"], ["out"])], "then", [],
+                               [helper.make_tensor_value_info("out", TensorProto.FLOAT, [2])])
+    other = helper.make_graph([helper.make_node("Identity", ["x"], ["out2"])], "else", [],
+                              [helper.make_tensor_value_info("out2", TensorProto.FLOAT, [2])])
+    graph = helper.make_graph(
+        [helper.make_node("ConstantOfShape", ["shape"], ["twos"],
+                          value=numpy_helper.from_array(np.full(1, 2.0, np.float32))),
+         helper.make_node("If", ["c"], ["y"], then_branch=branch, else_branch=other)],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]),
+              helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])], [shape])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = export_models.IR_VERSION
+    prepared = prepare_onnx(model)
+    assert [n.op_type for n in prepared.graph.node] == ["If"]
+    feeds = {"x": np.array([1.0, 3.0], np.float32), "c": np.array(True)}
+    np.testing.assert_array_equal(onnxruntime_outputs(prepared, feeds)[0], [3.0, 5.0])

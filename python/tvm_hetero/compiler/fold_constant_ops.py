@@ -117,7 +117,8 @@ def with_constants(func: relax.Function, values: dict[relax.Var, np.ndarray]) ->
 
 
 #: Ops whose second operand is a weight a backend needs constant.
-WEIGHTED_OPS = ("relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d", "relax.nn.conv2d_transpose", "relax.matmul")
+WEIGHTED_OPS = ("relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d", "relax.nn.conv2d_transpose",
+                "relax.matmul")
 
 
 def computed_weight_notes(func: relax.Function, backends: list[str],
@@ -136,12 +137,15 @@ def computed_weight_notes(func: relax.Function, backends: list[str],
         weight = value.args[1]
         if _op_name(analysis.value_of.get(weight)) == "relax.permute_dims":
             weight = analysis.value_of[weight].args[0]  # a matmul's transposed weight
-        if not isinstance(weight, relax.Var) or weight not in analysis.computable or weight in analysis.quantized:
+        if (not isinstance(weight, relax.Var) or weight not in analysis.computable
+                or weight in analysis.quantized):
             continue
         size, read = _bytes_of(weight), analysis.computable[weight]
-        why = (f"folding it would make {_size(size)} from {_size(read)}, over the limit of {_size(limit_bytes)}"
+        why = (f"folding it would make {_size(size)} from {_size(read)}, over the limit of "
+               f"{_size(limit_bytes)}"
                if size > max(read, limit_bytes) else "constant folding did not run on it")
-        notes.append(f"{'/'.join(backends)}: {name.removeprefix('relax.')} #{count[name]} '{var.name}' not taken: "
+        notes.append(f"{'/'.join(backends)}: {name.removeprefix('relax.')} #{count[name]} '{var.name}' "
+                     "not taken: "
                      f"weight '{weight.name}' is computed, not constant ({why})")
     return notes
 
@@ -162,7 +166,8 @@ def _chosen(func: relax.Function, analysis: ConstantAnalysis, limit_bytes: int) 
         if var in seen:
             continue
         seen.add(var)
-        if var not in analysis.quantized and _static(var) and _bytes_of(var) <= max(computable[var], limit_bytes):
+        small = _static(var) and _bytes_of(var) <= max(computable[var], limit_bytes)
+        if var not in analysis.quantized and small:
             chosen.append(var)
         else:
             frontier += [u for u in relax.analysis.free_vars(analysis.value_of[var]) if u in computable]
@@ -172,7 +177,7 @@ def _chosen(func: relax.Function, analysis: ConstantAnalysis, limit_bytes: int) 
 def _constant_leaves(value: Any, leaves: dict, sizes: dict) -> frozenset | None:
     """The tensor constants a computable value reads (their bytes recorded in ``sizes``), or None
     when the value is not computable."""
-    if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op) or value.op.name in EFFECT_OPS:
+    if _op_name(value) is None or value.op.name in EFFECT_OPS:
         return None
     if value.op.name == SHAPE_OF:
         return frozenset() if _static_type(value.args[0].ty) else None
@@ -262,16 +267,18 @@ def _run_on_host(analysis: ConstantAnalysis, fold: list[relax.Var]) -> dict[rela
             continue
         needed.add(var)
         stack += [u for u in relax.analysis.free_vars(analysis.value_of[var]) if u in analysis.computable]
-    body = [relax.VarBinding(var, _without_inputs(value)) for var, value in analysis.value_of.items() if var in needed]
+    body = [relax.VarBinding(var, _without_inputs(value)) for var, value in analysis.value_of.items()
+            if var in needed]
     # Dataflow variables may not leave their block: each value leaves through a plain variable.
     results = [relax.Var(f"folded{i}", var.ty) for i, var in enumerate(fold)]
     body += [relax.VarBinding(result, var) for result, var in zip(results, fold)]
     out = relax.Tuple(results)
     program = relax.Function([], relax.SeqExpr([relax.DataflowBlock(body)], out), out.ty, True)
-    executable = tvm.compile(tvm.IRModule({"fold": program.with_attr("global_symbol", "fold")}), target="llvm")
+    module = tvm.IRModule({"fold": program.with_attr("global_symbol", "fold")})
+    executable = tvm.compile(module, target="llvm")
     result = relax.VirtualMachine(executable, tvm.cpu())["fold"]()
     return {var: result[i].numpy() for i, var in enumerate(fold)}
 
 
-__all__ = ["FOLD_LIMIT_BYTES", "ConstantAnalysis", "FoldConstantOps", "analyse_constants", "computed_weight_notes",
-           "evaluate_on_host", "fold_constant_ops", "with_constants"]
+__all__ = ["FOLD_LIMIT_BYTES", "ConstantAnalysis", "FoldConstantOps", "analyse_constants",
+           "computed_weight_notes", "evaluate_on_host", "fold_constant_ops", "with_constants"]

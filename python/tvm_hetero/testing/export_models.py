@@ -11,10 +11,11 @@
   importer (``importers.from_onnx`` prepares them with ONNX's tools).
 
 All are exported with the TorchScript exporter (``torch.onnx.export(..., dynamo=False)``, so no
-``onnxscript`` is needed) at opset 17 with static shapes (unless asked for symbolic ones), and stamped ``ir_version`` 9 (ONNX Runtime
-refuses the newer IR that onnx 1.23 writes by default). Batch-norm running statistics are
-randomized, so inference mode differs from training mode and outputs are worth comparing. The first
-two import into Relax with TVM's ``from_onnx(model, keep_params_in_input=False)`` as they are.
+``onnxscript`` is needed) at opset 17 with static shapes (unless asked for symbolic ones), and
+stamped ``ir_version`` 9 (ONNX Runtime refuses the newer IR that onnx 1.23 writes by default).
+Batch-norm running statistics are randomized, so inference mode differs from training mode and
+outputs are worth comparing. The first two import into Relax with TVM's ``from_onnx(model,
+keep_params_in_input=False)`` as they are.
 
 :func:`sample_inputs` gives seeded inputs for either model (for any ONNX model: float inputs are
 standard normal, ``*ids`` are token ids, ``*mask`` is all ones with the last quarter masked out).
@@ -96,10 +97,11 @@ def transformers_gpt2_onnx(seed: int = 0, sequence: int = BERT_SEQUENCE, dynamic
     _randomize_constant_parameters(torch, gpt2, seed)
     gpt2.eval()
 
-    logits = _exported_as(torch, gpt2, lambda m, ids, mask: m(input_ids=ids, attention_mask=mask, use_cache=False).logits)
+    logits = _exported_as(torch, gpt2,
+                          lambda m, ids, mask: m(input_ids=ids, attention_mask=mask, use_cache=False).logits)
     axes = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"}}
-    return _export(torch, logits, _token_args(torch, seed, sequence), ["input_ids", "attention_mask"], ["logits"],
-                   axes if dynamic else None)
+    return _export(torch, logits, _token_args(torch, seed, sequence), ["input_ids", "attention_mask"],
+                   ["logits"], axes if dynamic else None)
 
 
 def transformers_bert_onnx(seed: int = 0, sequence: int = BERT_SEQUENCE):
@@ -119,7 +121,8 @@ def transformers_bert_onnx(seed: int = 0, sequence: int = BERT_SEQUENCE):
     _randomize_constant_parameters(torch, bert, seed)
     bert.eval()
 
-    hidden = _exported_as(torch, bert, lambda m, ids, mask: m(input_ids=ids, attention_mask=mask).last_hidden_state)
+    hidden = _exported_as(torch, bert,
+                          lambda m, ids, mask: m(input_ids=ids, attention_mask=mask).last_hidden_state)
     return _export(torch, hidden, _token_args(torch, seed, sequence), ["input_ids", "attention_mask"],
                    ["last_hidden_state"])
 
@@ -200,7 +203,8 @@ def _export(torch, module, args: tuple, input_names: list[str], output_names: li
 
     buffer = io.BytesIO()
     with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the exporter is deprecated, not gone; its tracer warnings are expected
+        # The exporter is deprecated, not gone; its tracer warnings are expected.
+        warnings.simplefilter("ignore")
         torch.onnx.export(module, args, buffer, dynamo=False, opset_version=OPSET, input_names=input_names,
                           output_names=output_names, do_constant_folding=True, dynamic_axes=dynamic_axes)
     model = onnx.load_from_string(buffer.getvalue())
