@@ -115,3 +115,21 @@ def test_a_board_artifact_exports_with_no_cross_toolchain(monkeypatch: pytest.Mo
     header = (out / "lib.aarch64.dev1.so").read_bytes()[:20]
     assert header[:4] == b"\x7fELF" and int.from_bytes(header[18:20], "little") == 183  # EM_AARCH64
     assert tvm_hetero.load(out).device_libs[1].path.name == "lib.aarch64.dev1.so"
+
+
+def test_tvm_hetero_compile_with_no_linker_says_what_to_install(no_system_compiler, monkeypatch, tmp_path, capsys) -> None:
+    """The reported failure: `tvm-hetero compile` on a machine with no C compiler ended in a TypeError."""
+    import onnx
+    from onnx import TensorProto, helper
+    from tvm_hetero import cli
+
+    monkeypatch.setattr(toolchain, "zig_executable", lambda: None)
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "relu",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+    model = tmp_path / "relu.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), model)
+    assert cli.main(["compile", str(model), "-o", str(tmp_path / "out")]) == 1
+    error = capsys.readouterr().err
+    assert "LinkerNotFoundError" in error and "pip install ziglang" in error and "TypeError" not in error, error
+    assert not (tmp_path / "out").exists()
