@@ -16,7 +16,6 @@ and its target.
 from __future__ import annotations
 
 import os
-import platform
 import shutil
 import tempfile
 import uuid
@@ -28,24 +27,13 @@ from typing import Any
 import tvm
 
 from ..devices import is_remote, name_of
-from ..toolchain import zig_linker
+from ..toolchain import host_architecture, normalize_arch, zig_linker
 from .compile_kernels import compile_kernels
 from .lower import LoweredGraph
 
-_ARCH_ALIASES = {"amd64": "x86_64", "x64": "x86_64", "arm64": "aarch64", "armv8": "aarch64"}
 # Target kinds whose code runs on a CPU of the target's triple; other kinds (cuda, ...) run their
 # host code on the build machine's CPU.
 _CPU_KINDS = ("llvm", "c")
-
-
-def normalize_arch(name: str) -> str:
-    name = name.lower()
-    return _ARCH_ALIASES.get(name, name)
-
-
-def host_architecture() -> str:
-    """The build machine's instruction set, e.g. ``"x86_64"``."""
-    return normalize_arch(platform.machine())
 
 
 def target_architecture(target: tvm.target.Target) -> str:
