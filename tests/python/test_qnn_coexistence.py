@@ -12,8 +12,9 @@ import textwrap
 import pytest
 from tvm_hetero import qnn_ep
 
-pytestmark = pytest.mark.skipif(not qnn_ep.available(),
-                                reason="onnxruntime-qnn is not installed (pip install 'tvm-hetero[qnn]')")
+pytestmark = [pytest.mark.skipif(not qnn_ep.available(),
+                                 reason="onnxruntime-qnn is not installed (pip install 'tvm-hetero[qnn]')"),
+              pytest.mark.slow]  # three builds in child processes: about a minute
 
 _COMMON = textwrap.dedent('''
     import sys

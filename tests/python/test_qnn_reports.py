@@ -35,6 +35,7 @@ def _build(model, **kwargs):
     return tvm_hetero.build(from_onnx(model), [CPU, "qnn-htp"], **kwargs)
 
 
+@pytest.mark.slow
 def test_ops_qnn_accepts_but_the_cost_choice_moves_back_are_reported_as_accepted(monkeypatch) -> None:
     from tvm_hetero import htp_placement
 
@@ -49,6 +50,7 @@ def test_ops_qnn_accepts_but_the_cost_choice_moves_back_are_reported_as_accepted
     assert "3 ops: auto: the host computes it in" in report and "refused by QNN" not in report
 
 
+@pytest.mark.slow
 def test_fp16_underflow_in_verification_is_named_with_a_hint() -> None:
     """Activations near 1e-25 (fine in fp32) are zeros in fp16: relative error 1, and the report says why."""
     x = np.random.default_rng(1).standard_normal((1, 4, 8, 8)).astype("float32") * 1e-25
@@ -61,6 +63,7 @@ def test_fp16_underflow_in_verification_is_named_with_a_hint() -> None:
     assert "ops: verification: fp16 underflow: the CPU's values are at most" in art.report()
 
 
+@pytest.mark.slow
 def test_fp16_underflow_in_qnn_s_answer_is_named_with_a_hint(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("TVM_HETERO_CACHE", str(tmp_path))  # QNN asked afresh
     art = _build(_conv_relu_conv(scale=1e-9))
