@@ -12,6 +12,7 @@ write that kills the process fails a test instead of pytest.
 
 from __future__ import annotations
 
+import atexit
 import json
 import sys
 from collections.abc import Callable
@@ -36,7 +37,7 @@ class Model:
 
 def _onnx_model(node: Any, index_shape: tuple[int, ...], index_dtype: str, out_shape: tuple[int, ...],
                 initializers: dict[str, np.ndarray], more_nodes: tuple = (), targets: tuple = ("cpu",),
-                tolerance: float = 1e-4, placement: Any = None) -> Model:
+                tolerance: float = 1e-4, placement: Any = None, create_args: tuple = ()) -> Model:
     import onnx
     import onnxruntime
     import tvm_hetero
@@ -51,7 +52,7 @@ def _onnx_model(node: Any, index_shape: tuple[int, ...], index_dtype: str, out_s
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     model.ir_version = 9
     artifact = tvm_hetero.build(importers.from_onnx(model), list(targets), placement=placement)
-    runtime = artifact.create()
+    runtime = artifact.create(*create_args)
     session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
 
     def run(ids: np.ndarray) -> list[np.ndarray]:
@@ -82,6 +83,23 @@ def gather_two_devices() -> Model:
     targets = ((tvm.cpu(0), "llvm"), (tvm.cpu(1), "llvm"))
     return _onnx_model(node, (2, 3), "int64", (2, 3, 8), {"table": table}, (relu,), targets,
                        placement=lambda info: int(info.op == "relax.take"))
+
+
+def gather_remote() -> Model:
+    """The Gather on a remote CPU (an RPC server in another process), its segment offloaded whole."""
+    import tvm
+    from onnx import helper
+    from tvm_hetero.runtime.rpc import LocalServer
+
+    server = LocalServer()
+    atexit.register(server.stop)  # the server lives as long as this worker
+    table = np.random.default_rng(7).random((ROWS, 8), dtype=np.float32)
+    node = helper.make_node("Gather", ["table", "ids"], ["rows"], name="embed_tokens", axis=0)
+    relu = helper.make_node("Relu", ["rows"], ["out"], name="relu")
+    targets = ((tvm.cpu(0), "llvm"), (tvm.cpu(1), "llvm"))
+    devices = [tvm.cpu(0), server.connect().cpu(0)]
+    return _onnx_model(node, (2, 3), "int64", (2, 3, 8), {"table": table}, (relu,), targets,
+                       placement=lambda info: int(info.op == "relax.take"), create_args=(devices,))
 
 
 def gather_htp() -> Model:
@@ -219,6 +237,7 @@ MODELS: dict[str, Callable[[], Model]] = {
     "gather_int32": lambda: gather("int32"),
     "gather_htp": gather_htp,
     "gather_two_devices": gather_two_devices,
+    "gather_remote": gather_remote,
     "gather_elements": gather_elements,
     "gather_nd": gather_nd,
     "scatter_elements": scatter_elements,

@@ -135,6 +135,22 @@ def test_a_gather_on_another_devices_executor(worker):
         assert_matches(w.ask(good), f"two devices after {value}")
 
 
+def test_a_gather_on_a_remote_device(worker):
+    """The check runs in the remote process with the gather; the error comes back over RPC (kind
+    RPCError, the message intact) and the next run is right."""
+    w = worker("gather_remote")
+    good = np.array([[0, 5, 999], [-1, -1000, 7]])
+    assert_matches(w.ask(good), "remote in range")
+    for value in (N, 50_000_000, -1001, 2**40 + 7):
+        bad = good.copy()
+        bad[0, 0] = value
+        answer = w.ask(bad)
+        assert not answer["ok"] and answer["kind"] == "RPCError", answer
+        assert "node 'embed_tokens'" in answer["message"] and "input 'indices'" in answer["message"]
+        assert f"index {value} at ids[0, 0] is outside [-{N}, {N})" in answer["message"], answer
+        assert_matches(w.ask(good), f"remote after {value}")
+
+
 def test_indices_of_an_htp_region_are_checked_on_the_cpu_before_it(worker):
     """QNN takes the Gather (and ONNX's normalization of negatives) into its region; the check runs on
     the CPU before the region, so QNN never sees a bad index and -1 still means the last row."""
