@@ -25,7 +25,7 @@ Ops inside a backend's region (an HTP region's Gather: QNN fails its whole graph
 ``[0, n)``, negative ones included, without naming it) are guarded the same way on a TVM device
 before the region call, for each index the region takes from outside.
 
-Guarantee: after the pass, every index argument of the ops in :data:`INDEX_OPS` of the entry function
+Guarantee: after the pass, every integer index argument of the ops in :data:`INDEX_OPS` of the entry function
 (and of the region functions it calls, for indices that are region inputs) is a checked, normalized
 value or a constant in ``[0, n)``. ``take`` in mode ``wrap`` or ``clip`` selects safely by itself and
 is left alone.
