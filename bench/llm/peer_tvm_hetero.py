@@ -44,7 +44,7 @@ def fp32_weight_bytes(checkpoint: Path) -> int:
     total = 0
     for shard in checkpoint.glob("*.safetensors"):
         with safe_open(shard, "np") as f:
-            for name in f:
+            for name in f.keys():  # noqa: SIM118 - safe_open is not iterable
                 if name == "model.embed_tokens.weight" and not config.get("tie_word_embeddings"):
                     continue  # untied: the lookup reads one row, lm_head is the matrix read
                 total += 4 * int(math.prod(f.get_slice(name).get_shape()))
