@@ -88,3 +88,18 @@ def test_a_float_output_below_fp16_s_range_is_an_underflow_not_a_wrong_op() -> N
     assert judge(tiny, np.zeros(8, "float32")).startswith("fp16 underflow: the CPU's values are at most 3.0e-25")
     assert judge(tiny, np.zeros(8, "float32"), precision="quantized").startswith("QNN computes it wrongly")
     assert judge(np.ones(4, "float32"), np.ones(4, "float32") * 1.02).startswith("QNN computes it wrongly: relative")
+
+
+@pytest.mark.slow
+def test_an_accepted_op_no_htp_pattern_takes_is_reported(monkeypatch) -> None:
+    """A clip whose pattern had the wrong arity stayed on the CPU, accepted and unreported (MobileNetV3)."""
+    from onnx import helper
+    from tvm_hetero.backends import qnn
+
+    model = _conv_relu_conv()
+    model.graph.node[1].CopyFrom(helper.make_node("HardSwish", ["c1"], ["r1"]))  # add, clip, divide, multiply
+    monkeypatch.delitem(qnn._ARITY, "relax.clip")  # as it was: a pattern of one argument for clip's three
+    art = _build(model)
+    htp = art.build_report.htp
+    assert [r["op"] for r in htp["unplaced"]] == ["relax.clip"], htp["unplaced"]
+    assert "1 ops QNN accepts are in no HTP graph" in art.report() and "1 x relax.clip" in art.report()

@@ -344,6 +344,9 @@ def htp_summary(backend: Any, lowered: LoweredGraph) -> dict:
             "accepted": sum(1 for _op, ok, _r in backend.answers.values() if ok), "refused": refused,
             "in_context": sum(1 for _op, ok, reason in backend.answers.values() if ok and reason == WITH_READER),
             "regions": regions, "graph_executions": executions, "excluded": dict(backend.exclude),
+            # Accepted and kept, yet in no region: a gap in the backend's patterns, said out loud.
+            "unplaced": [{"binding": key, "op": op} for key, (op, ok, _r) in backend.answers.items()
+                         if ok and key not in covered and key not in backend.exclude],
             "flops": sum(backend.flops.values()),
             "flops_on_htp": sum(f for key, f in backend.flops.items() if key in on_htp),
             "steps": {r.name: [step.get("bindings", []) for step in r.spec["steps"]]

@@ -41,6 +41,12 @@ def explain_htp(htp: dict, devices: list[str]) -> list[str]:
         grouped = Counter((r["op"], r["reason"]) for r in refused)
         for (op, reason), count in sorted(grouped.items()):
             lines.append(f"    {count} x {op}: {reason}")
+    unplaced = htp.get("unplaced", [])
+    if unplaced:
+        lines.append(f"  HTP: {len(unplaced)} ops QNN accepts are in no HTP graph (no HTP pattern takes them; "
+                     "they run on the CPU):")
+        for op, count in sorted(Counter(r["op"] for r in unplaced).items()):
+            lines.append(f"    {count} x {op}")
     excluded = htp.get("excluded", {})
     if excluded:
         lines.append(f"  HTP: {len(excluded)} ops moved back to the CPU:")
