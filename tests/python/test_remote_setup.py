@@ -169,3 +169,13 @@ def test_two_libraries_uploaded_under_one_name_both_run(rpc_server):
         results.append(y.numpy())
     np.testing.assert_allclose(results[0], np.arange(4) + 1.0)
     np.testing.assert_allclose(results[1], np.arange(4) + 2.0)
+
+
+def test_a_local_server_waits_longer_for_its_handshake_than_a_network_one(monkeypatch):
+    # Its handshake forks a worker that imports TVM: 5 s was not enough on a loaded 2-core machine.
+    asked = {}
+    monkeypatch.setattr(rpc, "connect", lambda *args, **kwargs: asked.update(kwargs))
+    server = rpc.LocalServer.__new__(rpc.LocalServer)
+    server.port = 1
+    server.connect()
+    assert asked["connect_timeout"] >= 30 > rpc.DEFAULT_CONNECT_TIMEOUT
