@@ -27,9 +27,6 @@ from ..toolchain import linker as shared_library_linker
 #: Seconds :func:`connect` waits for a server's handshake by default (None: forever). A server on
 #: a network answers in milliseconds; one that accepts and says nothing should fail fast.
 DEFAULT_CONNECT_TIMEOUT = 5.0
-#: The same for a :class:`LocalServer` of ours: its handshake forks a worker that imports TVM, which
-#: took over 5 s on a 2-core machine at load 11 (a session refused by a healthy server).
-LOCAL_CONNECT_TIMEOUT = 60.0
 
 
 def _free_port() -> int:
@@ -85,9 +82,9 @@ class LocalServer:
         raise TimeoutError(f"RPC server did not listen on port {self.port} within {timeout} s")
 
     def connect(
-        self, session_timeout: float = 0, connect_timeout: float | None = LOCAL_CONNECT_TIMEOUT
+        self, session_timeout: float = 0, connect_timeout: float | None = DEFAULT_CONNECT_TIMEOUT
     ) -> RemoteSession:
-        """A session to this server (``connect_timeout``: :data:`LOCAL_CONNECT_TIMEOUT` by default)."""
+        """A session to this server. It serves one session at a time: close (drop) the last one first."""
         return connect("127.0.0.1", self.port, session_timeout=session_timeout, connect_timeout=connect_timeout)
 
     def log(self) -> str:
@@ -159,7 +156,8 @@ def connect(
     except Exception as err:  # noqa: BLE001 (whatever the handshake raised, the connection failed)
         if watchdog is not None and watchdog.fired:
             raise TimeoutError(
-                f"RPC server {address} did not complete the handshake within {connect_timeout:g} s"
+                f"RPC server {address} did not complete the handshake within {connect_timeout:g} s (a TVM RPC "
+                "server serves one session at a time: is another session to it still open?)"
             ) from None
         raise ConnectionError(
             f"RPC server {address}: connection failed (not a TVM RPC server, wrong key, or it closed): "
