@@ -13,17 +13,21 @@ The steps, repeated until nothing more folds:
    the (given) input shapes gets it.
 2. In graph order, a node is *constant* when it is deterministic, has no subgraph, is no
    ``DequantizeLinear`` (a quantized weight stays one, for the QDQ units of the backends), belongs
-   to the default domain and every input is an initializer, a ``Constant``'s value or an earlier constant
-   node's output; a ``Shape`` (or ``Size``) of a value of fully known shape is constant too, whatever
-   the value. A constant node reading at most :data:`INPUT_LIMIT_BYTES` is evaluated by
-   ``onnx.reference`` (ONNX's own implementation of the operators, in Python: meant for shape
-   arithmetic and small tensors; a constant node reading more is left to the Relax pass
-   ``FoldConstantOps``, which folds it compiled) and its outputs become initializers when each
-   output is no larger than the inputs it reads together, or than ``FOLD_LIMIT_BYTES`` (so folding
-   never makes a large tensor from a small one: a weight made by ``ConstantOfShape`` folds, an
-   activation-sized broadcast of a scalar beyond the limit stays an op; the limit is the Relax
-   pass's, compiler/fold_constant_ops.py). A node the reference cannot evaluate is left as it is.
-3. Initializers no longer read are dropped (those listed as graph inputs, old-style, are kept).
+   to the default domain and every input is an initializer, a ``Constant``'s value or an earlier
+   constant node's output; a ``Shape`` (or ``Size``) of a value of fully known shape is constant
+   too, whatever the value, and so is a ``Gather`` / ``Slice`` / ``Concat`` picking only static dims
+   out of the ``Shape`` of a value whose other dims are symbolic (a padding computed from the static
+   height and width of an input of symbolic batch). A constant node reading at most
+   :data:`INPUT_LIMIT_BYTES` is evaluated by ``onnx.reference`` (ONNX's own implementation of the
+   operators, in Python: meant for shape arithmetic and small tensors; a constant node reading more
+   is left to the Relax pass ``FoldConstantOps``, which folds it compiled) and its outputs become
+   initializers when each output is no larger than the inputs it reads together, or than
+   ``FOLD_LIMIT_BYTES`` (so folding never makes a large tensor from a small one: a weight made by
+   ``ConstantOfShape`` folds, an activation-sized broadcast of a scalar beyond the limit stays an
+   op; the limit is the Relax pass's, compiler/fold_constant_ops.py). A node the reference cannot
+   evaluate is left as it is.
+3. Nodes and initializers no longer read are dropped (initializers listed as graph inputs,
+   old-style, are kept).
 
 Guarantee: the prepared model computes what the original does for inputs of the given shapes (each
 folded value is what ONNX's reference computes for that node); nothing that depends on an input's
@@ -125,16 +129,14 @@ def _inferred(model: Any) -> Any:
         return model
 
 
-def _static_shapes(graph: Any) -> dict[str, tuple[int, ...]]:
-    """Names of the graph's values whose shape is fully known, with that shape."""
+def _known_dims(graph: Any) -> dict[str, list[int | None]]:
+    """Names of the graph's values of known rank, with their dims (None where a dim is symbolic)."""
     out = {}
     for value in [*graph.input, *graph.value_info, *graph.output]:
         tensor = value.type.tensor_type
-        if not tensor.HasField("shape"):
-            continue
-        dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
-        if all(d is not None for d in dims):
-            out[value.name] = tuple(int(d) for d in dims)
+        if tensor.HasField("shape"):
+            out[value.name] = [int(d.dim_value) if d.HasField("dim_value") else None
+                               for d in tensor.shape.dim]
     return out
 
 
@@ -144,11 +146,17 @@ def _fold_once(model: Any) -> bool:
 
     graph = model.graph
     known: dict[str, np.ndarray] = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
-    shapes = _static_shapes(graph)
+    dims = _known_dims(graph)
+    shapes = {name: tuple(d) for name, d in dims.items() if None not in d}
     opsets = {o.domain or "": o.version for o in model.opset_import}
+    partial: dict[str, list[int | None]] = {}  # shape vectors with some elements known
     kept, folded_any = [], False
     for node in graph.node:
-        values = _evaluate(node, known, shapes, opsets)
+        vector = _shape_vector(node, known, dims, partial)
+        if vector is not None and None in vector:
+            partial[node.output[0]] = vector
+        values = [np.array(vector, np.int64)] if vector is not None and None not in vector else (
+            _evaluate(node, known, shapes, opsets))
         if values is None:
             kept.append(node)
             continue
@@ -158,8 +166,10 @@ def _fold_once(model: Any) -> bool:
             continue
         known.update((name, value) for name, value in zip(node.output, values) if name)
         folded_any = True
-    if not folded_any:
+    live = _live(kept, {value.name for value in graph.output})
+    if not folded_any and len(live) == len(kept):
         return False
+    kept = live
     read = _names_read(kept) | {value.name for value in graph.output}
     listed = {value.name for value in graph.input}
     original = {t.name for t in graph.initializer}
@@ -172,6 +182,50 @@ def _fold_once(model: Any) -> bool:
     # Folded values are initializers that are no graph inputs, which IR version 4 on allows.
     model.ir_version = max(model.ir_version, 4)
     return True
+
+
+def _live(nodes: list[Any], outputs: set[str]) -> list[Any]:
+    """``nodes`` without those whose outputs nobody reads (a ``Shape`` whose readers were folded)."""
+    while True:
+        read = _names_read(nodes) | outputs
+        live = [node for node in nodes if any(name in read for name in node.output)]
+        if len(live) == len(nodes):
+            return nodes
+        nodes = live
+
+
+def _shape_vector(node: Any, known: dict[str, np.ndarray], dims: dict[str, list[int | None]],
+                  partial: dict[str, list[int | None]]) -> list[int | None] | None:
+    """The elements of a 1-D shape vector ``node`` computes (None where one is symbolic): ``Shape`` of
+    a value of known rank, and ``Gather`` / ``Slice`` / ``Concat`` of such vectors, so that the static
+    dims a graph picks out of a partly symbolic shape fold. None for any other node."""
+    def vector(name: str) -> list[int | None] | None:
+        if name in partial:
+            return partial[name]
+        value = known.get(name)
+        return [int(v) for v in value] if value is not None and value.ndim == 1 else None
+
+    inputs = list(node.input)
+    attrs = {a.name: a.i for a in node.attribute}
+    if node.op_type == "Shape" and inputs[0] not in known and inputs[0] in dims:
+        rank_dims = dims[inputs[0]]
+        return rank_dims[attrs.get("start", 0):attrs.get("end", len(rank_dims))]
+    if node.op_type == "Gather" and inputs[0] in partial and attrs.get("axis", 0) == 0 and inputs[1] in known:
+        index, source = known[inputs[1]], partial[inputs[0]]
+        if index.ndim != 1 or not all(-len(source) <= int(i) < len(source) for i in index):
+            return None  # a 0-d pick, or an index out of range: left to the frontend (which names it)
+        return [source[int(i)] for i in index]
+    if node.op_type == "Slice" and inputs[0] in partial and all(n in known for n in inputs[1:] if n):
+        starts, ends = (int(known[n][0]) for n in inputs[1:3])
+        axes = int(known[inputs[3]][0]) if len(inputs) > 3 and inputs[3] else 0
+        step = int(known[inputs[4]][0]) if len(inputs) > 4 and inputs[4] else 1
+        if axes not in (0, -1) or len(known[inputs[1]]) != 1 or step == 0:
+            return None
+        return partial[inputs[0]][slice(starts, ends, step)]
+    if node.op_type == "Concat" and any(n in partial for n in inputs):
+        parts = [vector(n) for n in inputs]
+        return None if any(p is None for p in parts) else [d for p in parts for d in p]
+    return None
 
 
 def _names_read(nodes: Any) -> set[str]:

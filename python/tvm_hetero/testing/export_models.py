@@ -127,11 +127,12 @@ def transformers_bert_onnx(seed: int = 0, sequence: int = BERT_SEQUENCE):
                    ["last_hidden_state"])
 
 
-def transformers_mobilenet_v2_onnx(seed: int = 0, image_size: int = 96):
+def transformers_mobilenet_v2_onnx(seed: int = 0, image_size: int = 96, dynamic_batch: bool = False):
     """``transformers``' MobileNetV2ForImageClassification (depth multiplier 0.35, 10 labels, its
     TensorFlow-style "same" padding, exported as a ``Pad`` of pads computed from the input's shape)
     with seeded weights and batch-norm statistics: input ``pixel_values`` (float32[1, 3, image_size,
-    image_size]), output ``logits`` (float32[1, 10])."""
+    image_size]), output ``logits`` (float32[1, 10]); with ``dynamic_batch`` the batch dim of both is
+    symbolic (``"batch"``)."""
     import torch
     from transformers import MobileNetV2Config, MobileNetV2ForImageClassification
 
@@ -142,7 +143,9 @@ def transformers_mobilenet_v2_onnx(seed: int = 0, image_size: int = 96):
     model.eval()
 
     logits = _exported_as(torch, model, lambda m, pixels: m(pixel_values=pixels).logits)
-    return _export(torch, logits, (torch.randn(1, 3, image_size, image_size),), ["pixel_values"], ["logits"])
+    axes = {"pixel_values": {0: "batch"}, "logits": {0: "batch"}} if dynamic_batch else None
+    return _export(torch, logits, (torch.randn(1, 3, image_size, image_size),), ["pixel_values"], ["logits"],
+                   axes)
 
 
 def sample_inputs(model, seed: int = 1) -> dict[str, np.ndarray]:
