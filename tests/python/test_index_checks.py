@@ -106,65 +106,61 @@ OPS = {
 }
 
 
-@pytest.mark.parametrize("model", sorted(OPS))
-def test_every_bad_index_is_an_error_naming_the_node_and_the_next_run_is_right(worker, model):
-    node, good, position, element = OPS[model]
-    w = worker(model)
-    assert_matches(w.ask(good), f"{model} in range")
-    for value in BAD:
+GOOD_IDS = np.array([[0, 5, 999], [-1, -1000, 7]])  # the (2, 3) ids of the gather models
+
+
+def each_bad_value_raises_then_a_good_run_matches(w: IndexWorker, good: np.ndarray, position: tuple,
+                                                   values=BAD, kind: str = "IndexError") -> list[dict]:
+    """``good`` matches; then each value put at ``position`` raises ``kind``, and ``good`` matches again
+    after it (the runtime stays usable). Returns the answers to the bad ones."""
+    assert_matches(w.ask(good), f"{w.model} in range")
+    answers = []
+    for value in values:
         bad = good.copy()
         bad[position] = value
         answer = w.ask(bad)
+        assert not answer["ok"] and answer["kind"] == kind, (value, answer)
+        answers.append(answer)
+        assert_matches(w.ask(good), f"{w.model} after the bad index {value}")
+    return answers
+
+
+@pytest.mark.parametrize("model", sorted(OPS))
+def test_every_bad_index_is_an_error_naming_the_node_and_the_next_run_is_right(worker, model):
+    node, good, position, element = OPS[model]
+    for value, answer in zip(BAD, each_bad_value_raises_then_a_good_run_matches(worker(model), good, position)):
         assert_index_error(answer, node, value, -N, N, element)
         assert answer["reference_refused"], f"ONNX Runtime accepted {value}"
-        assert_matches(w.ask(good), f"{model} after the bad index {value}")
 
 
 def test_a_gather_on_another_devices_executor(worker):
     """The check runs on the gather's device (cpu:1, its own executor thread); the error crosses
     back to the caller naming that device, and the next run is right."""
-    w = worker("gather_two_devices")
-    good = np.array([[0, 5, 999], [-1, -1000, 7]])
-    assert_matches(w.ask(good), "two devices in range")
-    for value in BAD:
-        bad = good.copy()
-        bad[1, 1] = value
-        answer = w.ask(bad)
+    answers = each_bad_value_raises_then_a_good_run_matches(worker("gather_two_devices"), GOOD_IDS, (1, 1))
+    for value, answer in zip(BAD, answers):
         assert_index_error(answer, "embed_tokens", value, -N, N, "ids[1, 1]")
         assert "on device 1 (cpu:1)" in answer["message"], answer
-        assert_matches(w.ask(good), f"two devices after {value}")
 
 
 def test_a_gather_on_a_remote_device(worker):
     """The check runs in the remote process with the gather; the error comes back over RPC (kind
     RPCError, the message intact) and the next run is right."""
-    w = worker("gather_remote")
-    good = np.array([[0, 5, 999], [-1, -1000, 7]])
-    assert_matches(w.ask(good), "remote in range")
-    for value in (N, 50_000_000, -1001, 2**40 + 7):
-        bad = good.copy()
-        bad[0, 0] = value
-        answer = w.ask(bad)
-        assert not answer["ok"] and answer["kind"] == "RPCError", answer
+    values = (N, 50_000_000, -1001, 2**40 + 7)
+    answers = each_bad_value_raises_then_a_good_run_matches(worker("gather_remote"), GOOD_IDS, (0, 0), values,
+                                                            kind="RPCError")
+    for value, answer in zip(values, answers):
         assert "node 'embed_tokens'" in answer["message"] and "input 'indices'" in answer["message"]
         assert f"index {value} at ids[0, 0] is outside [-{N}, {N})" in answer["message"], answer
-        assert_matches(w.ask(good), f"remote after {value}")
 
 
 def test_indices_of_an_htp_region_are_checked_on_the_cpu_before_it(worker):
     """QNN takes the Gather (and ONNX's normalization of negatives) into its region; the check runs on
     the CPU before the region, so QNN never sees a bad index and -1 still means the last row."""
     pytest.importorskip("onnxruntime_qnn")
-    w = worker("gather_htp")
-    good = np.array([[0, 5, 999], [-1, -1000, 7]])
-    assert_matches(w.ask(good), "HTP in range")
-    for value in BAD:
-        bad = good.copy()
-        bad[0, 2] = value
-        answer = w.ask(bad)
+    for value, answer in zip(BAD, each_bad_value_raises_then_a_good_run_matches(worker("gather_htp"), GOOD_IDS,
+                                                                                 (0, 2))):
         assert_index_error(answer, "embed_tokens", value, -N, N, "ids[0, 2]")
         assert "in region" in answer["message"], answer
-        assert_matches(w.ask(good), f"HTP after {value}")
 
 
 def test_gather_nd_checks_each_coordinate_against_its_own_axis(worker):
