@@ -238,3 +238,13 @@ def test_prefill_and_decode_on_different_devices_give_the_same_tokens(llama, lla
     assert "(cpu:1, cpu:0)" in text  # a copy of the weights on each device
     prompt = prompt_of(40, 256)
     assert split.generate(prompt, max_new_tokens=20) == llama.generate(prompt, max_new_tokens=20)
+
+
+def test_one_pinned_thread_per_phase_gives_the_same_tokens(llama, llama_model, tmp_path):
+    pinned = llm.build(llama_model, capacity=CAPACITY, prefill_chunks=(16,),
+                       device_options=[{"cores": [0], "num_threads": 1}])
+    prompt = prompt_of(40, 256)
+    expected = llama.generate(prompt, max_new_tokens=20)
+    assert pinned.generate(prompt, max_new_tokens=20) == expected
+    loaded = llm.load(pinned.export(tmp_path / "lm"), device_options={"prefill": None, "decode": [{"num_threads": 1}]})
+    assert loaded.generate(prompt, max_new_tokens=20) == expected

@@ -32,7 +32,7 @@ DEFAULT_PREFILL_CHUNKS = (16, 64, 256)
 
 def build(model: Any, targets: Any = None, *, capacity: int = 512,
           prefill_chunks: Sequence[int] = DEFAULT_PREFILL_CHUNKS, backends: Any = None,
-          progress: Callable[[str], None] | None = None) -> LanguageModel:
+          device_options: Any = None, progress: Callable[[str], None] | None = None) -> LanguageModel:
     """Compile a decoder-only model for generation.
 
     model : a Hugging Face checkpoint directory (config.json + safetensors) or a ``transformers``
@@ -42,11 +42,14 @@ def build(model: Any, targets: Any = None, *, capacity: int = 512,
     capacity : tokens the KV cache holds (prompt plus generated tokens).
     prefill_chunks : the chunk sizes prompts are processed in (the last chunk is padded).
     backends : as for :func:`tvm_hetero.build` (None: oneDNN on CPUs).
+    device_options : the runtimes' executor settings, one entry per device (``[{"cores": [0],
+        "num_threads": 1}]``: one thread pinned to core 0), for both phases or per phase as ``targets``.
     """
     say = progress or (lambda _msg: None)
     if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
         raise ValueError(f"capacity must be a positive integer, got {capacity!r}")
-    phase_targets = _phase_targets(targets)
+    phase_targets = _per_phase(targets if targets is not None else [(tvm.cpu(0), "llvm")], "targets")
+    phase_options = _per_phase(device_options, "device_options")
     sizes = check_sizes(prefill_chunks, capacity)
     checkpoint = read_checkpoint(model)
     cfg = checkpoint.config
@@ -64,27 +67,26 @@ def build(model: Any, targets: Any = None, *, capacity: int = 512,
         graphs.append(EntryGraph(size, phase, artifact.graph_json, artifact.lib, list(artifact.devices),
                                  artifact.build_report, time.perf_counter() - start))
     blob = bytes(tvm.runtime.save_param_dict({k: tvm.runtime.tensor(v) for k, v in weights.items()}))
-    create_runtimes(graphs, blob, "weights")
+    create_runtimes(graphs, blob, "weights", phase_options)
     weight_bytes = sum(v.nbytes for v in weights.values())
     return LanguageModel(cfg, capacity, graphs, weight_bytes, checkpoint.tokenizer_file, checkpoint.source)
 
 
-def _phase_targets(targets: Any) -> dict[str, Any]:
-    """``{"prefill": ..., "decode": ...}`` from one target list or a dict per phase."""
-    if targets is None:
-        targets = [(tvm.cpu(0), "llvm")]
-    if isinstance(targets, dict):
-        unknown = sorted(set(targets) - set(PHASES))
-        missing = [p for p in PHASES if p not in targets]
+def _per_phase(value: Any, what: str) -> dict[str, Any]:
+    """``{"prefill": ..., "decode": ...}`` from one value for both phases or a dict per phase."""
+    if isinstance(value, dict):
+        unknown = sorted(set(value) - set(PHASES))
+        missing = [p for p in PHASES if p not in value]
         if unknown or missing:
-            raise ValueError(f"targets per phase need exactly the keys {list(PHASES)}; unknown {unknown}, "
+            raise ValueError(f"{what} per phase need exactly the keys {list(PHASES)}; unknown {unknown}, "
                              f"missing {missing}")
-        return dict(targets)
-    return dict.fromkeys(PHASES, targets)
+        return dict(value)
+    return dict.fromkeys(PHASES, value)
 
 
-def load(path: str | os.PathLike) -> LanguageModel:
-    """A model written by ``LanguageModel.export``, every file checked first (docs/llm.md)."""
-    exported = read_exported(path)
+def load(path: str | os.PathLike, device_options: Any = None) -> LanguageModel:
+    """A model written by ``LanguageModel.export``, every file checked first (docs/llm.md);
+    ``device_options`` as for :func:`build`."""
+    exported = read_exported(path, _per_phase(device_options, "device_options"))
     return LanguageModel(exported.config, exported.capacity, exported.graphs, exported.weight_bytes,
                          exported.tokenizer_file, str(path))

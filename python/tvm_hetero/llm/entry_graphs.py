@@ -36,11 +36,15 @@ class EntryGraph:
     runtime: GraphModule | None = field(default=None, repr=False)
 
 
-def create_runtimes(graphs: Sequence[EntryGraph], params_blob: bytes, what: str) -> None:
-    """Create each graph's runtime; weights are loaded once per device and shared by the others."""
+def create_runtimes(graphs: Sequence[EntryGraph], params_blob: bytes, what: str,
+                    device_options: dict[str, Any] | None = None) -> None:
+    """Create each graph's runtime; weights are loaded once per device and shared by the others.
+    ``device_options``: per phase, the runtime's executor settings for that phase's graphs (e.g.
+    ``[{"cores": [0], "num_threads": 1}]``, one entry per device), as ``graph_runtime.create`` takes."""
     owners: dict[tuple[int, int], GraphModule] = {}
     for graph in graphs:
-        runtime = graph_runtime.create(graph.graph_json, graph.lib, graph.devices)
+        options = (device_options or {}).get(graph.phase)
+        runtime = graph_runtime.create(graph.graph_json, graph.lib, graph.devices, device_options=options)
         key = (graph.devices[0].dlpack_device_type(), graph.devices[0].index)
         if key in owners:
             runtime.share_params(owners[key], params_blob)

@@ -80,7 +80,7 @@ def export(model: Any, out: Path) -> Path:
     return out
 
 
-def read_exported(path: str | Path) -> ExportedModel:
+def read_exported(path: str | Path, device_options: dict[str, Any] | None = None) -> ExportedModel:
     """A model written by :func:`export` (``LanguageModel.export``); every file is checked against
     the manifest (checksums, format, each graph's parameters against params.bin) before it is used."""
     src = Path(path)
@@ -118,7 +118,7 @@ def read_exported(path: str | Path) -> ExportedModel:
         devices = [tvm.runtime.device(int(t), int(i)) for t, i in entry["devices"]]
         graphs.append(EntryGraph(int(entry["size"]), str(entry["phase"]), graph_json,
                                  tvm.runtime.load_module(str(src / entry["lib"])), devices))
-    create_runtimes(graphs, blob, str(src / PARAMS_FILE))
+    create_runtimes(graphs, blob, str(src / PARAMS_FILE), device_options)
     tokenizer = src / TOKENIZER_FILE
     return ExportedModel(cfg, capacity, graphs, weight_bytes, tokenizer if tokenizer.is_file() else None)
 
