@@ -153,11 +153,12 @@ def scatter_nd() -> Model:
     return _onnx_model(node, (3, 1), "int64", (ROWS, 4), {"data": data, "updates": updates})
 
 
-def _torch_model(module: Any, example: Any, reference: Callable[[np.ndarray], list[np.ndarray]]) -> Model:
+def _torch_model(module: Any, example: Any, reference: Callable[[np.ndarray], list[np.ndarray]],
+                 targets: tuple = ("cpu",), tolerance: float = 1e-4) -> Model:
     import tvm_hetero
     from tvm_hetero import importers
 
-    artifact = tvm_hetero.build(importers.from_torch(module, [example]), ["cpu"])
+    artifact = tvm_hetero.build(importers.from_torch(module, [example]), list(targets))
     runtime = artifact.create()
     name = artifact.input_names[0]
 
@@ -166,7 +167,7 @@ def _torch_model(module: Any, example: Any, reference: Callable[[np.ndarray], li
         runtime.run()
         return [runtime.get_output(i).numpy() for i in range(runtime.get_num_outputs())]
 
-    return Model(run, reference)
+    return Model(run, reference, tolerance)
 
 
 def torch_embedding() -> Model:
@@ -178,6 +179,21 @@ def torch_embedding() -> Model:
     module = torch.nn.Embedding(ROWS, 8).eval()
     weight = module.weight.detach().numpy()
     return _torch_model(module, torch.zeros(2, 3, dtype=torch.int64), lambda ids: [np.take(weight, ids, axis=0)])
+
+
+def torch_embedding_htp() -> Model:
+    """``nn.Embedding(1000, 16)`` then a ``Linear`` through from_torch, built for the CPU and the HTP:
+    QNN takes torch's int64 -> int32 cast of the ids, the lookup and the projection into one region,
+    whose int64 ids are checked on the CPU before it (the emulator computes in fp16: a looser match)."""
+    import torch
+
+    torch.manual_seed(1)
+    module = torch.nn.Sequential(torch.nn.Embedding(ROWS, 16), torch.nn.Linear(16, 16)).eval()
+    weight = module[0].weight.detach().numpy()
+    project = module[1].weight.detach().numpy(), module[1].bias.detach().numpy()
+    return _torch_model(module, torch.zeros(2, 3, dtype=torch.int64),
+                        lambda ids: [np.take(weight, ids, axis=0) @ project[0].T + project[1]],
+                        ("cpu", "qnn-htp"), tolerance=0.05)
 
 
 def torch_indexing() -> Model:
@@ -243,6 +259,7 @@ MODELS: dict[str, Callable[[], Model]] = {
     "scatter_elements": scatter_elements,
     "scatter_nd": scatter_nd,
     "torch_embedding": torch_embedding,
+    "torch_embedding_htp": torch_embedding_htp,
     "torch_indexing": torch_indexing,
     "tiny_decoder": tiny_decoder,
 }

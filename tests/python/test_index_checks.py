@@ -163,6 +163,18 @@ def test_indices_of_an_htp_region_are_checked_on_the_cpu_before_it(worker):
         assert "in region" in answer["message"], answer
 
 
+def test_torch_ids_cast_inside_an_htp_region_are_checked_before_the_cast(worker):
+    """torch casts the ids to int32 inside the HTP region: the guard checks the int64 ids (2**32 + 5
+    would wrap to row 5) and hands the region int64 ids, as its parameter takes them."""
+    pytest.importorskip("onnxruntime_qnn")
+    good = np.array([[0, 5, 999], [-1, -1000, 7]])
+    answers = each_bad_value_raises_then_a_good_run_matches(worker("torch_embedding_htp"), good, (1, 0),
+                                                            [*BAD, 2**32 + 5])
+    for value, answer in zip([*BAD, 2**32 + 5], answers):
+        assert "relax.take" in answer["message"] and "in region" in answer["message"], answer
+        assert f"index {value} at input[1, 0] is outside [-{N}, {N})" in answer["message"], answer
+
+
 def test_gather_nd_checks_each_coordinate_against_its_own_axis(worker):
     w = worker("gather_nd")
     ok = np.array([[0, 3], [1, -4], [2, 0]])
@@ -359,3 +371,90 @@ def test_take_in_wrap_mode_is_left_alone():
     checked = tvm.transform.Sequential([CheckIndices()])(builder.get())  # a pass users can put in theirs
     calls = [b.value for blk in checked["main"].body.blocks for b in blk.bindings]
     assert [str(c.op.name) for c in calls] == ["relax.take", "relax.call_tir", "relax.take"]
+
+
+def region_module():
+    """A stand-in for two HTP regions as the partitioner leaves them, each op in a one-op function:
+    ``embed_qnn`` casts its int64 ids to int32 (in a composite, as QNN's patterns wrap it), then takes
+    rows of a 1000-row table (torch's embedding); ``pool_qnn`` takes position -1 of 8 with an int64
+    scalar constant (BERT's pooler)."""
+    from tvm.script import ir as I
+    from tvm.script import relax as R
+
+    @I.ir_module
+    class Module:
+        @R.function(private=True)
+        def cast(x: R.Tensor((1, 8), "int64")) -> R.Tensor((1, 8), "int32"):
+            @R.function
+            def local_func(x1: R.Tensor((1, 8), "int64")) -> R.Tensor((1, 8), "int32"):
+                R.func_attr({"Composite": "qnn.astype"})
+                with R.dataflow():
+                    gv = R.astype(x1, "int32")
+                    R.output(gv)
+                return gv
+
+            output = local_func(x)
+            return output
+
+        @R.function(private=True)
+        def lookup(t: R.Tensor((N, 4), "float32"), i: R.Tensor((1, 8), "int32")
+                   ) -> R.Tensor((1, 8, 4), "float32"):
+            gv = R.take(t, i, axis=0)
+            return gv
+
+        @R.function(private=True)
+        def pick(h: R.Tensor((1, 8, 4), "float32"), i: R.Tensor((), "int64")) -> R.Tensor((1, 4), "float32"):
+            gv = R.take(h, i, axis=1)
+            return gv
+
+        @R.function(private=True)
+        def embed_qnn(in0: R.Tensor((1, 8), "int64"), in1: R.Tensor((N, 4), "float32")
+                      ) -> R.Tensor((1, 8, 4), "float32"):
+            cls = Module
+            step0 = cls.cast(in0)
+            step1 = cls.lookup(in1, step0)
+            return step1
+
+        @R.function(private=True)
+        def pool_qnn(in0: R.Tensor((1, 8, 4), "float32"), in1: R.Tensor((), "int64")
+                     ) -> R.Tensor((1, 4), "float32"):
+            cls = Module
+            step0 = cls.pick(in0, in1)
+            return step0
+
+        @R.function
+        def main(ids: R.Tensor((1, 8), "int64"), table: R.Tensor((N, 4), "float32")
+                 ) -> R.Tensor((1, 4), "float32"):
+            cls = Module
+            with R.dataflow():
+                rows = cls.embed_qnn(ids, table)
+                pooled = cls.pool_qnn(rows, R.const(-1, "int64"))
+                R.output(pooled)
+            return pooled
+
+    return Module
+
+
+def test_a_region_guard_checks_before_the_regions_cast_and_keeps_its_parameter_types():
+    """The guard reads the int64 ids (before the region's cast could wrap a huge one into range) and
+    hands each region exactly its parameters' types: int64 ids, and the constant -1 checked and
+    normalized to 7 at build time, still an int64 scalar."""
+    from types import SimpleNamespace
+
+    from tvm import relax
+    from tvm_hetero.compiler.index_checks import GUARD_OP, insert_index_checks
+
+    mod = region_module()
+    regions = {"embed_qnn": SimpleNamespace(device=1), "pool_qnn": SimpleNamespace(device=1)}
+    checked, guards = insert_index_checks(mod, "main", regions)
+    relax.analysis.well_formed(relax.transform.Normalize()(checked))  # raises on a type mismatch
+    bindings = {b.var.name: b.value for blk in checked["main"].body.blocks for b in blk.bindings}
+    guard = bindings["rows_indices_checked"]
+    assert guard.op.name == "relax.call_tir" and [a.name for a in guard.args[1].fields] == ["ids"]
+    assert str(guard.args[1].fields[0].ty) == 'R.Tensor((1, 8), dtype="int64")'  # the kernel reads ids uncast
+    embed, pool = bindings["rows"], bindings["pooled"]
+    assert embed.args[0].name == "rows_indices_checked"
+    assert str(embed.args[0].ty) == str(mod["embed_qnn"].params[0].ty) == 'R.Tensor((1, 8), dtype="int64")'
+    assert str(pool.args[1].ty) == str(mod["pool_qnn"].params[1].ty) == 'R.Tensor((), dtype="int64")'
+    assert int(pool.args[1].value.numpy()) == 7
+    assert [tag for var, tag in guards.items() if var.name == "rows_indices_checked"] == [(1, GUARD_OP)]

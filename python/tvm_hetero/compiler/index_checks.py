@@ -27,8 +27,9 @@ before the region call, for each index the region takes from outside.
 
 Guarantee: after the pass, every integer index argument of the ops in :data:`INDEX_OPS` of the entry function
 (and of the region functions it calls, for indices that are region inputs) is a checked, normalized
-value or a constant in ``[0, n)``. ``take`` in mode ``wrap`` or ``clip`` selects safely by itself and
-is left alone.
+value or a constant in ``[0, n)``, of the argument's own type (the pass checks it: a region's parameter
+may be int64 where the op inside reads it cast to int32). ``take`` in mode ``wrap`` or ``clip`` selects
+safely by itself and is left alone.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from typing import Any
 
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm import relax
 
 from .relax_helpers import LoweringError, replace_body, same_kind_block, static_shape
@@ -204,7 +206,9 @@ class _CheckInserter:
             root = _trace(current, self.bound, _extent_check(index.extents, self.bound))
             name = f"{where}, input '{index.name}'"
             if isinstance(root, tvm.ir.Constant):
-                checked = relax.const(_checked_constant(root.value.numpy(), current, index, name))
+                # dtype given: relax.const makes a 0-d int64 array an int32 scalar otherwise
+                checked = relax.const(_checked_constant(root.value.numpy(), current, index, name),
+                                      str(current.ty.dtype))
             else:
                 var_type = relax.DataflowVar if dataflow else relax.Var
                 checked = var_type(f"{binding.var.name}_{_slug(index.name)}_checked", current.ty)
@@ -212,6 +216,8 @@ class _CheckInserter:
                 out.append(relax.VarBinding(checked, relax.call_tir(kernel, relax.Tuple([root]), current.ty)))
                 if guard_device is not None:
                     self.guard_tags[checked] = (guard_device, GUARD_OP)
+            if not tvm_ffi.structural_equal(checked.ty, current.ty):  # the op or region takes it unchanged
+                raise LoweringError(f"{name}: the checked index is {checked.ty}, the argument {current.ty}")
             if field is not None:
                 fields[arg][field] = checked
             else:
@@ -432,7 +438,8 @@ def _single_op(func: Any, args: list[Any]) -> relax.Call | None:
     if isinstance(call.op, relax.Var) and call.op in local:
         return _single_op(local[call.op], inner_args)
     if isinstance(call.op, tvm.ir.Op):
-        return relax.Call(call.op, inner_args, call.attrs, call.ty_args, call.span)
+        # The composite's own type (a Call built from parts has none until normalized).
+        return relax.Call(call.op, inner_args, call.attrs, call.ty_args, call.span, ret_ty=call.ty)
     return None
 
 
