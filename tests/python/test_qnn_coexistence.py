@@ -21,18 +21,7 @@ _COMMON = textwrap.dedent('''
     import numpy as np
     import onnxruntime as ort
     import onnxruntime_qnn
-    from onnx import TensorProto, helper, numpy_helper
-
-    def conv_relu_conv():
-        rng = np.random.default_rng(0)
-        weights = [numpy_helper.from_array((rng.standard_normal((4, 4, 3, 3)) * 0.2).astype("float32"), n)
-                   for n in ("w1", "w2")]
-        nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
-                 helper.make_node("Relu", ["c1"], ["r1"]),
-                 helper.make_node("Conv", ["r1", "w2"], ["y"], pads=[1, 1, 1, 1])]
-        graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
-                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], weights)
-        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    from tvm_hetero.testing.models import conv_relu_conv
 
     MODEL = conv_relu_conv()
     X = np.random.default_rng(1).standard_normal((1, 4, 8, 8)).astype("float32")

@@ -8,25 +8,12 @@ import pytest
 import tvm
 import tvm_hetero
 from tvm_hetero import qnn_ep
+from tvm_hetero.testing import models
 
 pytestmark = pytest.mark.skipif(not qnn_ep.available(),
                                 reason="onnxruntime-qnn is not installed (pip install 'tvm-hetero[qnn]')")
 
 CPU = (tvm.cpu(0), "llvm")
-
-
-def _conv_relu_conv(scale: float = 0.2):
-    from onnx import TensorProto, helper, numpy_helper
-
-    rng = np.random.default_rng(0)
-    weights = [numpy_helper.from_array((rng.standard_normal((4, 4, 3, 3)) * scale).astype("float32"), name)
-               for name in ("w1", "w2")]
-    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["c1"], ["r1"]),
-             helper.make_node("Conv", ["r1", "w2"], ["y"], pads=[1, 1, 1, 1])]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], weights)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
 
 
 def _build(model, **kwargs):
@@ -41,7 +28,7 @@ def test_ops_qnn_accepts_but_the_cost_choice_moves_back_are_reported_as_accepted
 
     # A device cost table that makes every HTP graph call slower than the host.
     monkeypatch.setattr(htp_placement, "graph_seconds", lambda key, cycles, options: (1.0, "measured on a device"))
-    art = _build(_conv_relu_conv(), placement="auto")
+    art = _build(models.conv_relu_conv(), placement="auto")
     htp = art.build_report.htp
     assert htp["graph_executions"] == 0 and not htp["regions"]
     assert htp["accepted"] == htp["asked"] == 3, htp
@@ -54,7 +41,7 @@ def test_ops_qnn_accepts_but_the_cost_choice_moves_back_are_reported_as_accepted
 def test_fp16_underflow_in_verification_is_named_with_a_hint() -> None:
     """Activations near 1e-25 (fine in fp32) are zeros in fp16: relative error 1, and the report says why."""
     x = np.random.default_rng(1).standard_normal((1, 4, 8, 8)).astype("float32") * 1e-25
-    art = _build(_conv_relu_conv(), calibration=[{"x": x}])
+    art = _build(models.conv_relu_conv(), calibration=[{"x": x}])
     htp = art.build_report.htp
     reasons = set(htp["excluded"].values())
     assert reasons and all("fp16 underflow" in r and "at most" in r and "scale the model's inputs" in r
@@ -66,7 +53,7 @@ def test_fp16_underflow_in_verification_is_named_with_a_hint() -> None:
 @pytest.mark.slow
 def test_fp16_underflow_in_qnn_s_answer_is_named_with_a_hint(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("TVM_HETERO_CACHE", str(tmp_path))  # QNN asked afresh
-    art = _build(_conv_relu_conv(scale=1e-9))
+    art = _build(models.conv_relu_conv(scale=1e-9))
     refused = {r["op"]: r["reason"] for r in art.build_report.htp["refused"]}
     assert "relax.nn.conv2d" in refused and refused["relax.nn.conv2d"].startswith("fp16 underflow"), refused
 
@@ -96,7 +83,7 @@ def test_an_accepted_op_no_htp_pattern_takes_is_reported(monkeypatch) -> None:
     from onnx import helper
     from tvm_hetero.backends import qnn
 
-    model = _conv_relu_conv()
+    model = models.conv_relu_conv()
     model.graph.node[1].CopyFrom(helper.make_node("HardSwish", ["c1"], ["r1"]))  # add, clip, divide, multiply
     monkeypatch.delitem(qnn._ARITY, "relax.clip")  # as it was: a pattern of one argument for clip's three
     art = _build(model)

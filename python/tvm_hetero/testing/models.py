@@ -71,6 +71,22 @@ def small_cnn(seed: int = 0):
     return SmallCNN, params
 
 
+def conv_relu_conv(scale: float = 0.2, seed: int = 0):
+    """ONNX ``Conv -> Relu -> Conv`` on float32[1, 4, 8, 8] (3x3, 4 channels, seeded weights times
+    ``scale``): the smallest model that makes one HTP graph. A tiny ``scale`` drives fp16 underflow."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    weights = [numpy_helper.from_array((rng.standard_normal((4, 4, 3, 3)) * scale).astype("float32"), name)
+               for name in ("w1", "w2")]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2"], ["y"], pads=[1, 1, 1, 1])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
 def two_towers(batch: int = 8, width: int = 32, depth: int = 3, weight_scale: float = 8.0, seed: int = 0):
     """Two independent chains of equal cost (``depth`` x matmul ``width`` + relu each) joined by an
     add, with seeded weights ``w0..w{2*depth-1}`` (the first ``depth`` are tower a's):
