@@ -1,9 +1,10 @@
-"""The ``tvm-hetero`` command: demo, compile, run, inspect.
+"""The ``tvm-hetero`` command: demo, compile, run, inspect, generate.
 
     tvm-hetero demo                                   # Inception-v1 placed by measured cost (cpu:0 + cpu:1, or cuda)
     tvm-hetero compile model.onnx --device cpu:0=llvm --device cpu:1=llvm --place conv2d=1 -o out/
     tvm-hetero run out/ --input data=x.npy --cluster 0=0 --cluster 1=1 --trace run.json
     tvm-hetero inspect out/ --dot graph.dot --timeline timeline.png
+    tvm-hetero generate llm_dir/ --prompt "Once upon a time" --max-new-tokens 32   # a checkpoint or an export
     tvm-hetero --version                              # package, TVM and oneDNN versions, backends built in
 """
 
@@ -803,6 +804,28 @@ def build_parser() -> argparse.ArgumentParser:
     board = sub.add_parser("board", help="how to start the offload server on an ARM board (or the emulated one)")
     board.set_defaults(fn=cmd_board)
 
+    gen = sub.add_parser("generate", help="generate tokens with a language model: a checkpoint directory "
+                                          "(compiled now) or one exported by LanguageModel.export (C++ loop)")
+    gen.add_argument("model", metavar="DIR", help="a Hugging Face checkpoint directory (config.json + "
+                                                  "safetensors) or an exported language model")
+    prompt = gen.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt", metavar="TEXT", help="text, encoded with DIR/tokenizer.json")
+    prompt.add_argument("--prompt-ids", metavar="ID,ID,...", help="token ids, comma-separated")
+    gen.add_argument("--max-new-tokens", type=int, required=True, metavar="N", help="new tokens at most")
+    gen.add_argument("--device", action="append", default=[], metavar="DEV=TARGET",
+                     help="a checkpoint's device and target, primary first (default: cpu:0=llvm)")
+    gen.add_argument("--capacity", type=int, default=None, metavar="N",
+                     help="a checkpoint's KV cache in tokens: prompt plus new tokens (default 512)")
+    gen.add_argument("--prefill-chunks", default=None, metavar="N,N,...",
+                     help="a checkpoint's prefill chunk sizes (default: 16,64,256, those within the capacity)")
+    gen.add_argument("--temperature", type=float, default=None, help="sample at this temperature (default: greedy)")
+    gen.add_argument("--top-k", type=int, default=None, metavar="K", help="with --temperature: the K likeliest only")
+    gen.add_argument("--top-p", type=float, default=None, metavar="P",
+                     help="with --temperature: the likeliest tokens holding probability P")
+    gen.add_argument("--seed", type=int, default=None, help="with --temperature: the sampler's seed")
+    debug_flag(gen)
+    gen.set_defaults(fn=cmd_generate)
+
     parser.add_argument("--debug", action="store_true", help="on error, show the Python traceback")
     return parser
 
@@ -830,6 +853,86 @@ def error_line(err: BaseException) -> str:
     if isinstance(err, KeyError) and text.startswith(("'", '"')) and text.endswith(("'", '"')):
         text = text[1:-1]
     return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    """Prompt in, new tokens out (ids, and text with a tokenizer.json), then prefill and decode speeds.
+    An exported directory runs on the C++ loop (tvm_hetero.llm.native); a checkpoint is compiled first."""
+    from .llm.export import MANIFEST_FILE, TOKENIZER_FILE
+
+    start = time.perf_counter()
+    say = _progress(start)
+    directory = Path(args.model)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"{args.model}: no such directory")
+    if args.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    exported = (directory / MANIFEST_FILE).is_file()
+    if exported and (args.device or args.capacity is not None or args.prefill_chunks is not None):
+        raise ValueError(f"{args.model} is an exported model: its devices, capacity and chunks were fixed at "
+                         "export (--device, --capacity and --prefill-chunks apply to a checkpoint directory)")
+    tokenizer = None
+    if (directory / TOKENIZER_FILE).is_file():
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(directory / TOKENIZER_FILE))
+    if args.prompt is not None:
+        if tokenizer is None:
+            raise ValueError(f"--prompt needs {directory / TOKENIZER_FILE}; give token ids with --prompt-ids")
+        prompt_ids = tokenizer.encode(args.prompt).ids
+    else:
+        prompt_ids = _parse_ids(args.prompt_ids, "--prompt-ids")
+    options = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed}
+    if exported:
+        from .llm.native import NativeGenerator
+
+        say(f"loading {directory} (exported; the C++ generation loop)")
+        model = NativeGenerator(directory)
+    else:
+        from . import llm
+        from .llm.builder import DEFAULT_PREFILL_CHUNKS
+
+        targets = parse_device_specs(args.device) if args.device else None
+        capacity = 512 if args.capacity is None else args.capacity
+        if args.prefill_chunks is not None:
+            chunks = _parse_ids(args.prefill_chunks, "--prefill-chunks")
+        else:
+            chunks = [c for c in DEFAULT_PREFILL_CHUNKS if c <= capacity] or [capacity]
+        say(f"compiling {directory}")
+        model = llm.build(str(directory), targets, capacity=capacity, prefill_chunks=chunks, progress=say)
+    say(f"generating up to {args.max_new_tokens} tokens after a prompt of {len(prompt_ids)}")
+    began = time.perf_counter()
+    tokens, first_at = [], began
+    print("new tokens:", end="", flush=True)
+    for token in model.stream(prompt_ids, args.max_new_tokens, **options):
+        if not tokens:
+            first_at = time.perf_counter()
+        tokens.append(token)
+        print(f" {token}", end="", flush=True)
+    ended = time.perf_counter()
+    print()
+    if tokenizer is not None:
+        print(f"text: {tokenizer.decode(tokens)!r}")
+    if exported:  # measured inside the C++ loop
+        times = model.last_times
+        prefill_rate, decode_rate = times.prefill_tokens_per_second, times.decode_tokens_per_second
+    else:  # the first token comes after the prefill; the rest are decode steps
+        prefill_rate = len(prompt_ids) / (first_at - began)
+        decode_rate = (len(tokens) - 1) / (ended - first_at) if len(tokens) > 1 else 0.0
+    print(f"prefill: {len(prompt_ids)} tokens, {prefill_rate:.1f} tokens/s; "
+          f"decode: {max(len(tokens) - 1, 0)} tokens, {decode_rate:.1f} tokens/s")
+    return 0
+
+
+def _parse_ids(text: str, flag: str) -> list[int]:
+    """``"1,2,3"`` -> ``[1, 2, 3]``; anything else is an error naming the flag and the item."""
+    ids = []
+    for item in text.split(","):
+        try:
+            ids.append(int(item))
+        except ValueError:
+            raise ValueError(f"{flag}: {item.strip()!r} is not an integer (expected e.g. 1,2,3)") from None
+    return ids
 
 
 def cmd_board(args) -> int:

@@ -19,7 +19,6 @@ from typing import Any
 import tvm_ffi
 
 
-
 @dataclass(frozen=True)
 class GenerationTimes:
     """Where the last generation's time went (measured in C++)."""
