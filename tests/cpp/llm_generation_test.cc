@@ -9,13 +9,26 @@
 #include <tvm/ffi/error.h>
 #include <tvm_hetero/llm/generation_session.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <filesystem>
+#include <new>
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
+
+/*! \brief Every operator new of this process (this binary replaces the global one to count them). */
+static std::atomic<int64_t> g_allocations{0};
+
+void* operator new(std::size_t size) {
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(size ? size : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 namespace tvm_hetero {
 namespace llm {
@@ -116,6 +129,24 @@ TEST(LlmGeneration, EveryPromptLengthUpToTheCapacityMatchesTokenByTokenDecoding)
     for (int64_t i = 1; i < length; ++i) logits = single.Decode(prompt[i]);
     EXPECT_EQ(from_chunks, Sampler::Argmax(logits, e.model->shape().vocab_size)) << "prompt of " << length;
     EXPECT_EQ(chunked.filled(), length);
+  }
+}
+
+TEST(LlmGeneration, TheTokenLoopAllocatesNothing) {
+  // The export has TVM kernels only: oneDNN's primitive execute allocates on each call by itself.
+  const Exported& e = TinyModel();
+  GenerationSession session(e.model);
+  GenerationOptions sampled = Greedy(20);
+  sampled.sampling.temperature = 0.9;
+  sampled.sampling.top_k = 40;
+  sampled.sampling.seed = 1;
+  for (const GenerationOptions& options : {Greedy(20), sampled}) {
+    session.Start(e.prompt, options);
+    int64_t before = g_allocations.load();
+    int tokens = 0;
+    while (session.Next()) ++tokens;
+    EXPECT_EQ(tokens, 20);
+    EXPECT_EQ(g_allocations.load(), before) << "operator new ran during the decode steps";
   }
 }
 
