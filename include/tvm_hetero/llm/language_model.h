@@ -87,11 +87,12 @@ class LanguageModel {
   int64_t capacity_ = 0;
   /*! \brief Bytes of the weights. */
   int64_t weight_bytes_ = 0;
-  /*! \brief Per graph, as the manifest lists it: graph file, library file, devices. */
+  /*! \brief One graph's files and devices, as the manifest lists them. */
   struct GraphFiles {
     std::string graph, lib;
     std::vector<DLDevice> devices;
   };
+  /*! \brief Per graph in the manifest's order (used while loading). */
   std::vector<GraphFiles> files_;
   /*! \brief The entry graphs, ascending size. */
   std::vector<EntryGraph> graphs_;
