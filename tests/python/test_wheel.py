@@ -366,10 +366,11 @@ def test_run_artifact_builds_against_the_installed_wheel_and_matches_python(
     assert site_packages(venv) in Path(cmake_dir).parents, cmake_dir
     source = tmp_path / "src"
     source.mkdir()
-    for name in ("run_artifact.cc", "CMakeLists.txt"):  # the example as a user copies it
-        shutil.copyfile(REPO / "examples" / name, source / name)
+    for file in (REPO / "examples").iterdir():  # the examples' C++ half, as a user copies it
+        if file.suffix in (".cc", ".h") or file.name == "CMakeLists.txt":
+            shutil.copyfile(file, source / file.name)
     run(["cmake", "-S", str(source), "-B", str(tmp_path / "build"), f"-Dtvm_hetero_DIR={cmake_dir}"], cwd=tmp_path)
-    run(["cmake", "--build", str(tmp_path / "build")], cwd=tmp_path, timeout=900)
+    run(["cmake", "--build", str(tmp_path / "build"), "--target", "run_artifact"], cwd=tmp_path, timeout=900)
     artifact = bare_root / bare_install.relative_to("/") / "mlp"
     ran = run([str(tmp_path / "build" / "run_artifact"), str(artifact), "--expect-sum",
                str(artifact / "expected_sum.txt"), "cpu:0", "cpu:1"], cwd=tmp_path).stdout
