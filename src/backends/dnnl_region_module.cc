@@ -8,8 +8,13 @@
  * every primitive, reorder and argument map, and plans one arena for the values passed between
  * steps (kept in the layouts the primitives chose, so a chain of convolutions stays blocked and is
  * reordered only at the region's edges). Nothing in an arena outlives its call, so every call site
- * of a thread uses that thread's scratch as its arena. Every later call only points the memories
- * bound to its arguments at their data and executes -- no allocation, no map building, no lock. Weights are
+ * of a thread uses that thread's scratch as its arena; each step's primitives also get their
+ * scratchpad there (oneDNN's user scratchpad mode, one buffer per step, alive during that step), and
+ * each primitive's arguments are packed once into the C API's array. Every later call only points
+ * the memories bound to its arguments at their data and executes -- no allocation of ours, no map
+ * building, no lock. (oneDNN 2.6's dnnl_primitive_execute still allocates inside itself: it copies
+ * the argument array into a hash map on every execution, which its public API cannot avoid;
+ * tests/cpp/dnnl_region_allocation_test.cc counts both sides.) Weights are
  * reordered into the primitive's preferred layout once and kept while the weight tensor's address
  * and the module's parameter generation (bumped by the cache-invalidation hook whenever parameters
  * are set) stay the same (docs/byoc.md).
@@ -241,7 +246,10 @@ class RegionExec {
    *         weights changed), or a copy between two call arguments (skipped when they coincide). */
   struct Call {
     dnnl::primitive prim;
+    /*! \brief Its arguments by role (built at setup; owns the memories `exec_args` names). */
     std::unordered_map<int, memory> args;
+    /*! \brief `args` as oneDNN's C API takes them, built once at setup (PackArguments). */
+    std::vector<dnnl_exec_arg_t> exec_args;
     /*! \brief Weight reorder: the call argument holding the weights; its address and the parameter
      *         generation of the weights now reordered. */
     int weight_arg = -1;
@@ -350,17 +358,21 @@ class RegionExec {
           SetupStep(k, t);
         }
         for (size_t c = first; c < calls_.size(); ++c) calls_[c].single = single;
+        PlaceScratchpads(first, static_cast<int>(k));
       }
       const Value& out = values_.back();
       if (out.arg != n) {  // the last value is in the arena: reorder it out to the call's output
         memory user = Bound(Plain(OutputDims(k - 1, t), TypeOf(t[n])), n);
         if (user.get_desc().data_type() != out.desc.data_type()) Fail(k - 1, "the output's data type is not the call's");
+        size_t first = calls_.size();
         calls_.push_back(Reorder(out.mem, user));
+        PlaceScratchpads(first, static_cast<int>(k));
       }
     } catch (const dnnl::error& e) {
       Fail(std::min(k, spec_.steps.size() - 1), std::string("cannot create the primitive: ") + e.what());
     }
     setup_tensors_ = nullptr;
+    PackArguments();
     PlanArena();
     ready_ = true;
   }
@@ -524,7 +536,7 @@ class RegionExec {
 
   static Call Reorder(const memory& from, const memory& to) {
     Call c;
-    c.prim = dnnl::reorder(from, to);
+    c.prim = dnnl::reorder(dnnl::reorder::primitive_desc(from, to, UserScratchpad()));
     c.args = {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}};
     return c;
   }
@@ -576,6 +588,58 @@ class RegionExec {
     arena_base_ = base;
   }
 
+  /*! \brief Attributes every primitive starts from: its scratchpad is memory this call site gives it
+   *         (placed in the arena, PlaceScratchpads), not the library's, which oneDNN shares between
+   *         the primitives one thread created (unless built with DNNL_ENABLE_CONCURRENT_EXEC): unsafe
+   *         when call sites set up on one thread run on several at once (frames, pipeline stages). */
+  static dnnl::primitive_attr UserScratchpad() {
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    return attr;
+  }
+
+  /*!
+   * \brief Give every primitive of calls [first, end) (step `step`'s) its scratchpad: one arena
+   *        buffer alive during that step only, as large as the largest of theirs (they run one
+   *        after another, so they share it).
+   */
+  void PlaceScratchpads(size_t first, int step) {
+    size_t bytes = 0;
+    for (size_t c = first; c < calls_.size(); ++c) {
+      if (calls_[c].prim) bytes = std::max(bytes, ScratchpadDesc(calls_[c].prim).get_size());
+    }
+    if (bytes == 0) return;
+    int buffer = NewBuffer(bytes, step, step);
+    for (size_t c = first; c < calls_.size(); ++c) {
+      if (!calls_[c].prim) continue;
+      memory::desc md = ScratchpadDesc(calls_[c].prim);
+      if (md.get_size() > 0) calls_[c].args[DNNL_ARG_SCRATCHPAD] = Placed(md, buffer);
+    }
+  }
+
+  /*! \brief The scratchpad `prim` asks for (zero bytes: none). */
+  static memory::desc ScratchpadDesc(const dnnl::primitive& prim) {
+    const dnnl_memory_desc_t* md = dnnl_primitive_desc_query_md(prim.get_primitive_desc(), dnnl_query_scratchpad_md, 0);
+    return md == nullptr ? memory::desc() : memory::desc(*md);
+  }
+
+  /*! \brief Each call's arguments as the C API takes them (the memories stay owned by `args`). */
+  void PackArguments() {
+    for (Call& c : calls_) {
+      c.exec_args.clear();
+      for (const auto& [role, mem] : c.args) c.exec_args.push_back(dnnl_exec_arg_t{role, mem.get()});
+    }
+  }
+
+  /*! \brief Execute a prepared call's primitive: its argument array as is, no map, no vector. */
+  void ExecutePrimitive(const Call& c) {
+    dnnl_status_t status =
+        dnnl_primitive_execute(c.prim.get(), stream_.get(), static_cast<int>(c.exec_args.size()), c.exec_args.data());
+    if (status != dnnl_success) {
+      TVM_FFI_THROW(RuntimeError) << "oneDNN region '" << spec_.name << "': a primitive failed (status " << status << ")";
+    }
+  }
+
   // ---- steps ----
   dnnl::primitive_attr PostOps(const StepSpec& s) const {
     dnnl::post_ops ops;
@@ -585,7 +649,7 @@ class RegionExec {
       float alpha = s.activation == "silu" ? 1.f : s.alpha;
       ops.append_eltwise(1.f, Activation(s.activation), alpha, s.beta);
     }
-    dnnl::primitive_attr attr;
+    dnnl::primitive_attr attr = UserScratchpad();
     attr.set_post_ops(ops);
     return attr;
   }
@@ -624,7 +688,7 @@ class RegionExec {
       Fail(k, quantize ? "quantize reads float32" : "dequantize reads uint8 or int8");
     }
     if (quantize) return SetupQuantize(k);
-    dnnl::primitive_attr attr;
+    dnnl::primitive_attr attr = UserScratchpad();
     attr.set_output_scales(0, s.quant.scales);
     if (s.quant.src_zero_point != 0) attr.set_zero_points(DNNL_ARG_SRC, 0, {s.quant.src_zero_point});
     if (s.quant.dst_zero_point != 0) attr.set_zero_points(DNNL_ARG_DST, 0, {s.quant.dst_zero_point});
@@ -652,7 +716,7 @@ class RegionExec {
     if (s.quant.dst_zero_point != 0) {
       ops.append_eltwise(1.f, dnnl::algorithm::eltwise_linear, 1.f, static_cast<float>(s.quant.dst_zero_point));
     }
-    dnnl::primitive_attr attr;
+    dnnl::primitive_attr attr = UserScratchpad();
     attr.set_post_ops(ops);
     // In the value's layout when oneDNN has a jit kernel for it (2.6 has none for a blocked one),
     // else in nhwc / plain, reordered first.
@@ -710,7 +774,7 @@ class RegionExec {
     dnnl::post_ops ops;
     ops.append_eltwise(1.f, dnnl::algorithm::eltwise_linear, 1.f, q.shift + zp);
     if (s.relu) ops.append_eltwise(1.f, dnnl::algorithm::eltwise_clip, zp, std::numeric_limits<float>::max());
-    dnnl::primitive_attr attr;
+    dnnl::primitive_attr attr = UserScratchpad();
     attr.set_scales(DNNL_ARG_SRC_0, 0, {q.scales[0]});
     attr.set_scales(DNNL_ARG_SRC_1, 0, {q.scales[1]});
     attr.set_post_ops(ops);
@@ -923,7 +987,7 @@ class RegionExec {
       return;
     }
     dnnl::shuffle_forward::desc desc(dnnl::prop_kind::forward_inference, in.desc, 1, static_cast<int>(c / g));
-    dnnl::shuffle_forward::primitive_desc pd(desc, CpuEngine());
+    dnnl::shuffle_forward::primitive_desc pd(desc, CpuEngine(), UserScratchpad());
     memory src = Input(k, s.data, pd.src_desc());
     memory dst = Output(k, pd.dst_desc());
     call.prim = dnnl::shuffle_forward(pd);
@@ -941,7 +1005,7 @@ class RegionExec {
     memory::desc md = Plain(x);
     dnnl::softmax_forward::desc desc(dnnl::prop_kind::forward_inference, md, static_cast<int>(s.axis));
     Call c;
-    c.prim = dnnl::softmax_forward(dnnl::softmax_forward::primitive_desc(desc, CpuEngine()));
+    c.prim = dnnl::softmax_forward(dnnl::softmax_forward::primitive_desc(desc, UserScratchpad(), CpuEngine()));
     memory src = Input(k, s.data, md);
     c.args = {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, Output(k, md)}};
     calls_.push_back(std::move(c));
@@ -966,7 +1030,7 @@ class RegionExec {
     auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
     dnnl::layer_normalization_forward::desc desc(dnnl::prop_kind::forward_inference, md, s.epsilon, flags);
     Call c;
-    c.prim = dnnl::layer_normalization_forward(dnnl::layer_normalization_forward::primitive_desc(desc, CpuEngine()));
+    c.prim = dnnl::layer_normalization_forward(dnnl::layer_normalization_forward::primitive_desc(desc, UserScratchpad(), CpuEngine()));
     memory src = Input(k, s.data, md);
     c.args = {{DNNL_ARG_SRC, src},
               {DNNL_ARG_DST, Output(k, md)},
@@ -983,7 +1047,7 @@ class RegionExec {
     if (in.desc.dims().size() != 4) Fail(k, "lrn needs an NCHW tensor");
     dnnl::lrn_forward::desc desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::lrn_across_channels, in.desc,
                                  s.local_size, s.alpha, s.beta, s.k);
-    dnnl::lrn_forward::primitive_desc pd(desc, CpuEngine());
+    dnnl::lrn_forward::primitive_desc pd(desc, UserScratchpad(), CpuEngine());
     Call c;
     c.prim = dnnl::lrn_forward(pd);
     memory src = Input(k, s.data, pd.src_desc());
@@ -1014,7 +1078,7 @@ class RegionExec {
     ops.append_binary(dnnl::algorithm::binary_add, vec);
     if (s.relu) ops.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
     if (!s.activation.empty()) ops.append_eltwise(1.f, Activation(s.activation), s.activation == "silu" ? 1.f : s.alpha, s.beta);
-    dnnl::primitive_attr attr;
+    dnnl::primitive_attr attr = UserScratchpad();
     attr.set_post_ops(ops);
     dnnl::binary::desc desc(dnnl::algorithm::binary_mul, in.desc, vec, memory::desc(x, dst_type, tag::any));
     dnnl::binary::primitive_desc pd(desc, attr, CpuEngine());
@@ -1033,7 +1097,7 @@ class RegionExec {
     dnnl::eltwise_forward::desc desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::eltwise_relu,
                                      dst.get_desc(), 0.f, 0.f);
     Call c;
-    c.prim = dnnl::eltwise_forward(dnnl::eltwise_forward::primitive_desc(desc, CpuEngine()));
+    c.prim = dnnl::eltwise_forward(dnnl::eltwise_forward::primitive_desc(desc, UserScratchpad(), CpuEngine()));
     c.args = {{DNNL_ARG_SRC, dst}, {DNNL_ARG_DST, dst}};
     calls_.push_back(std::move(c));
   }
@@ -1047,7 +1111,7 @@ class RegionExec {
     if (s.axis < 0 || s.axis >= static_cast<int64_t>(y.size())) Fail(k, "concat axis outside the output");
     std::vector<memory::desc> srcs;
     for (int id : s.inputs) srcs.push_back(values_[id].desc);
-    dnnl::concat::primitive_desc pd(memory::desc(y, dt::f32, tag::any), static_cast<int>(s.axis), srcs, CpuEngine());
+    dnnl::concat::primitive_desc pd(memory::desc(y, dt::f32, tag::any), static_cast<int>(s.axis), srcs, CpuEngine(), UserScratchpad());
     Call c;
     c.prim = dnnl::concat(pd);
     for (size_t i = 0; i < s.inputs.size(); ++i) c.args[DNNL_ARG_MULTIPLE_SRC + static_cast<int>(i)] = values_[s.inputs[i]].mem;
@@ -1080,7 +1144,7 @@ class RegionExec {
       }
       memory to = Alias(out, y_md.submemory_desc(d, offsets));
       offsets[s.axis] += d[s.axis];
-      dnnl::primitive_attr attr;
+      dnnl::primitive_attr attr = UserScratchpad();
       attr.set_output_scales(0, {q.scales[i]});
       if (q.src_zero_points[i] != 0) attr.set_zero_points(DNNL_ARG_SRC, 0, {q.src_zero_points[i]});
       if (q.dst_zero_point != 0) attr.set_zero_points(DNNL_ARG_DST, 0, {q.dst_zero_point});
@@ -1111,7 +1175,7 @@ class RegionExec {
           SharedWeight& sw = *c.shared;
           std::lock_guard<std::mutex> lock(sw.mu);
           if (sw.filled && sw.seen == w && sw.generation == generation) continue;
-          c.prim.execute(stream_, c.args);
+          ExecutePrimitive(c);
           stream_.wait();
           g_weight_reorders.fetch_add(1, std::memory_order_relaxed);
           sw.filled = true;
@@ -1126,7 +1190,7 @@ class RegionExec {
         if (from != to) std::memcpy(to, from, c.copy_bytes);
         continue;
       }
-      c.prim.execute(stream_, c.args);
+      ExecutePrimitive(c);
     }
     if (single) SetOmpThreads(team_);
     stream_.wait();

@@ -11,9 +11,10 @@
  * Weights are graph parameters, passed to the region like any kernel argument, so the module holds
  * no tensors. Every GetFunction returns a fresh executor for one call site (the graph runtime asks
  * once per node): its primitives, reorders, argument maps and the plan of its values' arena are
- * built on its first call, from the shapes of its arguments, and later calls only point memories at
- * the arguments (and the arena at the calling thread's scratch) and execute -- no allocation, no
- * lock. One call site's function is not to be called from two threads at once (like any kernel
+ * built on its first call, from the shapes of its arguments (with the primitives' scratchpads in
+ * the arena and their argument arrays packed), and later calls only point memories at the arguments
+ * (and the arena at the calling thread's scratch) and execute -- no allocation of ours, no lock
+ * (oneDNN 2.6's execute allocates its own argument map inside). One call site's function is not to be called from two threads at once (like any kernel
  * with state).
  */
 #ifndef TVM_HETERO_BACKENDS_DNNL_REGION_H_
