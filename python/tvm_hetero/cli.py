@@ -368,8 +368,8 @@ def _print_comparison(model, inputs, ours: float, alone: dict[str, float], repea
     best_label = min(alone, key=alone.__getitem__)
     best = alone[best_label]
     verdict = ("ours is faster" if best > ours else
-               f"ours is slower here: {best_label.split(',')[0]} alone beat the placement in this run "
-               "(the build measured it otherwise; see the choice line above)")
+               f"ours is slower here: {best_label.split(',')[0]} beat the placement in this run, "
+               f"at load {os.getloadavg()[0]:.1f} (the build measured it otherwise; see the choice line above)")
     print(f"  best single device: {best * 1e3:.1f} ms -> best single device / ours {best / ours:.2f}x ({verdict})")
     for threads, t in ort.items():
         print(f"  onnxruntime, {threads} thread{'s' if threads > 1 else ' '}             {t * 1e3:9.1f} ms  -> ours / "
