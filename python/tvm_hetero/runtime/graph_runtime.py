@@ -276,12 +276,16 @@ class GraphModule:
     def input_names(self) -> list[str]:
         """The inputs a caller feeds: the graph's inputs not bound as parameters, in index order
         (as ONNX Runtime's ``get_inputs()`` leaves out initializers)."""
-        return [str(self._get_input_name(i)) for i in range(self._get_num_inputs()) if not self._get_input_is_param(i)]
+        return self._input_names(params=False)
 
     @property
     def param_names(self) -> list[str]:
         """The graph's inputs bound as parameters (``set_params``, ``load_params``, ``share_params``)."""
-        return [str(self._get_input_name(i)) for i in range(self._get_num_inputs()) if self._get_input_is_param(i)]
+        return self._input_names(params=True)
+
+    def _input_names(self, params: bool) -> list[str]:
+        return [str(self._get_input_name(i)) for i in range(self._get_num_inputs())
+                if bool(self._get_input_is_param(i)) == params]
 
     @property
     def num_outputs(self) -> int:
