@@ -76,7 +76,7 @@ def bench(setup: str, name: str, rounds: int, builds: int, cache_dir: Path) -> i
     from tvm_hetero.compiler.autoplace.cost_cache import CostCache
     from tvm_hetero.compiler.autoplace.measured import choose_placement
     from tvm_hetero.compiler.build import lower_as_built, shares_memory_between
-    from tvm_hetero.runtime.autoplace_measure import RuntimeMeasurer
+    from tvm_hetero.placement_measurer import RuntimeMeasurer
     from tvm_hetero.runtime.rpc import start_local_server
     from tvm_hetero.testing.models import light_model, model_inputs, onnxruntime_outputs, relax_module
 

@@ -30,7 +30,7 @@ import numpy as np
 import tvm
 import tvm_hetero
 from tvm_hetero.importers import from_onnx
-from tvm_hetero.testing import onnxruntime_qnn as peer
+from tvm_hetero.qnn import peer as peer
 
 sys.path.insert(0, os.path.dirname(__file__))
 from qnn_peer import MODELS, load, qdq_copy
@@ -48,7 +48,7 @@ def _ours(model, inputs: dict, repeat: int) -> dict:
     start = time.perf_counter()
     art = tvm_hetero.build(from_onnx(model), [CPU, "qnn-htp"])
     build_s = time.perf_counter() - start
-    htp = art.build_report.htp
+    htp = art.build_report.offload
     rt = art.create()
     for name, value in inputs.items():
         rt.set_input(name, value)
@@ -73,8 +73,8 @@ def _ours(model, inputs: dict, repeat: int) -> dict:
         loaded.close()
     ops_htp = sum(r["ops"] for r in htp["regions"])
     return {"out": out, "seconds": statistics.median(times), "build_seconds": build_s, "load_to_first_seconds": load_s,
-            "load_output_identical": same, "graph_executions": stats["qnn_graph_executions"],
-            "ops_on_htp": ops_htp, "ops_asked": htp["asked"], "flops_share": htp["flops_on_htp"] / max(htp["flops"], 1),
+            "load_output_identical": same, "graph_executions": stats["accelerator_graph_executions"],
+            "ops_on_htp": ops_htp, "ops_asked": htp["asked"], "flops_share": htp["flops_on_device"] / max(htp["flops"], 1),
             "moved_back": len(htp.get("excluded", {})),
             "verification": [(v["region"], v["relative_error"], v["ok"])
                              for v in (htp.get("verification") or {}).get("regions", [])],
@@ -166,7 +166,7 @@ def concurrency(repeat: int) -> dict:
     serial, concurrent = statistics.median(times["serial"]), statistics.median(times["concurrent"])
     return {"serial_seconds": serial, "concurrent_seconds": concurrent, "speedup": serial / concurrent,
             "bit_identical": bool(np.array_equal(outs["serial"], outs["concurrent"])),
-            "groups": art.build_report.htp["graph_executions"], "timeline": timeline.get("devices") if isinstance(
+            "groups": art.build_report.offload["graph_executions"], "timeline": timeline.get("devices") if isinstance(
                 timeline, dict) else None, "load_average": os.getloadavg()}
 
 

@@ -2,7 +2,7 @@
 
     PYTHONPATH=python python bench/qnn_peer.py --out qnn_peer.json [--models squeezenet ...] [--no-probes]
 
-For each model, two variants run on the peer (``tvm_hetero.testing.onnxruntime_qnn``), each in a
+For each model, two variants run on the peer (``tvm_hetero.qnn.peer``), each in a
 child process so that a crash in the vendor library is recorded, not fatal:
 
 - ``fp16``: the float model with ``enable_htp_fp16_precision=1``;
@@ -45,7 +45,7 @@ import time
 
 import numpy as np
 from tvm_hetero.testing import export_models
-from tvm_hetero.testing import onnxruntime_qnn as qnn
+from tvm_hetero.qnn import peer as qnn
 from tvm_hetero.testing.models import light_model, model_inputs
 
 MODELS = ["squeezenet", "mobilenet_v2", "small_bert", "resnet50", "inception_v1", "densenet121"]

@@ -17,13 +17,13 @@ namespace {
 
 namespace ffi = tvm::ffi;
 
-/*! \brief Backends compiled into this library (dnnl only with oneDNN; qnn needs nothing at build time). */
+/*! \brief Backends compiled into this library (dnnl only with oneDNN; accelerator regions need nothing at build time). */
 ffi::Array<ffi::String> BuiltBackends() {
   ffi::Array<ffi::String> out;
 #ifdef TVM_HETERO_WITH_ONEDNN
   out.push_back("dnnl");
 #endif
-  out.push_back("qnn");
+  out.push_back("ep_regions");
   return out;
 }
 

@@ -268,7 +268,7 @@ std::string GraphRuntime::StatsJSON() const {
   namespace json = ffi::json;
   const ExecutionPlan& plan = *plan_;
   int copies = 0;
-  // Graph executions of devices driven through a vendor runtime (a QNN HTP): one per kernel step there.
+  // Graph executions of devices driven through a vendor runtime (an NPU): one per kernel step there.
   int64_t vendor_graphs = 0;
   int64_t carried = 0;  // copies travelling inside a remote group's call
   auto count = [&](const PlanStep& step, bool in_group) {
@@ -316,7 +316,7 @@ std::string GraphRuntime::StatsJSON() const {
       {ffi::String("implicit_copies"), int64_t(plan.copy_buffers.size())},
       {ffi::String("bytes_copied"), plan.bytes_copied_per_run},
       {ffi::String("cross_device_waits"), int64_t(schedule_->num_waits)},
-      {ffi::String("qnn_graph_executions"), vendor_graphs},
+      {ffi::String("accelerator_graph_executions"), vendor_graphs},
       {ffi::String("io_bytes_copied"), frame.io_bytes_copied()},
       {ffi::String("frame_bytes"), frame.allocated_bytes()},
   };

@@ -3,7 +3,8 @@
 ``build`` compiles a Relax IRModule for several devices; ``graph_runtime.create`` runs the result.
 Importing the package loads the runtime library (libtvm_hetero.so).
 
-Layers (arrows point down): ``artifact`` (and ``pipeline``, its pipeline face) joins
+Layers (arrows point down): ``build_driver`` (``build``: routing, measured checks, verified
+offload) sits on ``artifact`` (and ``pipeline``, its pipeline face), which joins
 ``compiler/`` (Relax module -> graph JSON, kernels, params; never imports the runtime) and
 ``runtime/`` (graph and pipeline runtimes, offload, rpc, library loading); ``importers`` brings
 ONNX and PyTorch models in. ``testing/`` (model fixtures and test oracles: import
@@ -15,10 +16,12 @@ from __future__ import annotations
 import sys
 
 from . import devices, importers, pipeline
-from .artifact import Artifact, PipelineArtifact, build, load
+from .artifact import Artifact, PipelineArtifact, load
+from .build_driver import build
 from .build_info import BuildInfo, built_with
 from .compiler.build import BuildReport
 from .compiler.placement import Capabilities, OpInfo
+from .ep_offload import region_runner  # noqa: F401  (registers the runner accelerator regions call)
 from .progress import Progress
 from .runtime import graph_runtime, offload, pipeline_runtime, rpc, timeline
 

@@ -35,12 +35,10 @@ import tvm_ffi
 
 import tvm_hetero.native  # noqa: F401  (registers tvm_hetero.read_params)
 
-from .compiler import build as compiler_build
 from .compiler.build import BuildReport, CompiledGraph, device_name, format_size
-from .compiler.graph import COPY_FUNC
 from .compiler.kernel_libraries import export_device_libraries, load_device_libraries
 from .compiler.pipeline import CompiledPipeline, target_label
-from .devices import is_remote, parse_device
+from .devices import parse_device
 from .runtime import graph_runtime, pipeline_runtime
 from .runtime.graph_runtime import GraphModule
 from .runtime.pipeline_runtime import PipelineModule
@@ -387,142 +385,6 @@ def load(path: str | os.PathLike) -> Artifact:
         manifest=manifest,
         device_libs=load_device_libraries(manifest, src),
     )
-
-
-@functools.wraps(compiler_build.build)
-def build(mod: Any, targets: Any, placement: Any = None, *args: Any, **kwargs: Any) -> Artifact:
-    auto = isinstance(placement, str) and placement == "auto"
-    from .htp_build import build_verified, has_htp
-
-    if has_htp(targets):
-        if auto and len(targets) > 2:
-            raise ValueError("placement='auto' with a qnn-htp device weighs each HTP group against one host device: "
-                             f"give the host and the HTP ({len(targets)} targets given)")
-        return build_verified(mod, targets, None if auto else placement, args, kwargs, Artifact.of, auto=auto)
-    if auto and kwargs.get("measurer") is None:  # automatic placement times kernels on this runtime
-        from .runtime.autoplace_measure import RuntimeMeasurer
-
-        kwargs["measurer"] = RuntimeMeasurer(kwargs.get("progress"))
-    artifact = Artifact.of(compiler_build.build(mod, targets, placement, *args, **kwargs))
-    report = artifact.build_report
-    measure_latency = getattr(kwargs.get("measurer"), "latency_seconds", None)
-    if auto and report is not None and report.autoplace is not None and measure_latency is not None:
-        report.autoplace["measured_seconds"], report.autoplace["measured_cached"] = _built_graph_latency(
-            artifact, measure_latency, kwargs)
-        artifact = _one_device_if_faster(artifact, mod, targets, args, kwargs, measure_latency)
-    _note_qdq_units(artifact, mod, kwargs.get("entry", "main"))
-    return artifact
-
-
-def _note_qdq_units(artifact: Artifact, mod: Any, entry: str) -> None:
-    """A QDQ model's report says how its units ran (int8, float in a block, TVM fallback)."""
-    from .backends.dnnl_int8 import qdq_report
-
-    report = artifact.build_report
-    if report is None or not isinstance(mod, tvm.IRModule) or entry not in [g.name_hint for g in mod.get_global_vars()]:
-        return
-    docs = [m.inspect_source() for m in _all_imports(artifact.lib) if m.kind == "tvm_hetero_dnnl"]
-    nodes = [n.get("attrs", {}).get("func_name", "") for n in json.loads(artifact.graph_json)["nodes"]]
-    line = qdq_report(mod, docs, nodes, entry)
-    if line is not None:
-        report.backend_notes.append(line)
-
-
-def _all_imports(lib: Any) -> list[Any]:
-    out, todo = [], list(lib.imports)
-    while todo:
-        m = todo.pop()
-        out.append(m)
-        todo.extend(m.imports)
-    return out
-
-
-def _built_graph_latency(artifact: Artifact, measure_latency: Any, kwargs: dict) -> tuple[float, bool]:
-    """A built graph's measured latency and whether it came from the cost cache, where it is kept
-    under the module, the graph and the executor settings (the same graph is measured once)."""
-    from .compiler.autoplace.cost_cache import open_cache
-
-    options = kwargs.get("device_options")
-    module_key = artifact.build_report.autoplace.get("module_key")
-    key = sha256(json.dumps([module_key, artifact.graph_json, options], sort_keys=True).encode())
-    cache = open_cache(kwargs.get("cost_cache"))
-    try:
-        seconds = cache.get("graph_latency", key, "", "")
-        if seconds is not None:
-            return seconds, True
-        (kwargs.get("progress") or (lambda _msg: None))("automatic placement: measuring the built graph")
-        seconds = measure_latency(artifact, options)
-        cache.put("graph_latency", key, "", "", seconds)
-        return seconds, False
-    finally:
-        cache.close()
-
-
-def _one_device_if_faster(artifact: Artifact, mod: Any, targets: Any, args: tuple, kwargs: dict,
-                          measure_latency: Any) -> Artifact:
-    """The build checks its own choice: a split over devices is kept only if it measures faster than
-    the default build with everything on the local device predicted best (the prediction, judged
-    on kernels and blocks, can still miss what only a run shows). Otherwise that build is returned,
-    its report saying why. The verdict is kept in the cost cache under the decision's key, so a
-    rebuild makes the same choice with one build."""
-    from .compiler.autoplace.cost_cache import open_cache
-    from .compiler.autoplace.measured import MEASURED_CHECK
-
-    auto = artifact.build_report.autoplace
-    if len(set(_computing_devices(artifact))) <= 1:
-        return artifact  # one device: the judge compared it with the others as built
-    cache = open_cache(kwargs.get("cost_cache"))
-    try:
-        verdict = cache.get_plan(MEASURED_CHECK, auto["decision_key"])
-    finally:
-        cache.close()
-    if verdict is not None:  # this split was checked before and won (else it would not be built)
-        auto["one_device_check"] = dict(verdict["check"], cached=True)
-        return artifact
-    local = [d for d, dev in enumerate(artifact.devices) if not is_remote(dev)]
-    predicted = {}  # per local device, its best single-device prediction (either variant choice)
-    for d in local:
-        found = [v for k, v in auto["alternatives"].items() if k.split(",")[0] == f"all on device {d}"]
-        if found:
-            predicted[d] = min(found)
-    if not predicted:
-        return artifact
-    device = min(predicted, key=predicted.__getitem__)
-    hand = {k: v for k, v in kwargs.items() if k not in ("objective", "cost_cache", "capabilities", "measurer")}
-    one = Artifact.of(compiler_build.build(mod, targets, lambda _info, d=device: d, *args, **hand))
-    if one.graph_json == artifact.graph_json:
-        return artifact
-    one.build_report.autoplace = auto
-    seconds, _cached = _built_graph_latency(one, measure_latency, kwargs)
-    kept = seconds < auto["measured_seconds"]
-    auto["one_device_check"] = {"device": device_name(artifact.devices[device]), "measured_seconds": seconds,
-                                "split_measured_seconds": auto["measured_seconds"], "kept_one_device": kept}
-    cache = open_cache(kwargs.get("cost_cache"))
-    try:
-        cache.put_plan(MEASURED_CHECK, auto["decision_key"],
-                       {"device": device if kept else None, "check": auto["one_device_check"]})
-    finally:
-        cache.close()
-    if not kept:
-        return artifact
-    # The report now describes the one-device build: its prediction (as built, every region) and
-    # measurement; the split's stay in the check's line.
-    label = next((k for k in (f"all on device {device}, every region", f"all on device {device}")
-                  if k in auto["alternatives"]), None)
-    auto["one_device_check"]["split_predicted_seconds"] = auto["predicted_seconds"]
-    auto["predicted_seconds"] = auto["alternatives"][label] if label else None
-    auto["measured_seconds"] = seconds
-    auto["as_built"] = None
-    one.build_report.backend_notes = artifact.build_report.backend_notes
-    return one
-
-
-def _computing_devices(artifact: Artifact) -> list[int]:
-    """The device of every node that computes (not an input, not a copy)."""
-    graph = artifact.graph
-    devices = graph["attrs"]["device_index"][1]
-    return [devices[i] for i, node in enumerate(graph["nodes"])
-            if node["op"] != "null" and node.get("attrs", {}).get("func_name") != COPY_FUNC]
 
 
 # ---- a pipeline --------------------------------------------------------------------------------

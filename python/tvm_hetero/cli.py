@@ -28,16 +28,18 @@ def _progress(start: float) -> Callable[[str], None]:
 
 
 def parse_device_specs(specs: list[str]) -> list[tuple[str, str] | str]:
-    """``["cpu:0=llvm", "cuda:0=cuda", "htp=qnn-htp:soc_model=57"]`` -> ``[("cpu:0", "llvm"),
-    ("cuda:0", "cuda"), "qnn-htp:soc_model=57"]``: a device kind that runs no TVM kernels (an HTP)
-    is named by its kind, options after a colon, under a label of the user's choice."""
+    """``["cpu:0=llvm", "cuda:0=cuda", "npu=KIND:option=value"]`` -> ``[("cpu:0", "llvm"),
+    ("cuda:0", "cuda"), "KIND:option=value"]``: a device kind that runs no TVM kernels (an NPU
+    behind a vendor SDK) is named by its kind, options after a colon, under a label of the user's
+    choice."""
     from tvm_hetero.devices import KINDS
 
     pairs: list[tuple[str, str] | str] = []
     for spec in specs:
         device, sep, target = spec.partition("=")
         if not sep or not device or not target:
-            raise ValueError(f"--device {spec!r}: expected DEVICE=TARGET, e.g. cpu:1=llvm or htp=qnn-htp")
+            raise ValueError(f"--device {spec!r}: expected DEVICE=TARGET, e.g. cpu:1=llvm or npu=KIND (kinds: "
+                             f"{', '.join(KINDS)})")
         kind = KINDS.get(target.partition(":")[0])
         pairs.append(target if kind is not None and kind.default_target is None else (device, target))
     return pairs
@@ -123,85 +125,11 @@ def default_devices() -> list[tuple[str, str]]:
 
 
 # ---- commands ---------------------------------------------------------------------------------
-def cmd_demo_htp(args: argparse.Namespace) -> int:
-    """A light model over the host CPU and a Qualcomm HTP (emulated here), against ONNX Runtime + QNN."""
-    import numpy as np
-    import tvm
-
-    import tvm_hetero
-    from tvm_hetero.importers import from_onnx
-    from tvm_hetero.testing import models
-    from tvm_hetero.testing import onnxruntime_qnn as peer
-
-    say = _progress(time.perf_counter())
-    from_file = args.model.endswith(".onnx") or os.sep in args.model
-    what = "ONNX model" if from_file else "ONNX light model, seeded random weights"
-    print(f"tvm-hetero demo-htp: {args.model} ({what}) on cpu:0 + qnn-htp "
-          "(Snapdragon X Elite NPU, soc 60 / HTP v73, fp16; emulated by onnxruntime-qnn on this x86 host)")
-    model = _onnx_model(args.model) if from_file else models.light_model(args.model)
-    inputs = models.model_inputs(model)
-    t = time.perf_counter()
-    art = tvm_hetero.build(from_onnx(model), [(tvm.cpu(0), "llvm"), "qnn-htp"], progress=say)
-    build_s = time.perf_counter() - t
-    print(art.report())
-    rt = art.create()
-    for name, value in inputs.items():
-        rt.set_input(name, value)
-    rt.run()
-    times = []
-    for _ in range(args.repeat):
-        t = time.perf_counter()
-        rt.run()
-        times.append(time.perf_counter() - t)
-    ours = rt.get_output(0).numpy()
-    reference = peer.cpu_reference(model, inputs)[0]
-    scale = float(np.abs(reference).max())
-    ours_err = float(np.abs(ours - reference).max()) / scale
-    print(f"\nours: {rt.stats()['qnn_graph_executions']} QNN graph execution(s) per inference, "
-          f"{min(times) * 1e3:.0f} ms on the emulator (build {build_s:.1f} s), "
-          f"relative error vs ONNX Runtime CPU fp32 {ours_err:.1e}")
-    rt.close()
-    say("running ONNX Runtime + QNN EP on the same model, emulator and options (in a child process)")
-    result = peer.run_peer(model, inputs, repeat=args.repeat, isolated=True)
-    if result.ran and result.outputs:
-        peer_err = float(np.abs(result.outputs[0] - reference).max()) / scale
-        verdict = "WRONG, without a warning" if peer_err > 1e-2 else "right"
-        print(f"ONNX Runtime + QNN EP: {result.partitions} QNN partition(s), {result.nodes_qnn} nodes on QNN, "
-              f"{result.nodes_cpu} on its CPU EP, {result.seconds * 1e3:.0f} ms, relative error {peer_err:.1e} ({verdict})")
-    else:
-        print(f"ONNX Runtime + QNN EP: did not finish: {result.error}")
-    print("(emulator times are hundreds of times a real HTP's: context only, never a cost)")
-    return 0 if ours_err <= 1e-2 else 1
-
-
 def _onnx_model(path: str):
     """An ONNX model file, read with the importer's checks (errors name the file)."""
     from tvm_hetero.importers import load_onnx
 
     return load_onnx(path)
-
-
-def cmd_qnn_fit(args: argparse.Namespace) -> int:
-    """Fit a device's microseconds per HTP cycle from a QNN profile taken on it, and keep it."""
-    from tvm_hetero import qnn_ep
-
-    factor = qnn_ep.fit_us_per_cycle(args.profile)
-    options = {"soc_model": args.soc_model, "htp_arch": args.htp_arch}
-    path = qnn_ep.save_fitted_factor(options, factor, f"{args.profile} (soc {args.soc_model}, v{args.htp_arch})")
-    print(f"{factor:.4g} us per HTP cycle for soc {args.soc_model} / HTP v{args.htp_arch}, kept in {path}; "
-          f"HTP latencies are modeled with it from now on (the default was {qnn_ep.DEFAULT_US_PER_CYCLE:.4g})")
-    return 0
-
-
-def cmd_qnn_costs(args: argparse.Namespace) -> int:
-    """Import HTP graph costs measured on a device into the device cost table."""
-    from tvm_hetero import htp_costs
-
-    added = htp_costs.import_costs(args.file, args.key)
-    for key, entry in added.items():
-        print(f"graph {key[:12]}: {entry['seconds'] * 1e3:.3f} ms per execution ({entry['source']})")
-    print(f"{len(added)} graph cost(s) kept in {htp_costs.table_path()}; placement='auto' uses them from now on")
-    return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -744,25 +672,12 @@ def build_parser() -> argparse.ArgumentParser:
     placement_flags(demo)
     debug_flag(demo)
     demo.set_defaults(fn=cmd_demo)
-    demo_htp = sub.add_parser("demo-htp", help="a model over the host CPU and a Qualcomm HTP (QNN), against "
-                                               "ONNX Runtime + QNN EP")
-    demo_htp.add_argument("--model", default="squeezenet",
-                          help="a light ONNX model's name (squeezenet, inception_v1, ...) or an .onnx file")
-    demo_htp.add_argument("--repeat", type=int, default=3, metavar="N",
-                          help="timed runs of ours and of the peer (default 3)")
-    demo_htp.set_defaults(fn=cmd_demo_htp)
-    fit = sub.add_parser("qnn-fit", help="import a QNN profile taken on a real device: its microseconds per HTP "
-                                         "cycle, used for modeled HTP latencies")
-    fit.add_argument("profile", help="the CSV the QNN EP writes with profiling_level=detailed, on the device")
-    fit.add_argument("--soc-model", type=int, default=60, help="the device's QNN SoC model (default 60)")
-    fit.add_argument("--htp-arch", type=int, default=73,
-                     help="the device's HTP architecture version (default 73)")
-    fit.set_defaults(fn=cmd_qnn_fit)
-    costs = sub.add_parser("qnn-costs", help="import HTP graph costs measured on a real device (used by "
-                                             "placement='auto' instead of modeled ones)")
-    costs.add_argument("file", help="JSON {graph key: seconds}, or with --key a QNN profile CSV taken on the device")
-    costs.add_argument("--key", default=None, help="the graph's key (the build report lists it) for a profile CSV")
-    costs.set_defaults(fn=cmd_qnn_costs)
+    from tvm_hetero.devices import vendor_kinds
+    from tvm_hetero.kind_record import resolve
+
+    for record in vendor_kinds():  # each accelerator's own commands (its kind record names them)
+        if record.cli is not None:
+            resolve(record.cli)(sub)
 
     comp = sub.add_parser("compile", help="compile an ONNX model to an artifact directory")
     comp.add_argument("model", help="the ONNX model file")

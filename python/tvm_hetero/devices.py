@@ -4,18 +4,20 @@ Every kind has two halves. The runtime's half (remote or local, asynchronous or 
 its own, storage offsets, how to wait for it, whether TVM kernels run on it) is the C++ record in
 ``src/support/device_kinds.cc``, read here through ``tvm_hetero.support.device_kind_traits`` so
 the two languages cannot disagree. The Python half below is what only the build and the user need:
-the names a device is given by (``"cpu:1"``, ``"qnn-htp"``), its default target and options, and how
-the machine's devices of the kind are discovered.
+the names a device is given by (``"cpu:1"``), its default target and options, and how the machine's
+devices of the kind are discovered.
 
 Nothing else in the package compares a ``device_type`` or knows TVM's RPC session mask
-(tests/python/test_devices.py checks that). Adding a kind is one C++ record and one :data:`KINDS`
-entry here (docs/architecture.md).
+(tests/python/test_devices.py checks that). Adding a built-in kind is one C++ record and one
+:data:`KINDS` entry here; an accelerator reached through a vendor's SDK is its own package, whose
+:class:`~tvm_hetero.kind_record.KindRecord` one line of :data:`VENDOR_PACKAGES` registers
+(docs/new-accelerator.md).
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.util
+import importlib
 import os
 import sys
 import types
@@ -29,26 +31,12 @@ import tvm_ffi
 
 import tvm_hetero.native  # noqa: F401  (registers the C++ records)
 
+from .kind_record import KindRecord, resolve
+
 SYS_CPU = Path("/sys/devices/system/cpu")
 
 
 # ---- the kinds ---------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class KindRecord:
-    """The Python half of a device kind."""
-
-    #: The kind's name, as the C++ record names it.
-    name: str
-    #: TVM's DLDeviceType of its local devices.
-    device_type: int
-    #: What its TVM kernels compile for; None: it runs no TVM kernels (only a vendor's graphs).
-    default_target: str | None
-    #: Options a device of this kind gets unless the user gives others (``{"kind": ..., ...}``).
-    default_options: dict = field(default_factory=dict)
-    #: The extra to install when the kind's vendor library is missing, if any.
-    extra: str | None = None
-
-
 KINDS: dict[str, KindRecord] = {
     record.name: record
     for record in (
@@ -58,11 +46,27 @@ KINDS: dict[str, KindRecord] = {
         KindRecord("vulkan", 7, "vulkan"),
         KindRecord("metal", 8, "metal"),
         KindRecord("rocm", 10, "rocm"),
-        # A Qualcomm Hexagon HTP driven through QNN graphs (ONNX Runtime's QNN EP); the defaults
-        # are the Snapdragon X Elite NPU (soc 60, HTP v73), which the x86 emulator runs too.
-        KindRecord("qnn-htp", 16, None, {"soc_model": 60, "htp_arch": 73, "precision": "fp16"}, extra="qnn"),
     )
 }
+#: The registry of accelerators reached through a vendor's SDK: each package's ``KIND`` record.
+VENDOR_PACKAGES = ("tvm_hetero.qnn",)
+
+
+def register_kind(record: KindRecord) -> None:
+    """Add a kind (before devices of it are used); its C++ half must be registered too
+    (``tvm_hetero.support.register_device_kind``) unless it is a built-in one."""
+    known = KINDS.get(record.name)
+    if known is not None and known != record:
+        raise ValueError(f"device kind {record.name!r} is registered already, with another record")
+    if any(r.device_type == record.device_type and r.name != record.name for r in KINDS.values()):
+        raise ValueError(f"device kind {record.name!r}: device type {record.device_type} belongs to another kind")
+    if str(tvm_ffi.get_global_func("tvm_hetero.support.device_kind_traits")(record.device_type)["name"]) != record.name:
+        tvm_ffi.get_global_func("tvm_hetero.support.register_device_kind")(
+            record.device_type, record.name, record.host_memory, record.default_target is not None)
+    KINDS[record.name] = record
+    _traits.cache_clear()
+
+
 #: Kinds whose devices :func:`devices` looks for, after the CPU clusters.
 ACCELERATOR_KINDS = ("cuda", "rocm", "metal", "vulkan", "opencl")
 
@@ -124,7 +128,7 @@ def is_remote(device: tvm.runtime.Device) -> bool:
 
 
 def is_host(device: tvm.runtime.Device) -> bool:
-    """A local device whose tensors are host memory of this process (a CPU, an HTP)."""
+    """A local device whose tensors are host memory of this process (a CPU, an NPU sharing it)."""
     kind = kind_of(device)
     return kind.host_memory and not kind.remote
 
@@ -132,11 +136,6 @@ def is_host(device: tvm.runtime.Device) -> bool:
 def is_cpu(device: tvm.runtime.Device) -> bool:
     """A CPU of this process (it runs host kernels and is timed with a wall clock)."""
     return kind_of(device).name == "cpu"
-
-
-def is_htp(device: tvm.runtime.Device) -> bool:
-    """A Qualcomm HTP driven through QNN."""
-    return kind_of(device).name == "qnn-htp"
 
 
 def shares_memory(a: tvm.runtime.Device, b: tvm.runtime.Device) -> bool:
@@ -150,7 +149,7 @@ def needs_completion_wait(device: tvm.runtime.Device) -> bool:
 
 
 def runs_tvm_kernels(device: tvm.runtime.Device) -> bool:
-    """Compiled TVM kernels run on it (an HTP runs only QNN graphs)."""
+    """Compiled TVM kernels run on it (an accelerator reached through a vendor SDK runs only its graphs)."""
     return kind_of(device).runs_tvm_kernels
 
 
@@ -171,15 +170,19 @@ def cost_key(device: str | tvm.runtime.Device) -> str:
 
 
 def name_of(device: tvm.runtime.Device) -> str:
-    """``cpu:1``, ``cuda:0``, ``qnn-htp:0``, ``remote[0]:cpu:0``."""
+    """``cpu:1``, ``cuda:0``, ``remote[0]:cpu:0``; a kind with no TVM kernels by its kind's name."""
     if is_remote(device):
         session = device.dlpack_device_type() // rpc_session_mask() - 1
         local = without_session(device)
         return f"remote[{session}]:{name_of(local)}"
     kind = kind_of(device)
-    if kind.record is not None and kind.record.name == "qnn-htp":
-        return f"qnn-htp:{device.index}"
+    if kind.record is not None and kind.record.default_target is None:
+        return f"{kind.record.name}:{device.index}"
     return str(device)
+
+
+for _package in VENDOR_PACKAGES:
+    register_kind(importlib.import_module(_package).KIND)
 
 
 # ---- device specs --------------------------------------------------------------------------------
@@ -197,7 +200,7 @@ class DeviceSpec:
 
 
 def parse_device(spec: Any) -> tvm.runtime.Device:
-    """A tvm Device, or a string such as ``"cpu:1"``, ``"cuda"``, ``"cuda:0"``, ``"qnn-htp"``."""
+    """A tvm Device, or a string such as ``"cpu:1"``, ``"cuda"``, ``"cuda:0"`` or a vendor kind's name."""
     if isinstance(spec, tvm.runtime.Device):
         return spec
     if isinstance(spec, str):
@@ -209,13 +212,14 @@ def parse_device(spec: Any) -> tvm.runtime.Device:
                 return tvm.runtime.Device(record.device_type, number)
             return tvm.runtime.device(kind, number)
         except (ValueError, KeyError, RuntimeError) as err:
-            raise ValueError(f"device {spec!r}: expected e.g. 'cpu:0', 'cuda:1' or 'qnn-htp'") from err
+            raise ValueError(f"device {spec!r}: expected KIND[:INDEX], e.g. 'cpu:0' or 'cuda:1' "
+                             f"(kinds: {', '.join(KINDS)})") from err
     raise TypeError(f"device must be a tvm Device or a string like 'cpu:1', got {type(spec).__name__}")
 
 
 def parse_spec(entry: Any) -> DeviceSpec:
     """One entry of a build's ``targets``: ``(device, target)``, a kind name with options
-    (``"qnn-htp"``, ``"qnn-htp:soc_model=57,htp_arch=75"``) or a dict ``{"kind": "qnn-htp", ...}``."""
+    (``"KIND"``, ``"KIND:1,option=value"``) or a dict ``{"kind": KIND, ...}``."""
     if isinstance(entry, (tuple, list)):
         if len(entry) != 2:
             raise ValueError(f"expected a (device, target) pair, got {entry!r}")
@@ -249,7 +253,7 @@ def parse_spec(entry: Any) -> DeviceSpec:
             raise ValueError(f"device {name!r}: process {options['process']!r}: expected 'same' or 'separate'")
         merged = {**record.default_options, **options}
         return DeviceSpec(tvm.runtime.Device(record.device_type, index), target, merged)
-    raise TypeError(f"a device must be (device, target), a kind name such as 'qnn-htp' or a dict "
+    raise TypeError(f"a device must be (device, target), a kind's name (e.g. 'cpu:1') or a dict "
                     f"{{'kind': ...}}, got {type(entry).__name__}")
 
 
@@ -272,10 +276,10 @@ def default_target(device: tvm.runtime.Device) -> str | None:
 
 def missing_vendor_library(kind: str) -> str | None:
     """Why a kind's vendor library cannot be used here, or None when it can."""
-    if kind == "qnn-htp" and importlib.util.find_spec("onnxruntime_qnn") is None:
-        return ("the qnn-htp device needs ONNX Runtime's QNN execution provider, which is not installed: "
-                "pip install 'tvm-hetero[qnn]' (onnxruntime-qnn)")
-    return None
+    record = KINDS.get(kind)
+    if record is None or record.unavailable is None:
+        return None
+    return resolve(record.unavailable)()
 
 
 # ---- discovery -----------------------------------------------------------------------------------
@@ -331,33 +335,28 @@ def _discover_accelerators(kind: str) -> list[DeviceInfo]:
     return found
 
 
-def _discover_htp() -> list[DeviceInfo]:
-    if missing_vendor_library("qnn-htp") is not None:
-        return []
-    record = KINDS["qnn-htp"]
-    options = dict(record.default_options)
-    return [DeviceInfo(tvm.runtime.Device(record.device_type, 0), None, {"kind": "qnn-htp", **options},
-                       f"Qualcomm HTP v{options['htp_arch']} (soc {options['soc_model']}) through QNN "
-                       "(onnxruntime-qnn; emulated on x86)")]
+def vendor_kinds() -> list[KindRecord]:
+    """The kinds reached through a vendor's SDK (their records name a backend)."""
+    return [record for record in KINDS.values() if record.backend is not None]
 
 
 #: How each kind's devices are found (the CPU clusters come first: the fastest is the primary).
 DISCOVERY: dict[str, Callable[[], list[DeviceInfo]]] = {
-    **{kind: functools.partial(_discover_accelerators, kind) for kind in ACCELERATOR_KINDS},
-    "qnn-htp": _discover_htp,
-}
+    kind: functools.partial(_discover_accelerators, kind) for kind in ACCELERATOR_KINDS}
 
 
 def devices() -> list[DeviceInfo]:
     """The devices of this machine, the primary (fastest CPU cluster) first: one ``cpu:k`` per
-    CPU cluster (``{"cores": [...], "num_threads": len(cores)}``), then the GPUs TVM sees, then a
-    QNN HTP when onnxruntime-qnn is installed."""
+    CPU cluster (``{"cores": [...], "num_threads": len(cores)}``), then the GPUs TVM sees, then each
+    vendor kind's devices that its SDK finds here."""
     found = [DeviceInfo(tvm.cpu(k), "llvm", {"cores": cores, "num_threads": len(cores)},
                         f"CPU cluster of {len(cores)} core(s) {cores}")
              for k, cores in enumerate(cpu_clusters())]
     for kind in ACCELERATOR_KINDS:
         found.extend(DISCOVERY[kind]())
-    found.extend(DISCOVERY["qnn-htp"]())
+    for record in vendor_kinds():
+        if record.discover is not None:
+            found.extend(resolve(record.discover)())
     return found
 
 

@@ -24,7 +24,7 @@ The steps, repeated until nothing more folds:
    initializers when each output is no larger than the inputs it reads together, or than
    ``FOLD_LIMIT_BYTES`` (so folding never makes a large tensor from a small one: a weight made by
    ``ConstantOfShape`` folds, an activation-sized broadcast of a scalar beyond the limit stays an
-   op; the limit is the Relax pass's, compiler/fold_constant_ops.py). A node the reference cannot
+   op; the limit is the Relax pass's, ir/fold_constant_ops.py). A node the reference cannot
    evaluate is left as it is.
 3. Nodes and initializers no longer read are dropped (initializers listed as graph inputs,
    old-style, are kept).
@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from .compiler.fold_constant_ops import FOLD_LIMIT_BYTES
+from .ir.fold_constant_ops import FOLD_LIMIT_BYTES
 
 #: A constant node reading more than this is left to the Relax pass (module docstring).
 INPUT_LIMIT_BYTES = 1 << 20

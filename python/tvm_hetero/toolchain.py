@@ -1,7 +1,7 @@
 """The program that links kernel objects into a shared library (``lib.so``), for TVM's ``export_library``.
 
 TVM compiles kernels to object files itself (LLVM, in process); only the last step, linking them and
-the packed imports (oneDNN and HTP regions) into a ``.so``, runs an outside program. TVM looks for
+the packed imports (oneDNN and accelerator regions) into a ``.so``, runs an outside program. TVM looks for
 ``g++``/``gcc``/... on PATH and, on a machine with none, fails with a ``TypeError`` about ``None``.
 
 Guarantee: :func:`linker` makes one deterministic choice, the first of

@@ -55,7 +55,7 @@ std::string DeviceName(DLDevice dev) {
     os << "remote[" << dev.device_type / kRPCSessMask - 1 << "]:";
     dev.device_type = static_cast<DLDeviceType>(dev.device_type % kRPCSessMask);
   }
-  // A kind driven through a vendor runtime (no TVM kernels) is named by its kind: "qnn-htp:0".
+  // A kind driven through a vendor runtime (no TVM kernels) is named by its kind: "KIND:0".
   const DeviceKindTraits& kind = TraitsOf(dev);
   os << (kind.runs_tvm_kernels ? tvm::runtime::DLDeviceType2Str(dev.device_type) : kind.name) << ":" << dev.device_id;
   return os.str();

@@ -6,10 +6,16 @@
 
 #include <tvm/ffi/container/array.h>
 #include <tvm/ffi/container/map.h>
+#include <tvm/ffi/error.h>
 #include <tvm/ffi/function.h>
 #include <tvm/ffi/reflection/registry.h>
 #include <tvm/ffi/string.h>
 #include <tvm/runtime/device_api.h>
+
+#include <array>
+#include <atomic>
+#include <mutex>
+#include <string>
 
 namespace tvm_hetero {
 namespace support {
@@ -46,13 +52,46 @@ constexpr KindEntry kKinds[] = {
     {kDLHexagon, kQnnHtp},
 };
 
+// Kinds registered at run time by a vendor's package (RegisterDeviceKind): a fixed table, so a
+// reader never sees an entry move; an entry is complete before the count that publishes it grows.
+constexpr int kMaxAddedKinds = 16;
+std::array<KindEntry, kMaxAddedKinds> added_kinds{};
+std::array<std::string, kMaxAddedKinds> added_names;
+std::atomic<int> num_added_kinds{0};
+std::mutex adding_kinds;
+
 }  // namespace
 
 const DeviceKindTraits* RegisteredTraits(int device_type) {
   for (const KindEntry& entry : kKinds) {
     if (entry.device_type == device_type) return &entry.traits;
   }
+  int added = num_added_kinds.load(std::memory_order_acquire);
+  for (int i = 0; i < added; ++i) {
+    if (added_kinds[i].device_type == device_type) return &added_kinds[i].traits;
+  }
   return nullptr;
+}
+
+void RegisterDeviceKind(int device_type, const std::string& name, bool host_memory, bool runs_tvm_kernels) {
+  std::lock_guard<std::mutex> lock(adding_kinds);
+  if (device_type <= 0 || device_type >= kRPCSessMask) {
+    TVM_FFI_THROW(ValueError) << "device kind '" << name << "': device type " << device_type << " is outside (0, "
+                              << kRPCSessMask << ")";
+  }
+  if (const DeviceKindTraits* known = RegisteredTraits(device_type)) {
+    if (name == known->name && known->host_memory == host_memory && known->runs_tvm_kernels == runs_tvm_kernels) return;
+    TVM_FFI_THROW(ValueError) << "device kind '" << name << "': device type " << device_type << " belongs to kind '"
+                              << known->name << "'";
+  }
+  int index = num_added_kinds.load(std::memory_order_relaxed);
+  if (index == kMaxAddedKinds) TVM_FFI_THROW(ValueError) << "device kind '" << name << "': too many kinds registered";
+  added_names[index] = name;
+  // A kind reached through a vendor runtime: a call returns when its work is done; host memory
+  // (shared with the CPUs) or memory of its own that the runtime stages through.
+  added_kinds[index] = KindEntry{device_type, DeviceKindTraits{added_names[index].c_str(), false, false, host_memory,
+                                                               host_memory, WaitMode::kReturn, runs_tvm_kernels}};
+  num_added_kinds.store(index + 1, std::memory_order_release);
 }
 
 const DeviceKindTraits& TraitsOf(DLDevice dev) {
@@ -64,6 +103,8 @@ const DeviceKindTraits& TraitsOf(DLDevice dev) {
 std::vector<int> RegisteredDeviceTypes() {
   std::vector<int> types;
   for (const KindEntry& entry : kKinds) types.push_back(entry.device_type);
+  int added = num_added_kinds.load(std::memory_order_acquire);
+  for (int i = 0; i < added; ++i) types.push_back(added_kinds[i].device_type);
   return types;
 }
 
@@ -98,7 +139,11 @@ TVM_FFI_STATIC_INIT_BLOCK() {
         for (int t : RegisteredDeviceTypes()) out.push_back(t);
         return out;
       })
-      .def("tvm_hetero.support.rpc_session_mask", []() { return static_cast<int64_t>(kRPCSessMask); });
+      .def("tvm_hetero.support.rpc_session_mask", []() { return static_cast<int64_t>(kRPCSessMask); })
+      .def("tvm_hetero.support.register_device_kind",
+           [](int64_t device_type, tvm::ffi::String name, bool host_memory, bool runs_tvm_kernels) {
+             RegisterDeviceKind(static_cast<int>(device_type), std::string(name), host_memory, runs_tvm_kernels);
+           });
 }
 
 }  // namespace support

@@ -27,6 +27,7 @@
 
 #include <dlpack/dlpack.h>
 
+#include <string>
 #include <vector>
 
 namespace tvm_hetero {
@@ -45,7 +46,7 @@ enum class WaitMode {
 
 /*! \brief The facts of one device kind. */
 struct DeviceKindTraits {
-  /*! \brief Short name, as Python's devices.py knows the kind: "cpu", "cuda", "qnn-htp", "remote". */
+  /*! \brief Short name, as Python's devices.py knows the kind: "cpu", "cuda", "remote", a vendor's kind. */
   const char* name;
   /*! \brief Lives in another process, reached through a TVM RPC session. */
   bool remote;
@@ -66,6 +67,11 @@ struct DeviceKindTraits {
 const DeviceKindTraits& TraitsOf(DLDevice dev);
 /*! \brief The record registered for a local device type, or nullptr. */
 const DeviceKindTraits* RegisteredTraits(int device_type);
+/*! \brief Add the record of a kind driven through a vendor runtime (a vendor's package calls it
+ *         before any runtime uses the kind): its device type, name, whether its tensors are host
+ *         memory, whether TVM kernels run on it. Registering the same record again is a no-op;
+ *         another record for a known device type is an error. */
+void RegisterDeviceKind(int device_type, const std::string& name, bool host_memory, bool runs_tvm_kernels);
 /*! \brief The local device types that have a record of their own, in registration order. */
 std::vector<int> RegisteredDeviceTypes();
 

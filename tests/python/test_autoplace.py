@@ -422,7 +422,7 @@ class PositionFake(FakeMeasurer):
 
 
 def test_a_remote_device_is_measured_through_its_session_and_runs_the_chosen_kernels(rpc_server, tmp_path):
-    from tvm_hetero.runtime.autoplace_measure import RuntimeMeasurer
+    from tvm_hetero.placement_measurer import RuntimeMeasurer
 
     session = rpc_server.connect()
     targets = [(tvm.cpu(0), "llvm"), (session.cpu(0), "llvm")]

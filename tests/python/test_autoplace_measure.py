@@ -1,5 +1,5 @@
 """Measuring for automatic placement: a time enters the cost cache only when its re-measurement
-agrees with it (runtime/autoplace_measure.py); outliers are measured again."""
+agrees with it (placement_measurer.py); outliers are measured again."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import tvm_hetero
 from test_autoplace import MLP, PARAMS, TWO_CPUS, FakeMeasurer
 from tvm_hetero.compiler.autoplace.cost_cache import CostCache
 from tvm_hetero.compiler.autoplace.kernel_times import KernelCall, MeasureJob
-from tvm_hetero.runtime import autoplace_measure
-from tvm_hetero.runtime.autoplace_measure import RuntimeMeasurer
+from tvm_hetero import placement_measurer as autoplace_measure
+from tvm_hetero.placement_measurer import RuntimeMeasurer
 
 MS = 1e-3
 

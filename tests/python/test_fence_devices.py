@@ -7,7 +7,7 @@ from tvm import relax
 from tvm.script import ir as I
 from tvm.script import relax as R
 from tvm_hetero.compiler.fence_devices import FENCE_PREFIX, FenceDeviceBoundaries
-from tvm_hetero.compiler.relax_helpers import DEVICE_ATTR
+from tvm_hetero.ir.relax_helpers import DEVICE_ATTR
 
 
 @I.ir_module

@@ -1,4 +1,4 @@
-"""Constant folding: in Relax before partitioning (compiler/fold_constant_ops.py) and in lowering
+"""Constant folding: in Relax before partitioning (ir/fold_constant_ops.py) and in lowering
 (compiler/fold_constants.py): what folds, what does not, what the report says, and outputs."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from test_byoc import needs_dnnl
 from test_lower import assert_close, assert_well_formed, conv_relu_gemm_model, run_lowered
 from tvm.script import ir as I
 from tvm.script import relax as R
-from tvm_hetero.compiler.fold_constant_ops import FoldConstantOps, computed_weight_notes
+from tvm_hetero.ir.fold_constant_ops import FoldConstantOps, computed_weight_notes
 from tvm_hetero.compiler.lower import lower_to_graph
 
 RNG = np.random.default_rng(0)

@@ -345,7 +345,7 @@ def constant_index_module(indices):
 
 def test_constant_indices_are_checked_and_normalized_at_build_time():
     from tvm_hetero.compiler.lower import lower_to_graph
-    from tvm_hetero.compiler.relax_helpers import LoweringError
+    from tvm_hetero.ir.relax_helpers import LoweringError
 
     lowered = lower_to_graph(constant_index_module([3, -1, 0, 999]), None, 1)
     assert not any(n.func_name.startswith("_tvm_hetero_check") for n in lowered.graph.nodes)

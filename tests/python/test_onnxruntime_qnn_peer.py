@@ -6,7 +6,7 @@ import signal
 
 import numpy as np
 import pytest
-from tvm_hetero.testing import onnxruntime_qnn as qnn
+from tvm_hetero.qnn import peer as qnn
 
 needs_qnn = pytest.mark.skipif(not qnn.available(), reason="onnxruntime-qnn (QNN EP plugin and libQnnHtp.so) is not installed")
 

@@ -25,7 +25,7 @@ def test_progress_bar_counts_to_the_total_and_clamps():
 
 
 def test_measuring_for_automatic_placement_draws_a_bar_of_kernels():
-    from tvm_hetero.runtime.autoplace_measure import RuntimeMeasurer
+    from tvm_hetero.placement_measurer import RuntimeMeasurer
 
     out = io.StringIO()
     progress = Progress(stream=out)

@@ -10,7 +10,7 @@ import sys
 import textwrap
 
 import pytest
-from tvm_hetero import qnn_ep
+from tvm_hetero.qnn import ep as qnn_ep
 
 pytestmark = [pytest.mark.skipif(not qnn_ep.available(),
                                  reason="onnxruntime-qnn is not installed (pip install 'tvm-hetero[qnn]')"),
@@ -51,7 +51,7 @@ _COMMON = textwrap.dedent('''
         from tvm_hetero.importers import from_onnx
 
         art = tvm_hetero.build(from_onnx(MODEL), [(tvm.cpu(0), "llvm"), "qnn-htp"])
-        assert art.build_report.htp["graph_executions"] == 1, art.report()
+        assert art.build_report.offload["graph_executions"] == 1, art.report()
         return art, run(art)
 
     def run(art):

@@ -10,10 +10,10 @@ import pytest
 import tvm
 import tvm_hetero
 from tvm import relax
-from tvm_hetero import qnn_ep
-from tvm_hetero.backends.constant_chains import fold_constant_chains
-from tvm_hetero.backends.onnx_export import assemble, describe
-from tvm_hetero.compiler.constant_values import (
+from tvm_hetero.qnn import ep as qnn_ep
+from tvm_hetero.ep_offload.constant_chains import fold_constant_chains
+from tvm_hetero.ep_offload.onnx_regions import assemble, describe
+from tvm_hetero.ir.constant_values import (
     NotConstant,
     constant_bytes,
     is_literal,
@@ -136,7 +136,7 @@ def test_mobilenet_v3_small_from_onnx_builds_for_the_htp_as_one_graph_and_matche
     torch.manual_seed(0)
     model = onnx_export("mobilenet_v3_small", (torch.randn(1, 3, 96, 96),))
     art = tvm_hetero.build(from_onnx(model), [CPU, "qnn-htp"])
-    htp = art.build_report.htp
+    htp = art.build_report.offload
     # Every op (the hardswish and hardsigmoid clips included) in one QNN graph.
     assert htp["graph_executions"] == 1 and htp["accepted"] == htp["asked"], art.report()
     x = np.random.default_rng(1).standard_normal((1, 3, 96, 96)).astype("float32")
@@ -165,7 +165,7 @@ def test_bert_from_torch_builds_for_the_htp_and_matches() -> None:
     with torch.no_grad():
         expected = bert(ids, mask).last_hidden_state.numpy()
     art = tvm_hetero.build(from_torch(bert, (ids, mask)), [CPU, "qnn-htp"])
-    assert art.build_report.htp["flops_on_htp"] > 0.9 * art.build_report.htp["flops"], art.report()
+    assert art.build_report.offload["flops_on_device"] > 0.9 * art.build_report.offload["flops"], art.report()
     rt = art.create()
     rt.run(**dict(zip(art.input_names, [ids.numpy(), mask.numpy()])))
     got = rt.get_output(0).numpy()

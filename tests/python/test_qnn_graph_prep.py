@@ -10,8 +10,8 @@ import numpy as np
 import tvm
 from tvm import relax
 from tvm.script import relax as R
-from tvm_hetero.backends.constant_chains import FoldConstantChains, fold_constant_chains
-from tvm_hetero.backends.copy_per_reader import CopyPerReader, copy_per_reader
+from tvm_hetero.ep_offload.constant_chains import FoldConstantChains, fold_constant_chains
+from tvm_hetero.ep_offload.copy_per_reader import CopyPerReader, copy_per_reader
 
 
 def _run(mod: tvm.IRModule, *args: np.ndarray) -> np.ndarray:
@@ -161,7 +161,7 @@ def _pool_module(padding, count_include_pad, size=7) -> tvm.IRModule:
 
 def test_an_average_pool_over_the_whole_map_becomes_a_mean() -> None:
     """Inception-v1's last pool: 7x7 over 6x6, one row and column of padding bottom-right, not counted."""
-    from tvm_hetero.backends.pool_as_mean import PoolAsMean
+    from tvm_hetero.qnn.pool_as_mean import PoolAsMean
 
     x = np.random.default_rng(2).standard_normal((1, 8, 6, 6)).astype("float32")
     mod = _pool_module([0, 0, 1, 1], False)
@@ -172,7 +172,7 @@ def test_an_average_pool_over_the_whole_map_becomes_a_mean() -> None:
 
 
 def test_pools_that_are_not_one_whole_window_stay_pools() -> None:
-    from tvm_hetero.backends.pool_as_mean import PoolAsMean
+    from tvm_hetero.qnn.pool_as_mean import PoolAsMean
 
     counted = _pool_module([0, 0, 1, 1], True)  # the padding is counted: the divisor is 49, not 36
     smaller = _pool_module([0, 0, 0, 0], False, size=3)  # several windows

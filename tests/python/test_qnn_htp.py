@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tvm
 import tvm_hetero
-from tvm_hetero import qnn_ep
+from tvm_hetero.qnn import ep as qnn_ep
 
 pytestmark = pytest.mark.skipif(not qnn_ep.available(),
                                 reason="onnxruntime-qnn is not installed (pip install 'tvm-hetero[qnn]')")
@@ -79,7 +79,7 @@ X = {"x": np.random.default_rng(3).standard_normal((1, 4, 8, 8)).astype("float32
 def test_capability_is_asked_of_qnn_and_refused_ops_split_the_graphs() -> None:
     model = conv_unary_conv("Asin")
     art = tvm_hetero.build(_relax(model), [CPU, "qnn-htp"])  # every accepted op on the HTP by default
-    htp = art.build_report.htp
+    htp = art.build_report.offload
     refused = {r["op"]: r["reason"] for r in htp["refused"]}
     # QNN's own validation said no (the exporter has an ONNX Asin): the reason is QNN's.
     assert "relax.asin" in refused and "backendValidateOpConfig" in refused["relax.asin"], refused
@@ -87,14 +87,14 @@ def test_capability_is_asked_of_qnn_and_refused_ops_split_the_graphs() -> None:
     report = art.report()
     assert "relax.asin" in report and "QNN graphs" in report
     rt, y = _run(art, {"x": X["x"] * 0.3})
-    assert rt.stats()["qnn_graph_executions"] == 2
+    assert rt.stats()["accelerator_graph_executions"] == 2
     ref = _reference(model, {"x": X["x"] * 0.3})
     assert np.abs(y - ref).max() <= 1e-2 * np.abs(ref).max()
 
 
 def test_a_group_under_the_opt_in_flop_floor_stays_on_the_cpu() -> None:
-    art = tvm_hetero.build(_relax(conv_unary_conv("Asin")), [CPU, "qnn-htp"], htp_min_group_flops=10e6)
-    htp = art.build_report.htp
+    art = tvm_hetero.build(_relax(conv_unary_conv("Asin")), [CPU, "qnn-htp"], offload_min_group_flops=10e6)
+    htp = art.build_report.offload
     assert htp["graph_executions"] == 1
     assert any(reason.startswith("gate:") for reason in htp["excluded"].values())
     assert "not worth a QNN graph call" in art.report()
@@ -103,8 +103,8 @@ def test_a_group_under_the_opt_in_flop_floor_stays_on_the_cpu() -> None:
 def test_whole_model_is_one_qnn_graph_within_fp16_error() -> None:
     model = conv_unary_conv("Relu")
     art = tvm_hetero.build(_relax(model), [CPU, "qnn-htp"])
-    assert art.build_report.htp["graph_executions"] == 1
-    assert art.build_report.htp["verification"]["regions"][0]["ok"]
+    assert art.build_report.offload["graph_executions"] == 1
+    assert art.build_report.offload["verification"]["regions"][0]["ok"]
     _rt, y = _run(art, X)
     ref = _reference(model, X)
     assert np.abs(y - ref).max() <= 1e-2 * np.abs(ref).max()
@@ -122,7 +122,7 @@ def test_verification_moves_an_overflowing_region_back_to_the_cpu() -> None:
              helper.make_node("Mul", ["m2", "small"], ["y"])]
     model = _onnx_model(nodes, [_tensor("x", [1, 4, 8, 8])], [_tensor("y", None)], [weight, small])
     art = tvm_hetero.build(_relax(model), [CPU, "qnn-htp"])
-    htp = art.build_report.htp
+    htp = art.build_report.offload
     assert htp["excluded"], "the bad region was not moved back"
     assert any("verification" in reason for reason in htp["excluded"].values())
     assert "moved back" in art.report()
@@ -163,17 +163,17 @@ def test_export_and_load_skip_graph_finalization(tmp_path) -> None:
     _rt2, y2 = _run(loaded, X)
     load_seconds = time.perf_counter() - start
     assert np.array_equal(y, y2)
-    assert loaded.build_report.htp["graph_executions"] == 1
+    assert loaded.build_report.offload["graph_executions"] == 1
     assert load_seconds < build_seconds
 
 
 def test_an_htp_error_mid_run_names_the_region_and_device_and_the_runtime_recovers() -> None:
-    from tvm_hetero.runtime import qnn_runner
+    from tvm_hetero.ep_offload import region_runner as qnn_runner
 
     model = conv_unary_conv("Sin")
     art = tvm_hetero.build(_relax(model), [CPU, "qnn-htp"])
     rt, first = _run(art, X)
-    region = art.build_report.htp["regions"][0]["name"]
+    region = art.build_report.offload["regions"][0]["name"]
     qnn_runner.FAIL_NEXT.add(region)
     with pytest.raises(Exception, match=r"qnn-htp:0.*" + region + "|" + region + r".*qnn-htp:0") as err:
         rt.run()
@@ -217,7 +217,7 @@ def _qdq_copy(model, shape):
 def test_qdq_units_run_quantized_within_the_quantization_step() -> None:
     qdq = _qdq_copy(conv_unary_conv("Relu"), (1, 4, 8, 8))
     art = tvm_hetero.build(_relax(qdq), [CPU, "qnn-htp"])
-    htp = art.build_report.htp
+    htp = art.build_report.offload
     ops = {r["op"] for r in htp["refused"]}
     assert "relax.nn.conv2d" not in ops and htp["graph_executions"] == 1
     # Both units whole on the HTP (weight dequantize, conv, quantize; the activation's dequantize):
@@ -253,7 +253,7 @@ def conv_bn_lrn_dropout():
 def test_a_qdq_model_with_batch_norm_lrn_and_dropout_is_one_qnn_graph() -> None:
     qdq = _qdq_copy(conv_bn_lrn_dropout(), (1, 4, 8, 8))
     art = tvm_hetero.build(_relax(qdq), [CPU, "qnn-htp"])
-    htp = art.build_report.htp
+    htp = art.build_report.offload
     # Only the model's edges stay on the CPU: its input's quantize and its output's dequantize,
     # which QNN does not take alone (ONNX Runtime runs them on its CPU EP too).
     assert sorted(r["op"] for r in htp["refused"] if "folded" not in r["reason"]) == [
@@ -278,13 +278,13 @@ def test_one_qnn_graph_takes_several_values_the_host_makes() -> None:
              helper.make_node("Add", ["c", "d"], ["y"])]
     model = _onnx_model(nodes, [_tensor("x", [1, 4, 8, 8]), _tensor("z", [1, 4, 8, 8])], [_tensor("y", None)],
                         [_conv_weight("w1", 8, 4, 1), _conv_weight("w2", 8, 4, 2)])
-    art = tvm_hetero.build(_relax(model), [CPU, "qnn-htp"], htp_min_group_flops=0)
-    htp = art.build_report.htp
+    art = tvm_hetero.build(_relax(model), [CPU, "qnn-htp"], offload_min_group_flops=0)
+    htp = art.build_report.offload
     assert [r["op"] for r in htp["refused"] if r["op"] == "relax.asin"] == ["relax.asin"] * 2
     assert htp["graph_executions"] == 1 and htp["regions"][0]["ops"] == 3
     inputs = {"x": X["x"] * 0.3, "z": X["x"][:, ::-1] * 0.2}
     rt, y = _run(art, inputs)
-    assert rt.stats()["qnn_graph_executions"] == 1
+    assert rt.stats()["accelerator_graph_executions"] == 1
     ref = _reference(model, inputs)
     assert np.abs(y - ref).max() <= 1e-2 * np.abs(ref).max()
 
@@ -301,23 +301,23 @@ def _wide_conv_model():
 
 
 def test_automatic_placement_weighs_each_htp_group_against_the_host(tmp_path, monkeypatch) -> None:
-    from tvm_hetero import htp_costs
+    from tvm_hetero.qnn import costs as htp_costs
     from tvm_hetero.cli import main
 
     monkeypatch.setenv("TVM_HETERO_CACHE", str(tmp_path))  # an empty device cost table
     # Each group: modeled from QNN's cycles, measured on the host, the faster side chosen. (Which
     # side wins is the machine's: on a loaded host even a tiny group can take milliseconds.)
     tiny = tvm_hetero.build(_relax(conv_unary_conv("Relu")), [CPU, "qnn-htp"], placement="auto")
-    (row,) = tiny.build_report.htp["auto"]
-    assert row["htp_source"].startswith("modeled") and row["htp_seconds"] > 0.16e-3 and row["host_seconds"] > 0
-    assert row["on_htp"] == (row["htp_seconds"] < row["host_seconds"])
-    assert tiny.build_report.htp["graph_executions"] == int(row["on_htp"])
-    assert ("stays on the HTP" if row["on_htp"] else "moved to the host") in tiny.report()
+    (row,) = tiny.build_report.offload["auto"]
+    assert row["device_source"].startswith("modeled") and row["device_seconds"] > 0.16e-3 and row["host_seconds"] > 0
+    assert row["on_device"] == (row["device_seconds"] < row["host_seconds"])
+    assert tiny.build_report.offload["graph_executions"] == int(row["on_device"])
+    assert ("stays on the HTP" if row["on_device"] else "moved to the host") in tiny.report()
     model = _wide_conv_model()
     wide = tvm_hetero.build(_relax(model), [CPU, "qnn-htp"], placement="auto")
-    (row,) = wide.build_report.htp["auto"]
-    assert row["htp_source"].startswith("modeled") and row["on_htp"] == (row["htp_seconds"] < row["host_seconds"])
-    assert wide.build_report.htp["graph_executions"] == int(row["on_htp"])
+    (row,) = wide.build_report.offload["auto"]
+    assert row["device_source"].startswith("modeled") and row["on_device"] == (row["device_seconds"] < row["host_seconds"])
+    assert wide.build_report.offload["graph_executions"] == int(row["on_device"])
     # Costs measured on a device override the model, both ways.
     costs = tmp_path / "costs.json"
     for seconds, on_htp in ((1e-6, True), (0.5, False)):
@@ -325,9 +325,9 @@ def test_automatic_placement_weighs_each_htp_group_against_the_host(tmp_path, mo
         assert main(["qnn-costs", str(costs)]) == 0
         assert htp_costs.device_table()[row["key"]]["seconds"] == seconds
         again = tvm_hetero.build(_relax(model), [CPU, "qnn-htp"], placement="auto")
-        (measured,) = again.build_report.htp["auto"]
-        assert measured["key"] == row["key"] and measured["htp_source"].startswith("measured on a device")
-        assert measured["on_htp"] is on_htp and again.build_report.htp["graph_executions"] == int(on_htp)
+        (measured,) = again.build_report.offload["auto"]
+        assert measured["key"] == row["key"] and measured["device_source"].startswith("measured on a device")
+        assert measured["on_device"] is on_htp and again.build_report.offload["graph_executions"] == int(on_htp)
     x = {"x": np.random.default_rng(1).standard_normal((1, 32, 56, 56)).astype("float32")}
     _rt, y = _run(again, x)
     ref = _reference(model, x)
@@ -335,7 +335,7 @@ def test_automatic_placement_weighs_each_htp_group_against_the_host(tmp_path, mo
 
 
 def test_bad_device_costs_are_clear_errors(tmp_path, monkeypatch) -> None:
-    from tvm_hetero import htp_costs
+    from tvm_hetero.qnn import costs as htp_costs
 
     monkeypatch.setenv("TVM_HETERO_CACHE", str(tmp_path))
     bad = tmp_path / "bad.json"
@@ -348,7 +348,7 @@ def test_bad_device_costs_are_clear_errors(tmp_path, monkeypatch) -> None:
 
 
 def test_an_htp_in_a_separate_process_turns_a_vendor_crash_into_an_error() -> None:
-    from tvm_hetero import htp_process
+    from tvm_hetero.ep_offload import vendor_process as htp_process
 
     model = conv_unary_conv("Relu")
     same = tvm_hetero.build(_relax(model), [CPU, "qnn-htp"])
@@ -356,10 +356,10 @@ def test_an_htp_in_a_separate_process_turns_a_vendor_crash_into_an_error() -> No
     _rt, expected = _run(same, X)
     rt, y = _run(separate, X)
     np.testing.assert_array_equal(y, expected)  # the same QNN graph, run over there
-    assert rt.stats()["qnn_graph_executions"] == 1
-    (region,) = [r["name"] for r in separate.build_report.htp["regions"]]
+    assert rt.stats()["accelerator_graph_executions"] == 1
+    (region,) = [r["name"] for r in separate.build_report.offload["regions"]]
     htp_process.CRASH_NEXT.add(region)  # QNN dies with SIGSEGV in the HTP's process
-    with pytest.raises(RuntimeError, match=rf"{region}.*HTP process died \(signal 11, SIGSEGV\)"):
+    with pytest.raises(RuntimeError, match=rf"HTP region {region}: the device's process died \(signal 11, SIGSEGV\)"):
         rt.run()
     rt.run()  # the host lives on; the next call starts a new HTP process
     np.testing.assert_array_equal(rt.get_output(0).numpy(), expected)
@@ -371,14 +371,14 @@ def test_a_vendor_crash_while_building_for_a_separate_htp_keeps_the_region_on_th
     (this process) goes on."""
     import os
 
-    from tvm_hetero import htp_process
+    from tvm_hetero.ep_offload import vendor_process as htp_process
 
     model = conv_unary_conv("Relu")
     host = os.getpid()
     htp_process.CRASH_NEXT_CALL.add("finalize")
     art = tvm_hetero.build(_relax(model), [CPU, {"kind": "qnn-htp", "process": "separate"}])
     assert os.getpid() == host and "finalize" not in htp_process.CRASH_NEXT_CALL
-    htp = art.build_report.htp
+    htp = art.build_report.offload
     reasons = set(htp["excluded"].values())
     assert any("QNN crashed finalizing its graph in the HTP process (signal 11, SIGSEGV)" in r for r in reasons), reasons
     assert not htp["regions"] and "QNN crashed finalizing" in art.report()
@@ -399,7 +399,7 @@ def test_a_separate_htp_works_from_a_script_without_a_main_guard(tmp_path) -> No
         "import test_qnn_htp as t, tvm_hetero\n"
         "art = tvm_hetero.build(t._relax(t.conv_unary_conv('Relu')), [t.CPU, {'kind': 'qnn-htp', 'process': 'separate'}])\n"
         "rt, y = t._run(art, t.X)\n"
-        "print('graphs', art.build_report.htp['graph_executions'], 'runs', rt.stats()['qnn_graph_executions'])\n")
+        "print('graphs', art.build_report.offload['graph_executions'], 'runs', rt.stats()['accelerator_graph_executions'])\n")
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "graphs 1 runs 1" in done.stdout
@@ -426,8 +426,8 @@ def test_a_qnn_graph_never_waits_for_a_long_host_branch_beside_it() -> None:
     nodes.append(helper.make_node("Add", ["c2", host], ["y"]))
     model = _onnx_model(nodes, [_tensor("x", [1, 32, 56, 56])], [_tensor("y", None)],
                         [_conv_weight("w1", 32, 32, 1), _conv_weight("w2", 32, 32, 2)])
-    art = tvm_hetero.build(_relax(model), [CPU, "qnn-htp"], htp_min_group_flops=0)
-    htp = art.build_report.htp
+    art = tvm_hetero.build(_relax(model), [CPU, "qnn-htp"], offload_min_group_flops=0)
+    htp = art.build_report.offload
     tower = max(htp["regions"], key=lambda r: r["ops"])
     assert tower["ops"] == 3 and htp["graph_executions"] == 2  # the tower, and the add on its own
     x = {"x": np.random.default_rng(2).standard_normal((1, 32, 56, 56)).astype("float32")}
@@ -442,7 +442,7 @@ def test_a_quantized_bert_takes_no_more_qnn_graphs_than_the_peer_and_all_its_flo
     its K Transpose is refused alone but taken before its MatMul (asked in context), each layer's
     attention reads the shared mask (copied per graph) and its LayerNorm output twice (one
     dequantize per unit). Before those, the same model took 10 QNN graphs against the peer's 7."""
-    from tvm_hetero.testing import onnxruntime_qnn as peer
+    from tvm_hetero.qnn import peer as peer
     from tvm_hetero.testing.export_models import sample_inputs, small_bert_onnx
     from tvm_hetero.testing.quantized import qdq_model
 
@@ -450,16 +450,16 @@ def test_a_quantized_bert_takes_no_more_qnn_graphs_than_the_peer_and_all_its_flo
     qdq.ir_version = 9
     inputs = sample_inputs(qdq, seed=1)
     art = tvm_hetero.build(_relax(qdq), [CPU, "qnn-htp"])
-    htp = art.build_report.htp
+    htp = art.build_report.offload
     theirs = peer.run_peer(qdq, inputs, repeat=1, isolated=True)
     assert theirs.ran, theirs.error
     assert htp["graph_executions"] <= theirs.partitions, (htp["graph_executions"], theirs.partitions)
-    assert htp["flops_on_htp"] >= 0.9 * htp["flops"] > 0
+    assert htp["flops_on_device"] >= 0.9 * htp["flops"] > 0
     # Only the default gate keeps anything off: the embedding lookup, a group with no conv/matmul work.
     assert all("no conv/matmul work" in reason for reason in htp["excluded"].values()), htp["excluded"]
     assert htp["in_context"] > 0 and "asked in context" in art.report()
     rt, y = _run(art, inputs)
-    assert rt.stats()["qnn_graph_executions"] == htp["graph_executions"]
+    assert rt.stats()["accelerator_graph_executions"] == htp["graph_executions"]
     ref = _reference(qdq, inputs)  # ONNX Runtime's CPU EP on the same QDQ model
     err = np.abs(y - ref).max() / np.abs(ref).max()
     peer_err = np.abs(theirs.outputs[0] - ref).max() / np.abs(ref).max()
@@ -481,7 +481,7 @@ def test_inception_s_whole_map_average_pool_stays_in_the_graph_and_is_right() ->
                         [_conv_weight("w1", 64, 4, 1), _conv_weight("w2", 8, 64, 2)])
     x = {"x": np.random.default_rng(4).standard_normal((1, 4, 6, 6)).astype("float32")}
     art = tvm_hetero.build(_relax(model), [CPU, "qnn-htp"])
-    htp = art.build_report.htp
+    htp = art.build_report.offload
     assert htp["graph_executions"] == 1 and not htp["excluded"], htp["excluded"]
     _rt, y = _run(art, x)
     ref = _reference(model, x)
@@ -509,7 +509,7 @@ def test_a_group_without_matmul_work_goes_to_the_htp_only_when_worth_a_call(side
     model = _conv_asin_elementwise(32, side)
     x = {"x": (np.random.default_rng(6).standard_normal((1, 4, side, side)) * 0.05).astype("float32")}
     art = tvm_hetero.build(_relax(model), [CPU, "qnn-htp"])
-    htp = art.build_report.htp
+    htp = art.build_report.offload
     gated = [r for r in htp["excluded"].values() if "no conv/matmul work" in r]
     assert htp["graph_executions"] == (2 if on_htp else 1) and bool(gated) != on_htp, htp["excluded"]
     _rt, y = _run(art, x)

@@ -9,13 +9,13 @@ import sys
 import textwrap
 
 import pytest
-from tvm_hetero import qnn_ep
+from tvm_hetero.qnn import ep as qnn_ep
 
 SCRIPT = textwrap.dedent("""
     import os
     import numpy as np
     from onnx import TensorProto, helper
-    from tvm_hetero import qnn_ep
+    from tvm_hetero.qnn import ep as qnn_ep
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])
@@ -23,7 +23,7 @@ SCRIPT = textwrap.dedent("""
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = qnn_ep.IR_VERSION
     print("before QNN", flush=True)
-    session = qnn_ep.htp_session(model.SerializeToString(), {"soc_model": 60, "htp_arch": 73, "precision": "fp16"})
+    session = qnn_ep.accelerator_session(model.SerializeToString(), {"soc_model": 60, "htp_arch": 73, "precision": "fp16"})
     print("relu", session.run(None, {"x": -np.ones((1, 8), "float32")})[0].max(), flush=True)
     os._exit(0)
 """)

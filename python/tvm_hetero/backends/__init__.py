@@ -12,10 +12,25 @@ from typing import Any
 from ..build_info import ONEDNN_MISSING
 from .base import Backend, MovedOp, Region
 from .dnnl import DnnlBackend
-from .qnn import QnnBackend
 
-#: The one place backends are registered: name -> class.
-BACKENDS: dict[str, type[Backend]] = {DnnlBackend.name: DnnlBackend, QnnBackend.name: QnnBackend}
+#: The backends built into the product: name -> class. An accelerator's backend comes with its kind
+#: record (:func:`backend_class`).
+BACKENDS: dict[str, type[Backend]] = {DnnlBackend.name: DnnlBackend}
+
+
+def backend_class(name: str) -> type[Backend]:
+    """The backend of that name: a built-in one, or the one a device kind's record names."""
+    if name in BACKENDS:
+        return BACKENDS[name]
+    from ..devices import vendor_kinds
+    from ..kind_record import resolve
+
+    for record in vendor_kinds():
+        backend = resolve(record.backend)
+        if backend.name == name:
+            return backend
+    known = sorted(BACKENDS) + sorted(resolve(r.backend).name for r in vendor_kinds())
+    raise ValueError(f"unknown backend {name!r}; known: {', '.join(known)}")
 
 
 def resolve_backends(spec: Iterable[Any] | None) -> list[Backend]:
@@ -27,9 +42,7 @@ def resolve_backends(spec: Iterable[Any] | None) -> list[Backend]:
             out.append(item)
             continue
         name, device = (item, 0) if isinstance(item, str) else item
-        if name not in BACKENDS:
-            raise ValueError(f"unknown backend {name!r}; known: {', '.join(sorted(BACKENDS))}")
-        out.append(BACKENDS[name](device=None if device is None else int(device)))
+        out.append(backend_class(name)(device=None if device is None else int(device)))
     names = [b.name for b in out]
     if len(set(names)) != len(names):
         raise ValueError(f"a backend is listed twice: {names}")
@@ -48,5 +61,5 @@ def default_backends(cpu_devices: Sequence[int]) -> tuple[list[Backend], list[st
     return [dnnl], []
 
 
-__all__ = ["BACKENDS", "Backend", "DnnlBackend", "MovedOp", "QnnBackend", "Region", "default_backends",
+__all__ = ["BACKENDS", "Backend", "DnnlBackend", "MovedOp", "Region", "backend_class", "default_backends",
            "resolve_backends"]

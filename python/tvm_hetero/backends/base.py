@@ -78,6 +78,9 @@ class Backend:
         self.min_flops = min_flops
         #: Join consecutive regions into blocks (:meth:`merges_regions`).
         self.merge = merge
+        #: Per region name, a plain model of it that the build checks the backend's result against
+        #: (an accelerator's backend fills it at codegen); empty: nothing to check.
+        self.reference_models: dict[str, bytes] = {}
 
     def available(self) -> bool:
         """Whether the backend can run here (e.g. the library was built with it)."""
@@ -112,7 +115,7 @@ class Backend:
         """How much work of other devices (elements their ops make) a block may make one of its
         members wait for (:mod:`.merge_regions`). By default none: a block holds a member fed across
         devices only as its source, so work that does not need that input can start without it; a
-        backend whose every call costs more than a short wait (a QNN graph execution) allows some."""
+        backend whose every call costs more than a short wait (a vendor graph execution) allows some."""
         return 0
 
     def without_blocks(self) -> Backend:
@@ -147,6 +150,11 @@ class Backend:
         function calling them, ``weight_values`` the values of its weight parameters. A backend
         that needs its regions' weight values at build time (to compile them into a vendor graph)
         records them here; the default needs nothing."""
+
+    def build_summary(self, lowered: Any) -> dict | None:
+        """What the build report keeps of this backend's work on a lowered graph (an accelerator's
+        backend: its vendor's answers, its graphs); None: nothing beyond the regions."""
+        return None
 
     def codegen(self, regions: list[Region]) -> tvm.runtime.Module:
         """A runtime module with one function per region, named ``region.name``.

@@ -37,8 +37,8 @@ from tvm.relax.backend.utils import has_leaking_intermediate_variables
 from tvm.relax.dpl import is_const, is_op, is_tuple, is_tuple_get_item, rewrite_call, wildcard
 from tvm.relax.transform import FusionPattern
 
-from ..compiler.constant_values import scalar_value
-from ..compiler.relax_helpers import replace_body, same_kind_block, use_counts
+from ..ir.constant_values import scalar_value
+from ..ir.relax_helpers import replace_body, same_kind_block, use_counts
 from .base import Backend, Region, WeightPredicate
 from .dnnl_int8 import (
     INT8_PATTERNS,

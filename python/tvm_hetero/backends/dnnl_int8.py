@@ -39,7 +39,7 @@ from tvm.relax.backend.utils import has_leaking_intermediate_variables
 from tvm.relax.dpl import is_const, is_op, is_tuple, wildcard
 from tvm.relax.transform import FusionPattern
 
-from ..compiler.relax_helpers import replace_body, same_kind_block
+from ..ir.relax_helpers import replace_body, same_kind_block
 from .qdq import DEQUANTIZE, QUANTIZE
 
 #: Attribute of an int8 composite: its ``quant`` (docs/byoc.md) as JSON.

@@ -3,7 +3,7 @@
 - :func:`simplify_qdq` (first): a quantize of a constant becomes the quantized constant (ONNX
   Runtime's quantizer quantizes computed constants, e.g. an ``Unsqueeze`` of a weight, as
   activations), ``quantize(dequantize(x, s, z), s, z)`` of one type is ``x`` itself (what a
-  dropped ``Dropout`` leaves; :mod:`.qdq_identity`, shared with the HTP), and
+  dropped ``Dropout`` leaves; :mod:`.qdq_identity`, shared with accelerators), and
   ``quantize(move(dequantize(x, s, z)), s, z)`` of a reshape or transpose is ``move(x)``
   (ShuffleNet's channel shuffle moves its u8 values; a reader of the quantize gets its own move).
 - :func:`fold_quantized_affine` (after the float batch-norm folding): a unit that is a per-channel
@@ -27,7 +27,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..compiler.relax_helpers import replace_body, same_kind_block, use_counts
+from ..ir.relax_helpers import replace_body, same_kind_block, use_counts
 from .qdq import DEQUANTIZE, QUANTIZE
 from .qdq_identity import DropIdentityRequantize
 from .qdq_identity import _same_quantization as same_quantization  # one rule for "undoes exactly"

@@ -14,7 +14,7 @@ read by the function's output or by any op outside the group is never absorbed.
 A block starts when all its inputs are ready, so a member *fed across devices* (an argument made
 on another device) must not hold back members that need not wait for it: a group holds such a
 member only as a source, every other member depending on it (through members). A backend whose
-calls cost more than a short wait (a QNN graph execution) gives a ``wait_budget``: a member may then
+calls cost more than a short wait (a vendor graph execution) gives a ``wait_budget``: a member may then
 join when no member would wait for more than that much of the other devices' work (elements their
 ops make, in binding order) beyond its own inputs; a branch the host computes beside the block's
 own work is never waited for. A chain that
@@ -36,7 +36,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..compiler.relax_helpers import readers, replace_body, same_kind_block
+from ..ir.relax_helpers import readers, replace_body, same_kind_block
 from .base import Region
 
 #: Attribute of a block function: how many regions it joined (for readers of the module).

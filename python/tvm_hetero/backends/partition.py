@@ -32,7 +32,7 @@ import tvm
 from tvm import relax
 from tvm.relax.transform import FusionPattern
 
-from ..compiler.relax_helpers import replace_body, same_kind_block
+from ..ir.relax_helpers import replace_body, same_kind_block
 from .base import Backend, MovedOp, Region
 from .merge_regions import merge_regions
 from .region_check import check_partitioned

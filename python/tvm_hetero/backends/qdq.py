@@ -38,7 +38,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..compiler.constant_values import is_tensor_constant, tensor_value
+from ..ir.constant_values import is_tensor_constant, tensor_value
 
 DEQUANTIZE = "relax.dequantize"
 QUANTIZE = "relax.quantize"

@@ -4,7 +4,7 @@ ONNX Runtime's quantizer leaves such pairs where it quantized both sides of an o
 no longer has (a Flatten or Reshape that ``prepare`` drops as a no-op, an Identity). With the same
 scale, zero point, axis and integer type on both sides the pair is exactly the identity
 (``round(s * (x - z) / s) + z == x`` for every integer ``x``), and left in place it is a lone
-DequantizeLinear / QuantizeLinear that an accelerator refuses (QNN does), cutting one graph in two.
+DequantizeLinear / QuantizeLinear that an accelerator may refuse, cutting one graph in two.
 The dequantize stays where anything else reads it; dead code elimination removes it otherwise.
 """
 
@@ -17,7 +17,7 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
-from ..compiler.constant_values import tensor_value
+from ..ir.constant_values import tensor_value
 from .qdq import DEQUANTIZE, QUANTIZE
 
 

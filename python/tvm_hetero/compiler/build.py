@@ -21,10 +21,11 @@ import numpy as np
 import tvm
 
 from ..backends import default_backends, resolve_backends
-from ..devices import DeviceSpec, is_host, name_of, parse_spec, runs_tvm_kernels
+from ..devices import DeviceSpec, is_host, kind_of, name_of, parse_spec, runs_tvm_kernels
 from ..devices import devices as discover_devices
+from ..ir.fold_constant_ops import FoldConstantOps
+from ..kind_record import resolve
 from .copies import copy_stats, insert_copies, shared_edges
-from .fold_constant_ops import FoldConstantOps
 from .graph import Graph
 from .kernel_libraries import DeviceLibrary, compile_kernel_libraries
 from .lower import LoweredGraph, lower_to_graph
@@ -36,7 +37,7 @@ TargetSpec = Sequence[tuple[Any, Any]]
 
 
 def device_name(dev: tvm.runtime.Device) -> str:
-    """``"cpu:1"``, ``"cuda:0"``, ``"qnn-htp:0"``."""
+    """``"cpu:1"``, ``"cuda:0"``, or a vendor kind's ``"KIND:0"``."""
     return name_of(dev)
 
 
@@ -71,8 +72,9 @@ class BuildReport:
     autoplace: dict | None = None
     # why a default backend did not run (e.g. the library was built without it)
     backend_notes: list[str] = field(default_factory=list)
-    # a QNN HTP among the devices: what QNN refused and why, its graphs, their verification
-    htp: dict | None = None
+    # an accelerator reached through a vendor's SDK among the devices: what its vendor refused and
+    # why, its graphs, their verification; its "explain" names the function that writes its lines
+    offload: dict | None = None
     # (op name, relax op, placed device, run device, backend) for each op a backend pinned to a
     # device took from the device the placement gave it
     moved_by_backend: list[tuple[str, str, int, int, str]] = field(default_factory=list)
@@ -129,10 +131,8 @@ class BuildReport:
             lines.extend(f"    {f}" for f in self.fallbacks)
         else:
             lines.append("  fallbacks: none")
-        if self.htp:
-            from .htp_report import explain_htp
-
-            lines.extend(explain_htp(self.htp, self.devices))
+        if self.offload:  # its backend's own section, by the explainer its summary names
+            lines.extend(resolve(self.offload["explain"])(self.offload, self.devices))
         if self.autoplace:
             from .autoplace.report import explain
 
@@ -152,8 +152,8 @@ class CompiledGraph:
     build_report: BuildReport | None = None
     # Devices whose target is another architecture than this machine's: their own kernel libraries.
     device_libs: dict[int, DeviceLibrary] = field(default_factory=dict)
-    # Per HTP region: its plain ONNX model, the CPU reference verification runs (not exported).
-    htp_references: dict[str, bytes] = field(default_factory=dict)
+    # Per offload region: its plain ONNX model, the CPU reference verification runs (not exported).
+    offload_references: dict[str, bytes] = field(default_factory=dict)
 
 
 def build(
@@ -172,7 +172,7 @@ def build(
     cost_cache: Any = None,
     capabilities: Any = None,
     measurer: Any = None,
-    qnn_exclude: dict[str, str] | None = None,
+    offload_exclude: dict[str, str] | None = None,
 ) -> CompiledGraph:
     """Compile ``mod`` for several devices.
 
@@ -205,11 +205,12 @@ def build(
     cost_cache : where measurements are kept: None (``~/.cache/tvm-hetero/costs.sqlite``), a path,
         or False (not kept).
     capabilities : a :class:`Capabilities` table restricting which device may run which op.
-    measurer : what times kernels (default: ``tvm_hetero.runtime.autoplace_measure.RuntimeMeasurer``).
+    measurer : what times kernels (default: ``tvm_hetero.placement_measurer.RuntimeMeasurer``).
     targets may be ``"auto"``: the devices :func:`tvm_hetero.devices` finds (with their settings).
-    An entry may also name a device kind with options, e.g. ``"qnn-htp"`` or ``{"kind": "qnn-htp",
-    "soc_model": 60, "htp_arch": 73, "precision": "fp16"}``: a Qualcomm HTP, given the ops QNN
-    accepts (the ``qnn`` backend, docs/qnn.md); ``qnn_exclude`` keeps named bindings off it.
+    An entry may also name a device kind with options, e.g. ``"KIND"`` or ``{"kind": KIND,
+    option: value, ...}``: an accelerator reached through its vendor's SDK is given the ops its
+    vendor accepts (its kind record's backend; docs/new-accelerator.md); ``offload_exclude``
+    keeps named bindings off it.
     """
     say = progress or (lambda _msg: None)
     if not isinstance(mod, tvm.IRModule):
@@ -218,7 +219,7 @@ def build(
     if any(gv.name_hint == entry for gv in mod.get_global_vars()) and isinstance(mod[entry], tvm.relax.Function):
         mod = FoldConstantOps(entry)(mod)  # every constant subgraph folded before the backends look
     if isinstance(targets, str) and targets == "auto":
-        # An HTP joins only when asked for by name: its graphs are a choice, not a discovery.
+        # An accelerator with a vendor SDK joins only when asked for by name: its graphs are a choice.
         found = [d for d in discover_devices() if runs_tvm_kernels(d.device)]
         targets = [(d.device, d.target) for d in found]
         if device_options is None:
@@ -236,7 +237,7 @@ def build(
         cpus = [d for d, dev in enumerate(devices) if runs_tvm_kernels(dev) and shares_memory_between(
             devices, target_list)(d, d)]
         backends, notes = default_backends(cpus)
-    backends = with_htp_backends(backends, specs, placement, qnn_exclude)
+    backends = with_offload_backends(backends, specs, placement, offload_exclude)
     if reorder not in (True, False, "switches", "overlap"):
         raise ValueError(f"reorder must be True, False, 'switches' or 'overlap', got {reorder!r}")
     start = time.perf_counter()
@@ -263,8 +264,9 @@ def build(
     report.backend_notes = notes
     references = {}
     for backend in backends:
-        if backend.name == "qnn":
-            report.htp = htp_summary(backend, lowered)
+        summary = backend.build_summary(lowered)
+        if summary is not None:  # an accelerator's backend: what it took, refused and runs
+            report.offload = summary
             references.update(backend.reference_models)
     compiled = CompiledGraph(
         graph_json=graph.to_json(plan.storage_ids, plan.storage_offsets),
@@ -274,7 +276,7 @@ def build(
         input_names=list(lowered.input_names),
         build_report=report,
         device_libs=device_libs,
-        htp_references=references,
+        offload_references=references,
     )
     if auto is not None:
         report.autoplace = auto.explanation  # the artifact layer adds the built graph's measured latency
@@ -326,58 +328,35 @@ def lower_as_built(mod: tvm.IRModule, placement: Any, devices: Sequence[tvm.runt
     return lowered, graph, (switches_original, switches_reordered)
 
 
-def htp_summary(backend: Any, lowered: LoweredGraph) -> dict:
-    """What the report says of an HTP: each op QNN refused and why, each graph (region) it runs."""
-    from ..backends.qnn import WITH_READER, region_bindings
-
-    regions = [{"name": r.name, "ops": len(r.ops), "device": r.device, "bindings": region_bindings(r)}
-               for r in lowered.regions.values() if r.backend == "qnn"]
-    for region in regions:
-        region["flops"] = sum(backend.flops.get(key, 0.0) for key in region["bindings"])
-        region["elements"] = sum(backend.elements.get(key, 0) for key in region["bindings"])
-    covered = {key for r in regions for key in r["bindings"]}  # e.g. an LRN's ops, refused one by one
-    refused = [{"binding": key, "op": op, "reason": reason}
-               for key, (op, ok, reason) in backend.answers.items() if not ok and key not in covered]
-    executions = sum(1 for node in lowered.graph.nodes if node.func_name in {r["name"] for r in regions})
-    on_htp = {key for r in regions for key in r["bindings"]}
-    return {"options": dict(backend.options), "process": backend.process, "asked": len(backend.answers),
-            "accepted": sum(1 for _op, ok, _r in backend.answers.values() if ok), "refused": refused,
-            "in_context": sum(1 for _op, ok, reason in backend.answers.values() if ok and reason == WITH_READER),
-            "regions": regions, "graph_executions": executions, "excluded": dict(backend.exclude),
-            # Accepted and kept, yet in no region: a gap in the backend's patterns, said out loud.
-            "unplaced": [{"binding": key, "op": op} for key, (op, ok, _r) in backend.answers.items()
-                         if ok and key not in covered and key not in backend.exclude],
-            "flops": sum(backend.flops.values()),
-            "flops_on_htp": sum(f for key, f in backend.flops.items() if key in on_htp),
-            "steps": {r.name: [step.get("bindings", []) for step in r.spec["steps"]]
-                      for r in lowered.regions.values() if r.backend == "qnn" and r.spec.get("op") == "block"}}
-
-
-def with_htp_backends(backends: Any, specs: Sequence[DeviceSpec], placement: Any,
-                      exclude: dict[str, str] | None) -> list:
-    """``backends`` with a ``qnn`` backend first for each HTP among the devices (unless one is
-    listed): it takes every op QNN accepts when no placement is given, else the ops the placement
-    puts on the HTP."""
-    from ..backends import QnnBackend, resolve_backends
+def with_offload_backends(backends: Any, specs: Sequence[DeviceSpec], placement: Any,
+                          exclude: dict[str, str] | None) -> list:
+    """``backends`` with the backend its kind record names first for each device that runs no TVM
+    kernels (unless one of that name is listed): it takes every op its vendor accepts when no
+    placement is given, else the ops the placement puts on the device."""
+    from ..backends import resolve_backends
 
     resolved = resolve_backends(backends)
-    if any(b.name == "qnn" for b in resolved):
-        return resolved
-    htps = [(d, s) for d, s in enumerate(specs) if not runs_tvm_kernels(s.device)]
-    qnn = []
-    for position, spec in htps:
-        follow = placement is not None
-        qnn.append(QnnBackend(device=None if follow else position, devices=[position] if follow else None,
-                              options={k: v for k, v in spec.options.items() if k != "process"},
-                              exclude=exclude, process=str(spec.options.get("process", "same"))))
-    return qnn + resolved
+    listed = {b.name for b in resolved}
+    added = []
+    for position, spec in enumerate(specs):
+        if runs_tvm_kernels(spec.device):
+            continue
+        record = spec.kind.record
+        if record is None or record.backend is None:
+            raise ValueError(f"targets[{position}]: {name_of(spec.device)} runs no TVM kernels and its kind names "
+                             "no backend to run its graphs")
+        backend_class = resolve(record.backend)
+        if backend_class.name in listed:
+            continue
+        added.append(backend_class.for_device(position, spec.options, exclude, follow_placement=placement is not None))
+    return added + resolved
 
 
 def resolve_targets(targets: Sequence[Any]) -> list[DeviceSpec]:
     """Each entry of ``targets`` as a :class:`~tvm_hetero.devices.DeviceSpec` whose target is a
-    ``tvm.target.Target``. A device that runs no TVM kernels (an HTP) gets the host's ``llvm`` as a
-    placeholder: the lowering never places a TVM kernel on it (its ops run in QNN regions or fall
-    back to the primary device), so nothing is compiled for it."""
+    ``tvm.target.Target``. A device that runs no TVM kernels (an NPU behind a vendor SDK) gets the
+    host's ``llvm`` as a placeholder: the lowering never places a TVM kernel on it (its ops run in
+    its backend's regions or fall back to the primary device), so nothing is compiled for it."""
     specs = []
     for position, entry in enumerate(targets):
         try:
@@ -388,7 +367,7 @@ def resolve_targets(targets: Sequence[Any]) -> list[DeviceSpec]:
             spec.target = target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
         except (TypeError, ValueError) as err:
             raise ValueError(f"targets[{position}]: {err} (entries are (device, target) pairs, or a device "
-                             "kind such as 'qnn-htp' or {'kind': 'qnn-htp', ...})") from err
+                             "kind's name with options, 'KIND:key=value' or {'kind': KIND, ...})") from err
         specs.append(spec)
     return specs
 
@@ -438,7 +417,7 @@ def _make_report(
     num_copies, bytes_copied = copy_stats(graph)
     return BuildReport(
         devices=[device_name(d) for d in devices],
-        targets=[str(t.kind.name) if runs_tvm_kernels(d) else "qnn" for d, t in zip(devices, targets)],
+        targets=[str(t.kind.name) if runs_tvm_kernels(d) else kind_of(d).name for d, t in zip(devices, targets)],
         ops_per_device=ops,
         kernels_per_device=kernels,
         groups=[(dev, len(ids)) for dev, ids in graph.groups()],

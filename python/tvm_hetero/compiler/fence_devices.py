@@ -16,7 +16,14 @@ from tvm import relax, te
 
 from ..backends import Region
 from ..backends.partition import region_of
-from .relax_helpers import DEVICE_ATTR, is_alias_op, is_call_tir, replace_body, same_kind_block, tensor_type
+from ..ir.relax_helpers import (
+    DEVICE_ATTR,
+    is_alias_op,
+    is_call_tir,
+    replace_body,
+    same_kind_block,
+    tensor_type,
+)
 
 FENCE_PREFIX = "tvm_hetero_fence"
 

@@ -21,7 +21,7 @@ the value before those steps (the user's value, which it names in the error) and
 op takes, so the steps are left without readers and dropped. Constant indices are checked (and
 normalized) at build time instead, with a :class:`LoweringError`.
 
-Ops inside a backend's region (an HTP region's Gather: QNN fails its whole graph on any index outside
+Ops inside a backend's region (an accelerator region's Gather: a vendor may fail its whole graph on any index outside
 ``[0, n)``, negative ones included, without naming it) are guarded the same way on a TVM device
 before the region call, for each index the region takes from outside.
 
@@ -43,7 +43,7 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from .relax_helpers import LoweringError, replace_body, same_kind_block, static_shape
+from ..ir.relax_helpers import LoweringError, replace_body, same_kind_block, static_shape
 
 #: The packed function a check kernel calls on a bad index (src/support/index_error.cc).
 ERROR_FUNCTION = "tvm_hetero.index_out_of_range"

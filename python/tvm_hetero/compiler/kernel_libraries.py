@@ -9,7 +9,8 @@ uploaded to that device's RPC session when a runtime is created. Artifacts witho
 keep their one-library layout.
 
 A device of a foreign architecture cannot be local (this process cannot execute its kernels):
-:func:`check_local_devices` raises naming the device. Failures to compile or link name the device
+:func:`tvm_hetero.runtime.graph_runtime.check_local_devices` raises naming
+the device. Failures to compile or link name the device
 and its target.
 """
 
@@ -26,7 +27,7 @@ from typing import Any
 
 import tvm
 
-from ..devices import is_remote, name_of
+from ..devices import name_of
 from ..toolchain import host_architecture, normalize_arch, zig_linker
 from .compile_kernels import compile_kernels
 from .lower import LoweredGraph
@@ -196,19 +197,3 @@ def load_device_libraries(manifest: Mapping[str, Any], src: Path) -> dict[int, D
         for d in library.devices:
             libraries[d] = library
     return libraries
-
-
-def check_local_devices(devices: Sequence[tvm.runtime.Device], libraries: Mapping[int, DeviceLibrary]) -> None:
-    """A device with a foreign library must be remote: this process cannot run its kernels."""
-    for position, library in sorted(libraries.items()):
-        if position >= len(devices):
-            raise ValueError(f"device {position} has a kernel library for {library.arch} but only "
-                             f"{len(devices)} devices were given")
-        if not is_remote(devices[position]):
-            raise ValueError(
-                f"device {position} ({name_of(devices[position])}) has kernels for {library.arch} (target "
-                f"{library.target_kind()}) but is a local device of this {host_architecture()} "
-                f"host, which cannot run them: pass a device of an RPC session on an {library.arch} board "
-                "(session.cpu(0); see docs/board.md)"
-            )
-

@@ -50,14 +50,8 @@ from tvm import relax
 
 from ..backends import Backend, Region, resolve_backends
 from ..backends.partition import partition_for_backends, region_calls, region_of
-from .dispatch import dispatch_library_ops
-from .fence_devices import FENCE_PREFIX, FenceDeviceBoundaries
-from .fold_constant_ops import computed_weight_notes
-from .fold_constants import fold_constants
-from .graph import Entry, Graph, Node
-from .index_checks import insert_index_checks
-from .placement import Fallback, OpInfo, PlacementSpec, resolve_placement
-from .relax_helpers import (
+from ..ir.fold_constant_ops import computed_weight_notes
+from ..ir.relax_helpers import (
     ALIAS_OPS,
     CALL_TIR,
     DEVICE_ATTR,
@@ -70,6 +64,12 @@ from .relax_helpers import (
     static_shape,
     tensor_type,
 )
+from .dispatch import dispatch_library_ops
+from .fence_devices import FENCE_PREFIX, FenceDeviceBoundaries
+from .fold_constants import fold_constants
+from .graph import Entry, Graph, Node
+from .index_checks import insert_index_checks
+from .placement import Fallback, OpInfo, PlacementSpec, resolve_placement
 
 #: Index of the Relax op a kernel computes, only when the lowering tracks ops (track_ops=True).
 OP_INDEX_ATTR = "tvm_hetero.relax_op_index"
@@ -140,7 +140,7 @@ def lower_to_graph(
     ``track_ops``: record which ops each kernel node computes (:attr:`LoweredGraph.node_op_indices`;
     automatic placement needs it). Every op then gets a kernel of its own before fusion, so equal
     kernels are no longer shared: the kernels are the same computations, under more names.
-    ``kernel_free_devices``: positions that run no TVM kernels (an HTP runs only its backend's
+    ``kernel_free_devices``: positions that run no TVM kernels (an NPU behind a vendor SDK runs only its backend's
     regions); an op placed there that no region took falls back to device 0 and is recorded in
     :attr:`LoweredGraph.fallbacks`.
     """

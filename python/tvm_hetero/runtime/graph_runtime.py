@@ -13,7 +13,7 @@ import tvm_ffi
 import tvm_hetero.native  # noqa: F401  (registers tvm_hetero.graph_runtime.create)
 
 from ..devices import is_remote, name_of
-from . import qnn_runner  # noqa: F401  (registers the HTP regions' runner factory)
+from ..toolchain import host_architecture
 from .offload import create_mixed
 
 if TYPE_CHECKING:
@@ -117,8 +117,6 @@ def create(
     options_json = _device_options_json(device_options, len(devices))
     remote = [is_remote(d) for d in devices]
     if device_libs:
-        from ..compiler.kernel_libraries import check_local_devices
-
         check_local_devices(devices, device_libs)
         if remote[0]:
             raise ValueError(f"device 0 ({name_of(devices[0])}) must be local when other devices have kernel libraries of "
@@ -491,3 +489,18 @@ class Frame:
     def allocated_bytes(self) -> int:
         """Memory this frame allocated (parameters are the runtime's, not counted here)."""
         return int(self._allocated_bytes())
+
+
+def check_local_devices(devices: Sequence[tvm.runtime.Device], libraries: Mapping[int, Any]) -> None:
+    """A device with a foreign library must be remote: this process cannot run its kernels."""
+    for position, library in sorted(libraries.items()):
+        if position >= len(devices):
+            raise ValueError(f"device {position} has a kernel library for {library.arch} but only "
+                             f"{len(devices)} devices were given")
+        if not is_remote(devices[position]):
+            raise ValueError(
+                f"device {position} ({name_of(devices[position])}) has kernels for {library.arch} (target "
+                f"{library.target_kind()}) but is a local device of this {host_architecture()} "
+                f"host, which cannot run them: pass a device of an RPC session on an {library.arch} board "
+                "(session.cpu(0); see docs/board.md)"
+            )

@@ -73,7 +73,7 @@ def small_cnn(seed: int = 0):
 
 def conv_relu_conv(scale: float = 0.2, seed: int = 0):
     """ONNX ``Conv -> Relu -> Conv`` on float32[1, 4, 8, 8] (3x3, 4 channels, seeded weights times
-    ``scale``): the smallest model that makes one HTP graph. A tiny ``scale`` drives fp16 underflow."""
+    ``scale``): the smallest model that makes one accelerator graph. A tiny ``scale`` drives fp16 underflow."""
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(seed)

@@ -75,7 +75,7 @@ def compile_jobs(jobs: Sequence[MeasureJob]) -> tvm.runtime.Module:
 
 
 class Measurer(Protocol):
-    """What the runtime side provides (tvm_hetero.runtime.autoplace_measure.RuntimeMeasurer)."""
+    """What the runtime side provides (tvm_hetero.placement_measurer.RuntimeMeasurer)."""
 
     def kernel_seconds(self, jobs: Sequence[MeasureJob]) -> list[list[float]]:
         """Seconds of every call of every job (all devices in one call, so that a measurer can

@@ -9,7 +9,7 @@ import tvm
 
 from ...backends import default_backends
 from ...devices import default_target as kind_default_target
-from ...devices import parse_device, runs_tvm_kernels
+from ...devices import local_kind, parse_device, runs_tvm_kernels
 from ..build import device_name, shares_memory_between
 
 #: ``(device, target)`` pair, a device (``tvm.cpu(1)``, ``"cpu:1"``) or a target (``"llvm"``).
@@ -17,13 +17,13 @@ StageSpec = Any
 
 
 def stage_spec(spec: StageSpec) -> tuple[tvm.runtime.Device, tvm.target.Target]:
-    """``(device, target)`` from any :data:`StageSpec`; a device that runs no TVM kernels (an HTP,
+    """``(device, target)`` from any :data:`StageSpec`; a device that runs no TVM kernels (an NPU
     driven through its vendor's graphs) cannot be a stage yet."""
     dev, target = _parse_stage_spec(spec)
     if not runs_tvm_kernels(dev):
         raise ValueError(f"{device_name(dev)} runs only its vendor's graphs, not TVM kernels: pipeline stages "
-                         "on it are not supported yet (tvm_hetero.build(mod, [(tvm.cpu(0), 'llvm'), "
-                         "'qnn-htp']) runs a graph over the host and the HTP)")
+                         f"on it are not supported yet (tvm_hetero.build(mod, [(tvm.cpu(0), 'llvm'), "
+                         f"'{local_kind(dev).name}']) runs a graph over the host and that device)")
     return dev, target
 
 

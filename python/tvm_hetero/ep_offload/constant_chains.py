@@ -4,10 +4,10 @@ TVM's ONNX frontend computes some values from constants alone at run time: a Gat
 normalisation reads ``shape_of`` of a static-shaped table (``where(less(i, 0), i + shape[0], i)``), a
 quantizer's scalar arrives as ``quantize(constant)``, a position-embedding lookup takes constant rows
 of a constant table. ONNX Runtime folds these before its execution providers see the graph; left as
-ops here they are host work in the middle of an HTP graph (a graph input QNN must wait for, or a
-node QNN will not claim) and they split one QNN graph in two.
+ops here they are host work in the middle of an accelerator's graph (a graph input the device must
+wait for, or a node its EP will not claim) and they split one vendor graph in two.
 
-The rule is the build's own constant folding (``compiler/fold_constant_ops.py``: computable
+The rule is the build's own constant folding (``ir/fold_constant_ops.py``: computable
 bindings, the frontier, dequantized weights and float values made from them kept as they are, ops
 the host cannot evaluate left to run), with a small limit: a folded value may be at most the bytes
 of the constants it reads, or ``SMALL_BYTES`` (a row broadcast from a small table folds, a large
@@ -23,8 +23,8 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from ..compiler.fold_constant_ops import fold_constant_ops
-from ..compiler.relax_helpers import entry_pass
+from ..ir.fold_constant_ops import fold_constant_ops
+from ..ir.relax_helpers import entry_pass
 
 #: A folded value may be this large whatever it reads (a position embedding's rows, an index table).
 SMALL_BYTES = 64 * 1024

@@ -1,4 +1,4 @@
-"""Relax regions as ONNX models: how a region reaches a vendor runtime that takes ONNX (the QNN EP).
+"""Relax regions as ONNX models: how a region reaches a vendor runtime that takes ONNX (an EP).
 
 :func:`describe` turns one composite function (a matched op and its fused neighbours) into a
 JSON-able list of ONNX nodes over the composite's parameters; :func:`assemble` joins a region's
@@ -23,8 +23,26 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, wildcard
 
-from ..compiler.constant_values import is_tensor_constant, scalar_value, tensor_value
-from ..qnn_ep import IR_VERSION, OPSET
+from ..ir.constant_values import is_tensor_constant, scalar_value, tensor_value
+
+#: The ONNX IR version regions are written in (ONNX Runtime 1.31 refuses newer ones).
+IR_VERSION = 9
+#: The ONNX opset of exported regions (LayerNormalization is 17).
+OPSET = 17
+
+
+def node_name(step: int, k: int) -> str:
+    """The name of a region's ONNX node: the ``k``-th node of its block's step ``step``."""
+    return f"s{step}_n{k}"
+
+
+def step_of_node(name: str) -> int | None:
+    """The block step an ONNX node of a region belongs to (the inverse of :func:`node_name`), or None
+    for a node this module did not name (one the vendor made, say)."""
+    head, sep, tail = name.partition("_n")
+    if not sep or not head.startswith("s") or not head[1:].isdigit() or not tail.isdigit():
+        return None
+    return int(head[1:])
 
 
 class Unexportable(ValueError):
@@ -138,7 +156,7 @@ def _decompositions(composite: relax.Function) -> tuple[dict[Any, tuple[str, str
     between its dequantize and quantize): LRN, and GELU written with Erf (as com.microsoft's Gelu).
     Returns per output variable ``(op, domain, data, attributes)``, and the variables inside them,
     which nothing else reads (else a decomposition is left as it is)."""
-    from .dnnl import _lrn_pattern  # the one statement of the LRN decomposition's shape
+    from ..backends.dnnl import _lrn_pattern  # the one statement of the LRN decomposition's shape
 
     lrn = _lrn_pattern()
     kinds = [("LRN", "", lrn.pattern, lrn.annotation_patterns, _lrn_attrs),
@@ -464,7 +482,7 @@ def assemble(spec: dict, weights: dict[int, np.ndarray], name: str) -> tuple[byt
             inputs = []
             for ref in node["inputs"]:
                 inputs.extend(resolve(r) for r in ref[1]) if ref[0] == "t" else inputs.append(resolve(ref))
-            graph_nodes.append(helper.make_node(node["op"], inputs, [f"s{s}_v{k}"], name=f"s{s}_n{k}",
+            graph_nodes.append(helper.make_node(node["op"], inputs, [f"s{s}_v{k}"], name=node_name(s, k),
                                                 domain=node.get("domain", ""), **node["attrs"]))
         step_out.append(resolve(step["out"]))
     last = steps[-1]
@@ -481,7 +499,7 @@ def assemble(spec: dict, weights: dict[int, np.ndarray], name: str) -> tuple[byt
 def fuse_conv_bias(nodes: list, initializers: dict, outputs: set[str]) -> list:
     """``Add(Conv(x, w), Reshape(b, [1, C, 1, 1]))`` as ``Conv(x, w, b)`` where ``b`` has C values and
     nothing else reads the Conv or the Reshape: ONNX's own form of a biased convolution (and the
-    only one QNN takes as a QDQ unit, with ``b`` dequantized from int32)."""
+    only one a vendor takes as a QDQ unit, with ``b`` dequantized from int32)."""
     from onnx import numpy_helper
 
     readers: dict[str, int] = {}

@@ -21,7 +21,7 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
-from ..compiler.relax_helpers import static_shape
+from ..ir.relax_helpers import static_shape
 
 
 def PoolAsMean(entry: str = "main") -> tvm.transform.Pass:

@@ -1,15 +1,16 @@
-"""Running HTP regions: the function the graph runtime calls for a QNN region.
+"""Running accelerator regions: the function the graph runtime calls for a region a vendor runs.
 
-The kernel library's ``tvm_hetero_qnn`` module (src/backends/qnn_region_module.cc) asks the global
-``tvm_hetero.qnn.make_region_runner`` registered here for each region it serves. A runner opens the
-region's EP-context model (the graph QNN finalized at build, so no finalization happens here) once,
-at its first call on the HTP's executor thread, and each call binds the runtime's own buffers to the graph's inputs and output in place
-(``IOBinding`` on raw pointers: no copy in or out) and executes the graph once. The runtime calls it
-from the HTP device's executor thread; the GIL is released around ONNX Runtime's execution, so host
-executors keep running meanwhile.
+The kernel library's ``tvm_hetero_ep_regions`` module (src/backends/onnx_ep/ep_region_module.cc)
+asks the global ``tvm_hetero.ep_regions.make_region_runner`` registered here for each region it
+serves. A runner opens the region's compiled model (finalized at build, so no finalization happens
+here) through its vendor's SDK once, at its first call on the device's executor thread, and each
+call binds the runtime's own buffers to the graph's inputs and output in place (``IOBinding`` on raw
+pointers: no copy in or out) and executes the graph once. The runtime calls it from the device's
+executor thread; the GIL is released around ONNX Runtime's execution, so host executors keep
+running meanwhile.
 
 Verification (:func:`verifying`): while active, every runner also runs its region's plain ONNX
-model on ONNX Runtime's CPU EP in fp32 on the same inputs, records the HTP's error against it,
+model on ONNX Runtime's CPU EP in fp32 on the same inputs, records the device's error against it,
 and passes the CPU result on, so that a bad region does not spoil the regions after it.
 """
 
@@ -26,13 +27,14 @@ from typing import Any
 import numpy as np
 import tvm_ffi
 
-from ..htp_process import process_for, vendor_call
-from ..qnn_ep import cpu_session, htp_session
+from . import sdk as vendor_sdk
+from .sdk import cpu_session
+from .vendor_process import process_for, vendor_call
 
 
 @dataclass
 class RegionCheck:
-    """One region's result under verification: the HTP's error against the CPU reference."""
+    """One region's result under verification: the device's error against the CPU reference."""
 
     region: str
     ops: int
@@ -42,7 +44,7 @@ class RegionCheck:
     calls: int = 0
     #: The inputs of its last call, by graph input name (to localize a bad step).
     feeds: dict = field(default_factory=dict, repr=False)
-    #: HTP cycles of one execution (QNN's detailed profile), when profiled.
+    #: Device cycles of one execution (the vendor's profile), when profiled.
     cycles: float = float("nan")
 
     @property
@@ -60,15 +62,15 @@ class _Verification:
 
 
 _verification: _Verification | None = None
-#: Test hook: region names whose next execution raises (an HTP failure mid-run).
+#: Test hook: region names whose next execution raises (a device failure mid-run).
 FAIL_NEXT: set[str] = set()
 
 
 @contextlib.contextmanager
 def verifying(references: dict[str, bytes], profile: bool = False) -> Iterator[dict[str, RegionCheck]]:
     """Runners created or called meanwhile check their region against ``references`` (region name ->
-    plain ONNX model); yields the results by region name. ``profile``: also count each region's HTP
-    cycles once (QNN's detailed profile), for the modeled latency."""
+    plain ONNX model); yields the results by region name. ``profile``: also count each region's
+    device cycles once (the vendor's profile), for the modeled latency."""
     global _verification
     state = _Verification(references, profile)
     _verification = state
@@ -79,7 +81,7 @@ def verifying(references: dict[str, bytes], profile: bool = False) -> Iterator[d
 
 
 class RegionRunner:
-    """One region's QNN graph, bound to the runtime's buffers at each call."""
+    """One region's vendor graph, bound to the runtime's buffers at each call."""
 
     def __init__(self, name: str, model: bytes, meta: dict) -> None:
         self.name = name
@@ -88,25 +90,28 @@ class RegionRunner:
         self.output_position = int(meta["num_args"]) - 1
         self.output_name = str(meta["output"])
         self.model = model
-        # Opened at the first call, on the thread that runs the region (the HTP's executor): the
-        # threads QNN starts then inherit that executor's cores (device_options), so the HTP keeps
-        # to its own cores as on a phone, where it is a processor of its own.
+        #: The vendor's SDK module, and what errors call the device.
+        self.sdk = str(meta["sdk"])
+        self.label = f"{meta.get('label', 'accelerator')} region {name}"
+        # Opened at the first call, on the thread that runs the region (the device's executor): the
+        # threads the vendor starts then inherit that executor's cores (device_options), so an
+        # emulated NPU keeps to its own cores as on a phone, where it is a processor of its own.
         self.session: Any = None
         self.executions = 0
 
     def __call__(self, *args: Any) -> None:
         if len(args) != self.output_position + 1:
-            raise ValueError(f"HTP region {self.name}: called with {len(args)} tensors, expected "
+            raise ValueError(f"{self.label}: called with {len(args)} tensors, expected "
                              f"{self.output_position + 1}")
         if self.name in FAIL_NEXT:
             FAIL_NEXT.discard(self.name)
-            raise RuntimeError(f"HTP region {self.name}: graph execution failed (injected failure)")
+            raise RuntimeError(f"{self.label}: graph execution failed (injected failure)")
         out = args[self.output_position]
         if self.meta.get("process") == "separate":
-            self._run_in_htp_process(args, out)
+            self._run_in_device_process(args, out)
             return
         if self.session is None:
-            self.session = htp_session(self.model, self.meta["options"])
+            self.session = vendor_sdk.load(self.sdk).accelerator_session(self.model, self.meta["options"])
         binding = self.session.io_binding()
         for position in self.inputs:
             t = args[position]
@@ -115,16 +120,16 @@ class RegionRunner:
         try:
             self.session.run_with_iobinding(binding)
         except Exception as err:  # noqa: BLE001 (ONNX Runtime's own error types)
-            raise RuntimeError(f"HTP region {self.name}: QNN graph execution failed: {err}") from None
+            raise RuntimeError(f"{self.label}: graph execution failed: {err}") from None
         self.executions += 1
         if _verification is not None:
             self._check(args, _verification)
 
-    def _run_in_htp_process(self, args: tuple, out: Any) -> None:
-        """One round trip to the HTP's own process, the data inside."""
-
+    def _run_in_device_process(self, args: tuple, out: Any) -> None:
+        """One round trip to the device's own process, the data inside."""
         feeds = {f"in{p}": _host_view(args[p]).copy() for p in self.inputs}
-        result = process_for(self.meta["options"]).run(self.name, self.model, feeds, self.output_name)
+        result = process_for(self.sdk, self.meta["options"]).run(self.name, self.model, feeds, self.output_name,
+                                                                  self.label)
         np.copyto(_host_view(out), result)
         self.executions += 1
         if _verification is not None:
@@ -145,10 +150,10 @@ class RegionRunner:
         check.calls += 1
         check.feeds = feeds
         if state.profile and check.calls == 1:
-            check.cycles, _us = vendor_call(self.meta.get("process", "same"), self.meta["options"], "profiled_cycles",
-                                            self.name, self.model, feeds)
-        # Compared where the CPU's value is finite (NaN from an op's domain is the model's, not the HTP's);
-        # a non-finite HTP value there is an overflow.
+            check.cycles, _us = vendor_call(self.sdk, self.meta.get("process", "same"), self.meta["options"],
+                                            "profiled_cycles", self.name, self.model, feeds)
+        # Compared where the CPU's value is finite (NaN from an op's domain is the model's, not the
+        # device's); a non-finite device value there is an overflow.
         where = np.isfinite(expected)
         check.finite = check.finite and bool(np.isfinite(got[where]).all())
         if where.any():
@@ -174,9 +179,9 @@ def _host_view(tensor: Any) -> np.ndarray:
 
 
 def make_region_runner(name: str, model: bytes, meta_json: str) -> Any:
-    """The global the ``tvm_hetero_qnn`` module calls: a packed function running region ``name``."""
+    """The global the ``tvm_hetero_ep_regions`` module calls: a packed function running region ``name``."""
     runner = RegionRunner(str(name), bytes(model), json.loads(str(meta_json)))
     return tvm_ffi.convert(runner)
 
 
-tvm_ffi.register_global_func("tvm_hetero.qnn.make_region_runner", make_region_runner, override=True)
+tvm_ffi.register_global_func("tvm_hetero.ep_regions.make_region_runner", make_region_runner, override=True)

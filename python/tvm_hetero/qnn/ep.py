@@ -3,13 +3,14 @@
 QNN's own headers are proprietary, so every HTP graph is an ONNX model handed to the QNN EP: the
 compiler asks it what it accepts (:func:`accepts`) and finalizes each region into an EP-context
 model (a QNN context binary inside ONNX, :func:`finalize`); the runtime opens those without
-finalizing again (:func:`htp_session`). On x86 the wheel's ``libQnnHtp.so`` emulates the HTP.
+finalizing again (:func:`accelerator_session`). On x86 the wheel's ``libQnnHtp.so`` emulates the HTP.
 
 Sessions are created with ``session.disable_cpu_ep_fallback=1``: a graph the HTP does not take
 whole is an error, never a quiet run on ONNX Runtime's CPU EP. QNN states its reasons on the native
 stderr only; :func:`captured_stderr` collects them around a session's creation.
 
-Below the compiler and the runtime: it imports neither.
+This is the QNN's SDK module of the generic offload path (:mod:`tvm_hetero.ep_offload.sdk` states
+the contract). Below the compiler and the runtime: it imports neither.
 """
 
 from __future__ import annotations
@@ -23,10 +24,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-#: The ONNX IR version regions are written in (ONNX Runtime 1.31 refuses newer ones).
-IR_VERSION = 9
-#: The ONNX opset of exported regions (LayerNormalization is 17).
-OPSET = 17
+from ..ep_offload.onnx_regions import IR_VERSION, OPSET  # noqa: F401  (what QNN reads: re-exported)
+from ..ep_offload.sdk import VendorUnavailable, cpu_session  # noqa: F401  (cpu_session: the reference)
 
 #: The name this package registers the QNN EP library under when the process has not registered
 #: it yet. Not the usual "QNNExecutionProvider": that name stays free for the user's own
@@ -41,7 +40,7 @@ CONTEXT_SOURCE = "QNNExecutionProvider"
 _lock = threading.Lock()
 
 
-class QnnUnavailable(RuntimeError):
+class QnnUnavailable(VendorUnavailable):
     """onnxruntime-qnn is not installed (or its HTP library cannot be loaded)."""
 
 
@@ -186,19 +185,42 @@ def _session_options(options: dict, extra: dict[str, str] | None = None, threads
     return so
 
 
-def htp_session(model: bytes, options: dict, log_level: int = 3) -> Any:
+def accelerator_session(model: bytes, options: dict, log_level: int = 3) -> Any:
     """An ONNX Runtime session running all of ``model`` on the HTP (an error if it cannot)."""
     ort, _qnn = require()
     return ort.InferenceSession(model, _session_options(options, log_level=log_level))
 
 
-def cpu_session(model: bytes, threads: int = 1) -> Any:
-    """The same model on ONNX Runtime's CPU EP in fp32: the reference an HTP region is checked against."""
-    ort, _qnn = require()
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.log_severity_level = 3
-    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+def version() -> str:
+    """onnxruntime-qnn's version (QNN's answers are cached under it)."""
+    from onnxruntime_qnn import __version__
+
+    return str(__version__)
+
+
+def why_unavailable() -> str | None:
+    """Why the HTP cannot be used here (onnxruntime-qnn missing), or None."""
+    import importlib.util
+
+    if importlib.util.find_spec("onnxruntime_qnn") is None:
+        return ("the qnn-htp device needs ONNX Runtime's QNN execution provider, which is not installed: "
+                "pip install 'tvm-hetero[qnn]' (onnxruntime-qnn)")
+    return None
+
+
+def discover() -> list:
+    """The HTP this machine reaches through onnxruntime-qnn (emulated on x86), or none."""
+    import tvm
+
+    from ..devices import DeviceInfo
+    from . import KIND
+
+    if why_unavailable() is not None:
+        return []
+    options = dict(KIND.default_options)
+    return [DeviceInfo(tvm.runtime.Device(KIND.device_type, 0), None, {"kind": KIND.name, **options},
+                       f"Qualcomm HTP v{options['htp_arch']} (soc {options['soc_model']}) through QNN "
+                       "(onnxruntime-qnn; emulated on x86)")]
 
 
 @contextlib.contextmanager
@@ -227,7 +249,7 @@ def accepts(model: bytes, options: dict) -> tuple[bool, str]:
     """Whether QNN takes every node of ``model`` on the HTP, and else QNN's reason."""
     with captured_stderr() as lines:
         try:
-            htp_session(model, options, log_level=2)  # warnings carry QNN's validation verdicts
+            accelerator_session(model, options, log_level=2)  # warnings carry QNN's validation verdicts
             ok, error = True, ""
         except QnnUnavailable:
             raise
@@ -251,7 +273,7 @@ def profiled_cycles(model: bytes, options: dict, feeds: dict) -> tuple[float, fl
     anything for a device; on a device the pair is what :func:`fit_us_per_cycle` reads."""
     with tempfile.TemporaryDirectory(prefix="tvm_hetero_qnn_profile_") as tmp:
         path = os.path.join(tmp, "profile.csv")
-        session = htp_session(model, {**options, "profiling_level": "detailed", "profiling_file_path": path})
+        session = accelerator_session(model, {**options, "profiling_level": "detailed", "profiling_file_path": path})
         session.run(None, feeds)
         del session  # the profile is written when the session ends
         return read_profile(path)
@@ -333,7 +355,7 @@ def unsupported_nodes(model: bytes, options: dict) -> list[tuple[str, str]]:
     """``(node name, op type)`` of each node of ``model`` the QNN EP leaves out (its own log)."""
     with captured_stderr() as lines:
         try:
-            htp_session(model, options, log_level=1)
+            accelerator_session(model, options, log_level=1)
         except Exception:  # noqa: BLE001, S110 (the refusal is expected; its log is the answer)
             pass
     found = []
@@ -343,14 +365,14 @@ def unsupported_nodes(model: bytes, options: dict) -> list[tuple[str, str]]:
     return list(dict.fromkeys(found))
 
 
-def htp_outputs(model: bytes, options: dict, feeds: dict, names: list[str]) -> list:
+def accelerator_outputs(model: bytes, options: dict, feeds: dict, names: list[str]) -> list:
     """``names`` of ``model`` run once on the HTP (a graph with extra outputs, for verification)."""
-    return htp_session(model, options).run(names, feeds)
+    return accelerator_session(model, options).run(names, feeds)
 
 
 def finalize(model: bytes, options: dict) -> bytes:
     """The EP-context model of ``model``: the QNN context binary (the finalized HTP graph)
-    embedded in an ONNX model, which :func:`htp_session` opens without finalizing again."""
+    embedded in an ONNX model, which :func:`accelerator_session` opens without finalizing again."""
     with tempfile.TemporaryDirectory(prefix="tvm_hetero_qnn_") as tmp:
         path = os.path.join(tmp, "region_ctx.onnx")
         extra = {"ep.context_enable": "1", "ep.context_embed_mode": "1", "ep.context_file_path": path}

@@ -1,7 +1,7 @@
 """The peer: ONNX Runtime with the QNN execution provider on an emulated Hexagon HTP.
 
 The ``onnxruntime-qnn`` wheel ships the QNN EP as a plugin library and ``libQnnHtp.so``, whose x86_64
-build emulates the HTP. :func:`htp_session` opens a session on the process's registration of the
+build emulates the HTP. :func:`accelerator_session` opens a session on the process's registration of the
 plugin (the user's, under whatever name, else the product's own: ``qnn_ep.ep_devices``); default:
 Snapdragon X Elite, ``soc_model`` 60 / ``htp_arch`` 73, fp16 precision for float models. :func:`run_peer` runs a model there and reports what the peer did:
 
@@ -100,14 +100,14 @@ def available() -> bool:
 def _register() -> list:
     """The QNN plugin's EP devices: the process's registration of it (the user's, under any name),
     else the product's own (one per process, shared with the product)."""
-    from tvm_hetero import qnn_ep
+    from tvm_hetero.qnn import ep as qnn_ep
 
     return qnn_ep.ep_devices()
 
 
 def _qnn_ep_name() -> str:
     """What ONNX Runtime calls the QNN EP in this process (its registration name)."""
-    from tvm_hetero import qnn_ep
+    from tvm_hetero.qnn import ep as qnn_ep
 
     return qnn_ep.ep_name()
 
@@ -121,7 +121,7 @@ def _model_bytes(model: Any) -> bytes:
     return model.SerializeToString()
 
 
-def htp_session(model: Any, options: dict[str, str] | None = None, disable_cpu_fallback: bool = False,
+def accelerator_session(model: Any, options: dict[str, str] | None = None, disable_cpu_fallback: bool = False,
                 log_severity: int = 3, threads: int | None = None):
     """An ``onnxruntime.InferenceSession`` on the emulated HTP.
 
@@ -237,7 +237,7 @@ def _create_and_run(model: Any, inputs: dict[str, np.ndarray], options: dict[str
 
     try:
         start = time.perf_counter()
-        session = htp_session(model, options, disable_cpu_fallback, log_severity=0, threads=threads)
+        session = accelerator_session(model, options, disable_cpu_fallback, log_severity=0, threads=threads)
         result.session_seconds = time.perf_counter() - start
         _assignment(session, result)
         if work is not None:

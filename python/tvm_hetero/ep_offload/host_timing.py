@@ -1,6 +1,6 @@
-"""The child process of :func:`tvm_hetero.htp_placement.host_time`: one HTP group (its plain ONNX
-model) built for the host device alone with tvm-hetero's default backends, then timed there; prints
-the fastest of ``HOST_RUNS`` runs in seconds. Run as ``python -m tvm_hetero.htp_host_timing JOB``;
+"""The child process of :func:`tvm_hetero.ep_offload.auto_placement.host_time`: one offload group (its plain
+ONNX model) built for the host device alone with tvm-hetero's default backends, then timed there; prints
+the fastest of ``HOST_RUNS`` runs in seconds. Run as ``python -m tvm_hetero.ep_offload.host_timing JOB``;
 nothing imports it (it imports the whole package).
 """
 
@@ -13,7 +13,7 @@ import time
 import numpy as np
 
 from tvm_hetero import build
-from tvm_hetero.htp_placement import HOST_RUNS
+from tvm_hetero.ep_offload.auto_placement import HOST_RUNS
 from tvm_hetero.importers import from_onnx
 
 

@@ -1,16 +1,16 @@
-"""Asking QNN about ops, where a crash in the vendor library is an answer, not a dead build.
+"""Asking a vendor about ops, where a crash in the vendor library is an answer, not a dead build.
 
-QNN can accept an op and then compute it wrongly or crash the process when it runs (seen with
-onnxruntime-qnn 2.7.0's emulated HTP: an AveragePool with asymmetric padding is ~50% off at 32-128
-channels and dies with SIGSEGV at 256 and more; bench/qnn_peer.py). So an op counts as accepted
-only when QNN (1) takes it whole with CPU fallback disabled, (2) runs it on seeded random inputs of
-its real shapes, and (3) returns values within tolerance of ONNX Runtime's CPU EP in fp32 (compared
-where the CPU's value is finite; a non-finite HTP value there is an overflow).
+A vendor can accept an op and then compute it wrongly or crash the process when it runs (the docs
+record an AveragePool the first vendor's emulator takes, then computes ~50% off or dies with
+SIGSEGV). So an op counts as accepted
+only when the vendor (1) takes it whole with CPU fallback disabled, (2) runs it on seeded random
+inputs of its real shapes, and (3) returns values within tolerance of ONNX Runtime's CPU EP in fp32
+(compared where the CPU's value is finite; a non-finite device value there is an overflow).
 
-:func:`probe` runs the models in one child process (``python -m tvm_hetero.qnn_probe``), which
-writes one JSON line per answer as it goes; if the child dies, the model it was running is answered
-"QNN crashed running it (signal N)" and a new child carries on after it. Guarantee: every model
-gets an answer, and nothing QNN does can take the caller down.
+:func:`probe` runs the models in one child process (``python -m tvm_hetero.ep_offload.capability_probe``),
+which writes one JSON line per answer as it goes; if the child dies, the model it was running is
+answered "<vendor> crashed running it (signal N)" and a new child carries on after it. Guarantee:
+every model gets an answer, and nothing the vendor does can take the caller down.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ import numpy as np
 #: Relative tolerance of one op in fp16 (to the largest reference value).
 OP_TOLERANCE = 1e-2
 #: Tolerance of an op with an integer output (a QDQ unit's quantize), in quantization steps of that
-#: output, whatever its width: QNN requantizes in fixed point, ONNX Runtime's CPU in float. Measured
-#: here (docs/qnn.md): the stem conv units of QDQ ResNet-50 (per tensor and per channel) are within
+#: output, whatever its width: a vendor requantizes in fixed point, ONNX Runtime's CPU in float.
+#: Measured on the first vendor (its docs): its's stem conv units of QDQ ResNet-50 (per tensor and per channel) are within
 #: 1 step of the CPU (mean 0.02) on the probe's uniform inputs and on calibrated data alike, so 4
 #: leaves a margin and a unit beyond it computes something else.
 QUANTIZED_OP_STEPS = 4
@@ -39,26 +39,30 @@ FP16_SMALLEST_NORMAL = float(np.finfo(np.float16).tiny)
 
 def underflow_hint(largest: float) -> str:
     """Why an fp16 result is off when even the largest reference value (``largest``) is below fp16's
-    normal range: the HTP computes zeros or a few bits where the CPU has values."""
+    normal range: the device computes zeros or a few bits where the CPU has values."""
     return (f"fp16 underflow: the CPU's values are at most {largest:.1e}, below fp16's smallest normal number "
             f"({FP16_SMALLEST_NORMAL:.1e}); scale the model's inputs or weights into fp16's range, or give it "
             "quantized (QDQ) with precision='quantized'")
 
 
-def probe(models: list[bytes], options: dict, timeout: float = 600.0) -> list[tuple[bool, str]]:
-    """``(accepted, reason)`` for each ONNX model, asked of QNN in child processes."""
+def probe(models: list[bytes], options: dict, sdk: str, vendor: str = "the vendor",
+          timeout: float = 600.0) -> list[tuple[bool, str]]:
+    """``(accepted, reason)`` for each ONNX model, asked of the vendor (its SDK module ``sdk``) in
+    child processes."""
     answers: list[tuple[bool, str] | None] = [None] * len(models)
     start = 0
     with tempfile.TemporaryDirectory(prefix="tvm_hetero_probe_") as tmp:
         work = Path(tmp)
         while start < len(models):
-            (work / "job.pkl").write_bytes(pickle.dumps({"models": models, "start": start, "options": options}))
+            (work / "job.pkl").write_bytes(pickle.dumps({"models": models, "start": start, "options": options,
+                                                             "sdk": sdk, "vendor": vendor}))
             out = work / "answers.jsonl"
             out.unlink(missing_ok=True)
             env = dict(os.environ, PYTHONUNBUFFERED="1")
             try:
-                proc = subprocess.run([sys.executable, "-m", "tvm_hetero.qnn_probe", str(work)], check=False, env=env,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=timeout)
+                proc = subprocess.run([sys.executable, "-m", "tvm_hetero.ep_offload.capability_probe", str(work)],
+                                      check=False, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                      timeout=timeout)
                 code = proc.returncode
             except subprocess.TimeoutExpired:
                 code = "timeout"
@@ -74,7 +78,7 @@ def probe(models: list[bytes], options: dict, timeout: float = 600.0) -> list[tu
             if crashed < len(models) and answers[crashed] is None:
                 why = f"timed out after {timeout:.0f} s" if code == "timeout" else f"signal {-code}" if isinstance(
                     code, int) and code < 0 else f"exit status {code}"
-                answers[crashed] = (False, f"QNN crashed running it ({why})")
+                answers[crashed] = (False, f"{vendor} crashed running it ({why})")
             start = crashed + 1
     return [a if a is not None else (False, "not probed") for a in answers]
 
@@ -100,42 +104,43 @@ def _inputs(session, rng: np.random.Generator) -> dict[str, np.ndarray]:
     return {name: np.asarray(value) for name, value in feeds.items()}  # a 0-d draw is a numpy scalar
 
 
-def answer(model: bytes, options: dict) -> tuple[bool, str]:
+def answer(model: bytes, options: dict, sdk: str, vendor: str = "the vendor") -> tuple[bool, str]:
     """One model's answer, in this process (the child's job)."""
-    from tvm_hetero.qnn_ep import accepts, cpu_session, htp_session
+    from tvm_hetero.ep_offload import sdk as vendor_sdk
 
-    ok, reason = accepts(model, options)
+    functions = vendor_sdk.load(sdk)
+    ok, reason = functions.accepts(model, options)
     if not ok:
         return False, reason
-    reference = cpu_session(model)
+    reference = vendor_sdk.cpu_session(model)
     feeds = _inputs(reference, np.random.default_rng(0))
     expected = reference.run(None, feeds)
-    got = htp_session(model, options).run(None, feeds)
+    got = functions.accelerator_session(model, options).run(None, feeds)
     for e, g in zip(expected, got):
-        reason = judge(e, g, str(options.get("precision", "fp16")))
+        reason = judge(e, g, str(options.get("precision", "fp16")), vendor)
         if reason:
             return False, reason
     return True, ""
 
 
-def judge(expected: np.ndarray, got: np.ndarray, precision: str = "fp16") -> str:
-    """Why QNN's output ``got`` is not the CPU's ``expected`` (an empty string when it is), on random
+def judge(expected: np.ndarray, got: np.ndarray, precision: str = "fp16", vendor: str = "the vendor") -> str:
+    """Why the vendor's output ``got`` is not the CPU's ``expected`` (an empty string when it is), on random
     inputs. An integer output (a QDQ unit's quantize) is judged in quantization steps only: at most
     :data:`QUANTIZED_OP_STEPS` apart, whatever its width and range. A float output is judged relative
     to the largest reference value (:data:`OP_TOLERANCE`); when even that is below fp16's normal
-    range on an fp16 HTP, the reason is an underflow, with a hint."""
+    range on an fp16 device, the reason is an underflow, with a hint."""
     integer = np.issubdtype(np.asarray(expected).dtype, np.integer)
     e, g = np.asarray(expected, "float64"), np.asarray(got, "float64")
     where = np.isfinite(e)
     if not where.any():
         return ""
     if not np.isfinite(g[where]).all():
-        return "QNN computes non-finite values where the CPU does not (fp16 overflow)"
+        return f"{vendor} computes non-finite values where the CPU does not (fp16 overflow)"
     difference = float(np.abs(g[where] - e[where]).max())
     if integer:
         if difference <= QUANTIZED_OP_STEPS:
             return ""
-        return (f"QNN computes it wrongly: {difference:.0f} quantization steps off the CPU (more than "
+        return (f"{vendor} computes it wrongly: {difference:.0f} quantization steps off the CPU (more than "
                 f"{QUANTIZED_OP_STEPS}) on random inputs")
     scale = max(float(np.abs(e[where]).max()), 1e-30)
     error = difference / scale
@@ -143,7 +148,7 @@ def judge(expected: np.ndarray, got: np.ndarray, precision: str = "fp16") -> str
         return ""
     if scale < FP16_SMALLEST_NORMAL and precision == "fp16":
         return f"{underflow_hint(scale)} (relative error {error:.1e} against the CPU on random inputs)"
-    return f"QNN computes it wrongly: relative error {error:.1e} against the CPU on random inputs"
+    return f"{vendor} computes it wrongly: relative error {error:.1e} against the CPU on random inputs"
 
 
 def _child(work: Path) -> int:
@@ -151,7 +156,7 @@ def _child(work: Path) -> int:
     with open(work / "answers.jsonl", "a") as out:
         for index in range(job["start"], len(job["models"])):
             try:
-                ok, reason = answer(job["models"][index], job["options"])
+                ok, reason = answer(job["models"][index], job["options"], job["sdk"], job["vendor"])
             except Exception as err:  # noqa: BLE001 (an error is an answer too)
                 ok, reason = False, f"{type(err).__name__}: {str(err).strip().splitlines()[-1] if str(err).strip() else ''}"
             out.write(json.dumps({"index": index, "ok": ok, "reason": reason}) + "\n")

@@ -54,11 +54,11 @@ import numpy as np
 import tvm
 import tvm_ffi
 
-from ..compiler.autoplace.kernel_times import MeasureJob, compile_for_target, compile_jobs
-from ..compiler.graph import Entry, Graph, Node
-from ..devices import is_remote, name_of, needs_completion_wait, shares_memory
-from . import graph_runtime
-from .rpc import upload_library
+from .compiler.autoplace.kernel_times import MeasureJob, compile_for_target, compile_jobs
+from .compiler.graph import Entry, Graph, Node
+from .devices import is_remote, name_of, needs_completion_wait, shares_memory
+from .runtime import graph_runtime
+from .runtime.rpc import upload_library
 
 #: Aim for this much traced time per device, within [MIN_RUNS, MAX_RUNS] runs (at least two per
 #: half: the halves' medians confirm each other).

@@ -18,7 +18,7 @@ import json
 import math
 import os
 
-from .qnn_ep import CALL_SECONDS, read_profile, us_per_cycle
+from .ep import CALL_SECONDS, read_profile, us_per_cycle
 
 
 def graph_key(model: bytes, options: dict) -> str:
@@ -83,3 +83,11 @@ def graph_seconds(key: str, cycles: float, options: dict) -> tuple[float, str]:
     factor, source = us_per_cycle(options)
     return cycles * factor * 1e-6 + CALL_SECONDS, f"modeled: {cycles / 1e6:.1f} M cycles x {factor:.3g} us ({source})"
 
+
+
+def modeled(options: dict, cycles: float, calls: int) -> dict:
+    """The HTP's modeled time per inference: its cycles (QNN's profile) times the device's us per
+    cycle, plus a fixed cost per graph call. Never the emulator's wall time."""
+    factor, source = us_per_cycle(options)
+    return {"cycles": cycles, "us_per_cycle": factor, "factor_source": source, "calls": calls,
+            "call_seconds": CALL_SECONDS, "seconds": cycles * factor * 1e-6 + calls * CALL_SECONDS}

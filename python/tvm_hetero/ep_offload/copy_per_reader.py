@@ -1,18 +1,18 @@
 """Give each reader its own copy of the cheap values it reads, so that one graph can hold them.
 
 A region has one output, and a value read by two regions belongs to neither: it becomes a region
-of its own (one more QNN graph execution per inference) or stays on the host. Two kinds of values
+of its own (one more vendor graph execution per inference) or stays on the host. Two kinds of values
 are cheap enough to compute once per reader instead:
 
 - a **dequantize**: ONNX Runtime gives every reader its own DequantizeLinear before its execution
   providers partition the graph (its ``EnsureUniqueDQForNodeUnit`` rule), so that each QDQ unit is
   whole. A dequantize shared by a matmul and a residual add two graphs apart otherwise ends one
-  graph with a float output, which QNN refuses;
+  graph with a float output, which an EP may refuse;
 - a **small element-wise chain of the inputs**: a value made from function inputs and constants
   alone by element-wise and layout ops (``ELEMENTWISE``), each value at most ``SMALL_ELEMENTS``
   elements. BERT's extended attention mask is the case: sixteen elements, read by every layer's
   attention; recomputed inside each layer's graph, it costs a few element-wise ops and needs no
-  graph of its own (a QNN graph call is about 0.16 ms).
+  graph of its own (a vendor graph call has a fixed cost, 0.16 ms on a phone's NPU).
 
 Rule: a binding is *copyable* when it is one of those. The other bindings form *consumers*: each
 island of float ops joined by values one makes and another reads (one QDQ unit's float ops, such
@@ -35,9 +35,9 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..compiler.constant_values import is_tensor_constant
-from ..compiler.relax_helpers import entry_pass, replace_body, same_kind_block, with_operands
-from .qdq import DEQUANTIZE
+from ..backends.qdq import DEQUANTIZE
+from ..ir.constant_values import is_tensor_constant
+from ..ir.relax_helpers import entry_pass, replace_body, same_kind_block, with_operands
 
 #: A value of an input-derived chain is copied per reader when it has at most this many elements.
 SMALL_ELEMENTS = 4096

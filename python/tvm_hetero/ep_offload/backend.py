@@ -1,20 +1,24 @@
-"""The ``qnn`` backend: regions of Relax ops that a Qualcomm HTP runs, as QNN graphs.
+"""The generic backend of an accelerator reached through an ONNX Runtime EP: regions of Relax ops
+the vendor runs as its own graphs.
 
-Capability is asked of QNN itself, never guessed: after ``prepare`` (batch norms folded, no-ops
-dropped, as for oneDNN), every op call of the entry function that has an ONNX form
-(:mod:`.onnx_export`) is built alone as an ONNX model, its weights included, handed to ONNX
-Runtime's QNN EP with CPU fallback disabled, run on random inputs and checked against the CPU, in a
-child process where a crash is an answer (:mod:`tvm_hetero.qnn_probe`); the answer and QNN's reason
-are cached by the op's description (``~/.cache/tvm-hetero/qnn_capability.json``).
+Capability is asked of the vendor itself, never guessed: after ``prepare`` (as ONNX Runtime
+prepares a graph for its EPs, then the vendor's own passes), every op call of the entry function
+that has an ONNX form (:mod:`.onnx_regions`) is built alone as an ONNX model, its weights included,
+handed to the vendor's EP with CPU fallback disabled, run on random inputs and checked against the
+CPU, in a child process where a crash is an answer (:mod:`.capability_probe`); the answer and the
+vendor's reason are cached by the op's description (``~/.cache/tvm-hetero/<vendor>_capability.json``).
 The patterns then take exactly the accepted ops (one region each; the ONNX LRN as one region), and
-consecutive regions join into blocks (:mod:`.merge_regions`): one block is one QNN graph, one
-graph execution per inference. Codegen exports each block as one ONNX model and finalizes it once,
-at build, into an EP-context model (the QNN context binary), kept in the kernel library by the
-``tvm_hetero_qnn`` module (src/backends/qnn_region_module.cc).
+consecutive regions join into blocks (:mod:`tvm_hetero.backends.merge_regions`): one block is one
+vendor graph, one graph execution per inference. Codegen exports each block as one ONNX model and
+finalizes it once, at build, into the vendor's compiled form, kept in the kernel library by the
+``tvm_hetero_ep_regions`` module (src/backends/onnx_ep/ep_region_module.cc).
 
-A region QNN refuses at finalize raises :class:`RegionRefused` naming its ops; the build then
-keeps them on the CPU (``exclude``) and builds again, as it does for regions that verification
-rejects (docs/qnn.md).
+A region the vendor refuses at finalize raises :class:`RegionRefused` naming its ops; the build
+then keeps them on the CPU (``exclude``) and builds again, as it does for regions that verification
+rejects (:mod:`.verified_build`).
+
+A vendor subclasses :class:`EpOffloadBackend` and sets its names, its SDK module (:mod:`.sdk`) and
+its own preparation passes.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import struct
 from pathlib import Path
 from typing import Any
@@ -32,17 +37,18 @@ from tvm import relax
 from tvm.relax.dpl import is_op, is_tuple, is_tuple_get_item, wildcard
 from tvm.relax.transform import FusionPattern
 
-from ..compiler.constant_values import is_literal, is_tensor_constant, scalar_value, tensor_value
-from ..compiler.relax_helpers import readers, static_shape
-from ..devices import KINDS
-from ..htp_process import HtpProcessDied, vendor_call
-from ..qnn_ep import QnnUnavailable, available, require
-from ..qnn_probe import probe
-from .base import Backend, Region, WeightPredicate
+from ..backends.base import Backend, Region, WeightPredicate
+from ..backends.dnnl import DropNoOps, FoldChannelAffine, FoldConvAffine, SimplifyStackSum, _lrn_pattern
+from ..backends.qdq import find_qdq_units
+from ..backends.qdq_identity import DropIdentityRequantize
+from ..ir.constant_values import is_literal, is_tensor_constant, scalar_value, tensor_value
+from ..ir.relax_helpers import readers, static_shape
+from ..kind_record import KindRecord
+from . import sdk as vendor_sdk
+from .capability_probe import probe
 from .constant_chains import FoldConstantChains
 from .copy_per_reader import CopyPerReader
-from .dnnl import DropNoOps, FoldChannelAffine, FoldConvAffine, SimplifyStackSum, _lrn_pattern
-from .onnx_export import (
+from .onnx_regions import (
     ERF_GELU,
     ERF_GELU_ANNOTATIONS,
     EXPORTERS,
@@ -52,12 +58,11 @@ from .onnx_export import (
     describe_lrn,
     is_erf_gelu,
     spec_text,
+    step_of_node,
 )
-from .pool_as_mean import PoolAsMean
-from .qdq import find_qdq_units
-from .qdq_identity import DropIdentityRequantize
+from .vendor_process import VendorProcessDied, vendor_call
 
-_FORMAT = "tvm-hetero-qnn/1"
+_FORMAT = "tvm-hetero-ep-regions/1"
 #: Arity of each exported op's pattern (concat and stack take tuples, matched per size).
 _ARITY = {"relax.nn.conv2d": 2, "relax.add": 2, "relax.subtract": 2, "relax.multiply": 2, "relax.divide": 2,
           "relax.power": 2, "relax.matmul": 2, "relax.nn.layer_norm": 3, "relax.take": 2,
@@ -68,29 +73,25 @@ _MAX_TUPLE = 64
 _LRN_ATTR = "tvm_hetero.lrn"
 #: Attribute of a composite: the keys of the entry's bindings it took (comma-separated).
 _BINDINGS_ATTR = "tvm_hetero.bindings"
-#: What a cached answer means (bumped when the probe asks more of QNN).
+#: What a cached answer means (bumped when the probe asks more of a vendor).
 PROBE_VERSION = 11
-#: Host work worth one QNN graph call (~0.16 ms): the elements its ops make (a quarter of a million,
-#: about 1 MB of float32, memory-bound work of that order). A QNN block may wait for this much host
-#: work beyond what each member needs; a group making fewer elements, with no conv/matmul work, is
-#: not worth its call (htp_build.py).
-ELEMENTS_PER_CALL = 250_000
 #: The answer for an op of constants only: the build folds it, it runs on no device.
 FOLDED = "constant inputs only: folded at build"
-#: The note on a unit QNN refuses alone but accepts together with the unit reading it.
+#: The note on a unit the vendor refuses alone but accepts together with the unit reading it.
 WITH_READER = "accepted together with the op reading it"
-#: Answers given before QNN was asked (nothing to ask again in context).
+#: Answers given before the vendor was asked (nothing to ask again in context).
 _NOT_ASKED = (FOLDED, "no ONNX form")
 
 
 class RegionRefused(RuntimeError):
-    """QNN refused to finalize a region (its graph as a whole)."""
+    """The vendor refused to finalize a region (its graph as a whole)."""
 
-    def __init__(self, region: Region, reason: str, steps: list[int] | None = None) -> None:
-        super().__init__(f"QNN refused region {region.name} ({len(region.ops)} ops) at finalize: {reason}")
+    def __init__(self, region: Region, reason: str, steps: list[int] | None = None, vendor: str = "the vendor") -> None:
+        super().__init__(f"{vendor} refused region {region.name} ({len(region.ops)} ops) at finalize: {reason}")
         self.region = region
         self.reason = reason
-        #: The entry function's bindings to keep off the HTP: those of the steps QNN named, else all.
+        self.vendor = vendor
+        #: The entry function's bindings to keep off the device: those of the steps named, else all.
         all_steps = region.spec["steps"] if region.spec.get("op") == "block" else [region.spec]
         named = [all_steps[s] for s in steps or [] if 0 <= s < len(all_steps)]
         self.bindings = [key for step in named for key in step.get("bindings", [])] or region_bindings(region)
@@ -102,26 +103,42 @@ def region_bindings(region: Region) -> list[str]:
     return [key for step in steps for key in step.get("bindings", [])]
 
 
-class QnnBackend(Backend):
-    """Offload to a QNN HTP: regions on device ``device`` (the HTP's position)."""
+class EpOffloadBackend(Backend):
+    """Offload to an accelerator through its vendor's ONNX Runtime EP: regions on device ``device``
+    (its position). A vendor sets the class attributes below and adds its passes in :meth:`vendor_passes`."""
 
-    name = "qnn"
+    #: The backend's name (region symbols, patterns, the capability cache's file).
+    name = ""
+    #: The vendor's name, as the report says what it accepted.
+    vendor = ""
+    #: The device, as the report names where regions run.
+    device_label = ""
+    #: The vendor's SDK module (:mod:`.sdk` states its contract).
+    sdk = ""
+    #: The vendor's cost module (``graph_seconds``, ``modeled``), or "" when it has none.
+    costs = ""
+    #: The device kind's record (its default options, its name).
+    kind: KindRecord
+    #: Host work worth one graph call: the elements its ops make. A block may wait for this much
+    #: host work beyond what each member needs, and a group making fewer elements, with no
+    #: conv/matmul work, is not worth its call (verified_build.py).
+    elements_per_call = 250_000
 
     def __init__(self, device: int | None = 0, options: dict | None = None, exclude: dict[str, str] | None = None,
                  devices: Any = None, min_flops: float = 0.0, cache_path: str | os.PathLike | None = None,
                  process: str = "same") -> None:
         super().__init__(device, min_flops, devices, merge=True)
         #: Where the graphs run, and the build's vendor calls: "same" (this process) or "separate"
-        #: (htp_process.py).
+        #: (vendor_process.py).
         self.process = process
-        #: The HTP's options (soc_model, htp_arch, precision).
-        self.options = {**KINDS["qnn-htp"].default_options, **(options or {})}
-        #: Bindings kept off the HTP, with the reason (verification, a refused finalize).
+        #: The device's options (the kind's defaults, then the user's).
+        self.options = {**self.kind.default_options, **(options or {})}
+        #: Bindings kept off the device, with the reason (verification, a refused finalize).
         self.exclude: dict[str, str] = dict(exclude or {})
-        #: The last prepare's answers: binding key -> (op, accepted by QNN, QNN's reason); QNN's own
-        #: answer also for a binding kept off the HTP (``exclude`` says why it is off).
+        #: The last prepare's answers: binding key -> (op, accepted by the vendor, its reason); the
+        #: vendor's own answer also for a binding kept off the device (``exclude`` says why it is off).
         self.answers: dict[str, tuple[str, bool, str]] = {}
-        #: Multiply-add FLOPs of each conv2d and matmul binding (what "FLOPs on the HTP" counts).
+        #: Multiply-add FLOPs of each conv2d and matmul binding (what "FLOPs on the device" counts).
         self.flops: dict[str, float] = {}
         #: Elements each op binding makes (what the element-wise work of a group is counted in).
         self.elements: dict[str, int] = {}
@@ -130,31 +147,57 @@ class QnnBackend(Backend):
         self._weights: dict[str, dict[int, np.ndarray]] = {}
         #: Per region name: the plain ONNX model (the CPU reference verification runs).
         self.reference_models: dict[str, bytes] = {}
-        self._cache_path = Path(cache_path) if cache_path else _default_cache_path()
+        self._cache_path = Path(cache_path) if cache_path else _default_cache_path(self.name)
+
+    @classmethod
+    def for_device(cls, position: int, options: dict, exclude: dict[str, str] | None,
+                   follow_placement: bool) -> EpOffloadBackend:
+        """The backend of the device at ``position`` (its spec's ``options``): every op the vendor
+        accepts, or (``follow_placement``) the ops the placement puts there."""
+        options = dict(options)
+        process = options.pop("process", "same")
+        return cls(device=None if follow_placement else position, devices=[position] if follow_placement else None,
+                   options=options, exclude=exclude, process=process)
+
+    def vendor_sdk(self) -> Any:
+        return vendor_sdk.load(self.sdk)
 
     def available(self) -> bool:
-        return available()
+        return bool(self.vendor_sdk().available())
 
     def require_available(self) -> None:
-        require()  # names the extra to install
+        self.vendor_sdk().require()  # names the extra to install
+
+    def vendor_passes(self, mod: tvm.IRModule, entry: str) -> tvm.IRModule:
+        """The vendor's own rewrites, after ONNX Runtime's constant folding (none by default)."""
+        return mod
+
+    def build_summary(self, lowered: Any) -> dict:
+        from .report import summary
+
+        return summary(self, lowered)
+
+    def describe_options(self) -> str:
+        """The device's options as the report states them (the precision apart)."""
+        return ", ".join(f"{k} {v}" for k, v in sorted(self.options.items()) if k != "precision")
 
     # -- capability --
     def prepare(self, mod: tvm.IRModule, entry: str) -> tvm.IRModule:
-        require()  # one clear error, naming the extra, when onnxruntime-qnn is missing
-        mod = FoldConstantChains(entry)(mod)  # as ONNX Runtime does before QNN sees a graph
-        mod = PoolAsMean(entry)(mod)  # QNN computes a whole-map AveragePool with asymmetric pads wrongly
+        self.require_available()  # one clear error, naming the extra, when the SDK is missing
+        mod = FoldConstantChains(entry)(mod)  # as ONNX Runtime does before an EP sees a graph
+        mod = self.vendor_passes(mod, entry)
         mod = SimplifyStackSum(entry)(mod)
         mod = DropNoOps(entry)(mod)
         mod = DropIdentityRequantize(entry)(mod)  # after DropNoOps: it leaves the pairs behind
         mod = CopyPerReader(entry)(mod)  # each QDQ unit whole, a shared small mask in each graph
         mod = FoldConvAffine(entry)(mod)
         mod = FoldChannelAffine(entry)(mod)
-        self._ask_qnn(mod[entry])
+        self._ask_vendor(mod[entry])
         return mod
 
-    def _ask_qnn(self, func: relax.Function) -> None:
+    def _ask_vendor(self, func: relax.Function) -> None:
         cache = _load_cache(self._cache_path)
-        pending: dict[str, bytes] = {}  # cache key -> probe model, asked of QNN together
+        pending: dict[str, bytes] = {}  # cache key -> probe model, asked of the vendor together
         keyed: dict[str, tuple[relax.Var, str, str]] = {}  # binding key -> (var, op, cache key)
         self._accepted, self._key_of, self.answers, self.flops, self.elements = set(), {}, {}, {}, {}
         binding_of = {b.var: b for block in func.body.blocks for b in block.bindings}
@@ -180,7 +223,7 @@ class QnnBackend(Backend):
                 self.elements[key] = int(np.prod(shape, dtype=np.int64)) if shape is not None else 0
                 try:
                     unit = unit_of.get(binding.var)
-                    if unit is not None:  # a QDQ unit is asked about whole: QNN takes DQ -> op -> Q together
+                    if unit is not None:  # a QDQ unit is asked about whole: an EP takes DQ -> op -> Q together
                         spec, weights = _subgraph_spec([binding_of[v] for v in order if v in unit])
                     else:
                         spec, weights = _subgraph_spec([binding])
@@ -194,21 +237,19 @@ class QnnBackend(Backend):
                     pending[cache_key] = assemble(spec, weights, "probe")[0]
                 keyed[key] = (binding.var, op, cache_key)
         if pending:
-            for cache_key, found in zip(pending, probe(list(pending.values()), self.options)):
-                cache[cache_key] = list(found)
-            _save_cache(self._cache_path, cache)
+            _remember(cache, pending, probe(list(pending.values()), self.options, self.sdk, self.vendor), self._cache_path)
         for key, (var, op, cache_key) in keyed.items():
             ok, reason = cache[cache_key]
             self.answers[key] = (op, bool(ok), reason)
-            if ok and key not in self.exclude:  # QNN's answer stays on record; the exclusion decides
+            if ok and key not in self.exclude:  # the vendor's answer stays on record; the exclusion decides
                 self._accepted.add(var)
         self._ask_with_readers(func, binding_of, order, unit_of, cache)
 
     def _ask_with_readers(self, func: relax.Function, binding_of: dict, order: list, unit_of: dict,
                           cache: dict) -> None:
-        """A QDQ unit QNN refuses alone is asked again together with the one accepted unit that reads
-        it: QNN validates some ops only in context (a quantized Transpose feeding a MatMul, which
-        QNN takes as the MatMul's transposed operand, is refused as a graph of its own). Accepted
+        """A QDQ unit the vendor refuses alone is asked again together with the one accepted unit that
+        reads it: a vendor may validate some ops only in context (one takes a quantized Transpose
+        feeding a MatMul as the MatMul's transposed operand, and refuses it as a graph of its own). Accepted
         together, both are accepted; a block that later separates them is refused at finalize and
         its ops stay on the CPU (:class:`RegionRefused`)."""
         read_by = readers(func)
@@ -217,9 +258,9 @@ class QnnBackend(Backend):
         for unit in set(unit_of.values()):
             keys = [self._key_of.get(v) for v in unit]
             answers = [self.answers.get(k) for k in keys if k is not None]
-            refused_by_qnn = bool(answers) and all(not a[1] and _asked_qnn(a[2]) for a in answers)
-            if not refused_by_qnn or any(k in self.exclude for k in keys):
-                continue  # accepted, partly accepted, refused before QNN saw it, or kept off
+            refused_by_vendor = bool(answers) and all(not a[1] and _asked_vendor(a[2]) for a in answers)
+            if not refused_by_vendor or any(k in self.exclude for k in keys):
+                continue  # accepted, partly accepted, refused before the vendor saw it, or kept off
             outside = {r for v in unit for r in read_by.get(v, ()) if r not in unit}
             reader_units = {unit_of.get(r) for r in outside}
             if len(reader_units) != 1 or None in reader_units:
@@ -237,9 +278,7 @@ class QnnBackend(Backend):
                 pending[cache_key] = assemble(spec, weights, "probe")[0]
             asked.append((unit, cache_key))
         if pending:
-            for cache_key, found in zip(pending, probe(list(pending.values()), self.options)):
-                cache[cache_key] = list(found)
-            _save_cache(self._cache_path, cache)
+            _remember(cache, pending, probe(list(pending.values()), self.options, self.sdk, self.vendor), self._cache_path)
         for unit, cache_key in asked:
             if not cache[cache_key][0]:
                 continue
@@ -250,10 +289,8 @@ class QnnBackend(Backend):
                     self._accepted.add(var)
 
     def _cache_key(self, spec: dict, weights: dict[int, np.ndarray]) -> str:
-        from onnxruntime_qnn import __version__ as qnn_version
-
-        text = spec_text({"spec": spec, "weights": sorted(weights), "options": self.options, "qnn": qnn_version,
-                          "probe": PROBE_VERSION})
+        text = spec_text({"spec": spec, "weights": sorted(weights), "options": self.options,
+                          self.name: self.vendor_sdk().version(), "probe": PROBE_VERSION})
         return hashlib.sha256(text.encode()).hexdigest()
 
     def _accepts_lrn(self, ctx: Any) -> bool:
@@ -266,7 +303,7 @@ class QnnBackend(Backend):
         return self._accepts_single(ctx, "LRN", "", attrs)
 
     def _accepts_single(self, ctx: Any, onnx_op: str, domain: str, attrs: dict | None = None) -> bool:
-        """Whether QNN takes one ONNX node ``onnx_op`` over the matched ``data`` (probed, cached):
+        """Whether the vendor takes one ONNX node ``onnx_op`` over the matched ``data`` (probed, cached):
         a pattern of several Relax ops that ONNX writes as one op (LRN, Gelu)."""
         if any(self._key_of.get(v) in self.exclude for v in getattr(ctx, "matched_bindings", [])):
             return False
@@ -280,8 +317,8 @@ class QnnBackend(Backend):
         cache = _load_cache(self._cache_path)
         key = self._cache_key(spec, {})
         if key not in cache:
-            cache[key] = list(probe([assemble(spec, {}, "probe")[0]], self.options)[0])
-            _save_cache(self._cache_path, cache)
+            _remember(cache, {key: b""}, probe([assemble(spec, {}, "probe")[0]], self.options, self.sdk, self.vendor),
+                      self._cache_path)
         return bool(cache[key][0])
 
     # -- patterns --
@@ -317,9 +354,9 @@ class QnnBackend(Backend):
             return True
 
         lrn = _lrn_pattern()
-        out = [FusionPattern("qnn.lrn", lrn.pattern, lrn.annotation_patterns, lrn_accepted,
+        out = [FusionPattern(f"{self.name}.lrn", lrn.pattern, lrn.annotation_patterns, lrn_accepted,
                              lambda annotated: {**lrn.attrs_getter(annotated), **bindings(annotated)}),
-               FusionPattern("qnn.gelu", ERF_GELU, ERF_GELU_ANNOTATIONS, gelu_accepted, bindings)]
+               FusionPattern(f"{self.name}.gelu", ERF_GELU, ERF_GELU_ANNOTATIONS, gelu_accepted, bindings)]
         # A QDQ model's batch norm, unfolded (a quantize sits between it and its conv), with the
         # quantize of its output: the composite must end at a call, not at the tuple item.
         norm = is_op("relax.nn.batch_norm")(*[wildcard() for _ in range(5)])
@@ -329,7 +366,7 @@ class QnnBackend(Backend):
             quantize = ctx.value_to_bound_var.get(ctx.annotated_expr["quantize"])
             return quantize in self._accepted and accepted(ctx)
 
-        out.append(FusionPattern("qnn.batch_norm_quantize", requantized, {"anchor": norm, "quantize": requantized},
+        out.append(FusionPattern(f"{self.name}.batch_norm_quantize", requantized, {"anchor": norm, "quantize": requantized},
                                  norm_accepted, bindings))
         for op in EXPORTERS:
             if op == "relax.nn.batch_norm":
@@ -337,37 +374,37 @@ class QnnBackend(Backend):
             if op in _TUPLE_OPS:
                 for n in range(2, _MAX_TUPLE + 1):
                     call = is_op(op)(is_tuple([wildcard() for _ in range(n)]))
-                    out.append(FusionPattern(f"qnn.{op.removeprefix('relax.')}{n}", call, {"anchor": call}, accepted,
+                    out.append(FusionPattern(f"{self.name}.{op.removeprefix('relax.')}{n}", call, {"anchor": call}, accepted,
                                              bindings))
                 continue
             call = is_op(op)(*[wildcard() for _ in range(_ARITY.get(op, 1))])
-            out.append(FusionPattern(f"qnn.{op.removeprefix('relax.')}", call, {"anchor": call}, accepted, bindings))
+            out.append(FusionPattern(f"{self.name}.{op.removeprefix('relax.')}", call, {"anchor": call}, accepted, bindings))
         return out
 
     def describe(self, composite: relax.Function, pattern: str) -> dict:
         keys = str(composite.attrs[_BINDINGS_ATTR]) if _BINDINGS_ATTR in composite.attrs else ""
-        if pattern == "qnn.gelu":
+        if pattern == f"{self.name}.gelu":
             info = {"shape": [int(d) for d in composite.ret_ty.shape.values], "dtype": str(composite.ret_ty.dtype)}
             data = next(i for i, p in enumerate(composite.params) if isinstance(p.ty, relax.TensorType)
                         and [int(d) for d in p.ty.shape.values] == info["shape"])
             return {"op": "onnx", "bindings": keys.split(",") if keys else [],
                     "nodes": [{"op": "Gelu", "inputs": [["p", data]], "attrs": {}, "domain": "com.microsoft"}],
                     "consts": [], "out": ["v", 0], "params": [_param_info(p) for p in composite.params], **info}
-        if pattern == "qnn.lrn":
+        if pattern == f"{self.name}.lrn":
             scalars = json.loads(str(composite.attrs[_LRN_ATTR]))
             return {"op": "onnx", "bindings": keys.split(",") if keys else [], **describe_lrn(composite, scalars)}
         return {"op": "onnx", "bindings": keys.split(",") if keys else [], **describe(composite)}
 
     def block_wait_budget(self) -> int:
-        # One more QNN graph execution costs more than the host making this much before it.
-        return ELEMENTS_PER_CALL
+        # One more graph execution costs more than the host making this much before it.
+        return self.elements_per_call
 
     def unique_regions(self) -> bool:
-        return True  # each site's weights are compiled into its QNN graph
+        return True  # each site's weights are compiled into its vendor graph
 
     def bind_call_sites(self, func: relax.Function, regions: dict[str, Region], weight_values: dict[str, Any]) -> None:
         """Record, per call site, the bindings it covers and its weights' values (compiled into
-        the QNN graph as constants)."""
+        the vendor's graph as constants)."""
         seen: set[str] = set()
         for block in func.body.blocks:
             for binding in block.bindings:
@@ -378,7 +415,7 @@ class QnnBackend(Backend):
                 if region is None:
                     continue
                 if region.name in seen:
-                    raise RuntimeError(f"qnn: region {region.name} is called twice; its weights would be shared")
+                    raise RuntimeError(f"{self.name}: region {region.name} is called twice; its weights would be shared")
                 seen.add(region.name)
                 site = f"{region.name}@{binding.var.name}"
                 weights = {}
@@ -397,32 +434,38 @@ class QnnBackend(Backend):
         for region in regions:
             model, bound, output = assemble(region.spec, self._region_weights(region), region.name)
             self.reference_models[region.name] = model
+            call = self._vendor_call
             try:
-                context = vendor_call(self.process, self.options, "finalize", region.name, model)
-            except QnnUnavailable:
+                context = call("finalize", region.name, model)
+            except vendor_sdk.VendorUnavailable:
                 raise
-            except HtpProcessDied as died:  # nothing more is asked of a library that crashed on this graph
-                raise RegionRefused(region, f"QNN crashed finalizing its graph in the HTP process ({died.ended})") from None
+            except VendorProcessDied as died:  # nothing more is asked of a library that crashed on this graph
+                raise RegionRefused(region, f"{self.vendor} crashed finalizing its graph in the "
+                                            f"{self.device_label} process ({died.ended})", vendor=self.vendor) from None
             except Exception as err:  # noqa: BLE001 (ONNX Runtime's own error types)
                 try:
-                    nodes = vendor_call(self.process, self.options, "unsupported_nodes", region.name, model)
-                except HtpProcessDied:
+                    nodes = call("unsupported_nodes", region.name, model)
+                except VendorProcessDied:
                     nodes = []
-                reason = (f"QNN does not take {', '.join(sorted({t for _n, t in nodes}))} there" if nodes else
-                          str(err).strip().splitlines()[-1] if str(err).strip() else repr(err))
-                steps = sorted({int(n.split("_")[0][1:]) for n, _t in nodes if n.startswith("s") and "_" in n})
-                raise RegionRefused(region, reason, steps) from None
+                reason = (f"{self.vendor} does not take {', '.join(sorted({t for _n, t in nodes}))} there" if nodes
+                          else str(err).strip().splitlines()[-1] if str(err).strip() else repr(err))
+                steps = sorted({step_of_node(n) for n, _t in nodes if step_of_node(n) is not None})
+                raise RegionRefused(region, reason, steps, vendor=self.vendor) from None
             num_inputs = int(region.spec["num_inputs"]) if region.spec.get("op") == "block" else len(region.spec["params"])
             last = region.spec["steps"][-1] if region.spec.get("op") == "block" else region.spec
             meta = {"inputs": bound, "num_args": num_inputs + 1, "output": output, "shape": last["shape"],
                     "dtype": last["dtype"], "options": self.options, "ops": len(region.ops), "device": region.device,
-                    "process": self.process}
+                    "process": self.process, "sdk": self.sdk, "label": self.device_label}
             entries.append({"name": region.name, "offset": offset, "size": len(context), "meta": json.dumps(meta)})
             blobs.append(context)
             offset += len(context)
         header = json.dumps({"format": _FORMAT, "regions": entries}).encode()
         document = struct.pack("<Q", len(header)) + header + b"".join(blobs)
-        return tvm.get_global_func("tvm_hetero.qnn.create_module")(document)
+        return tvm.get_global_func("tvm_hetero.ep_regions.create_module")(document)
+
+    def _vendor_call(self, function: str, what: str, model: bytes, *args: Any) -> Any:
+        return vendor_call(self.sdk, self.process, self.options, function, f"{self.device_label} region {what}", model,
+                           *args)
 
     def _region_weights(self, region: Region) -> dict[int, np.ndarray]:
         """The region's inputs that are weights, by input position."""
@@ -439,8 +482,8 @@ class QnnBackend(Backend):
         return out
 
 
-def _asked_qnn(reason: str) -> bool:
-    """Whether a refusal is QNN's own answer (not an op the build folds or cannot export)."""
+def _asked_vendor(reason: str) -> bool:
+    """Whether a refusal is the vendor's own answer (not an op the build folds or cannot export)."""
     return not reason.startswith(_NOT_ASKED)
 
 
@@ -508,9 +551,23 @@ def _flops(call: relax.Call, var: relax.Var) -> float:
     return 2.0 * size * lhs[-1]
 
 
-def _default_cache_path() -> Path:
+def _default_cache_path(vendor: str) -> Path:
     root = Path(os.environ.get("TVM_HETERO_CACHE", Path.home() / ".cache" / "tvm-hetero"))
-    return root / "qnn_capability.json"
+    return root / f"{vendor}_capability.json"
+
+
+#: Answers that say the SDK could not be reached, not what the vendor takes: used, never kept.
+_NOT_AN_ANSWER = re.compile(r"^\w*(ModuleNotFoundError|ImportError|Unavailable):")
+
+
+def _remember(cache: dict, asked: dict[str, bytes], answers: list[tuple[bool, str]], path: Path) -> None:
+    """Put the probe's answers in ``cache`` under the keys asked; keep on disk those that are answers."""
+    kept = False
+    for cache_key, (ok, reason) in zip(asked, answers):
+        cache[cache_key] = [ok, reason]
+        kept = kept or not _NOT_AN_ANSWER.match(reason)
+    if kept:
+        _save_cache(path, {k: v for k, v in cache.items() if not _NOT_AN_ANSWER.match(str(v[1]))})
 
 
 def _load_cache(path: Path) -> dict:

@@ -1,0 +1,268 @@
+"""Verified offload: no region an accelerator runs reaches a user without being checked.
+
+The build for targets with a device reached through a vendor's SDK (the kind record's ``verifier``).
+Algorithm (each round builds once):
+1. Build. If the vendor refuses a region when finalizing its graph, that region's ops are kept off
+   the device (with the vendor's reason) and the round ends.
+2. Run the artifact once on sample inputs (the user's ``calibration`` data, else seeded random
+   values) with every region checked against ONNX Runtime's CPU EP in fp32 on the very inputs it
+   received (:mod:`.region_runner`). A region is bad when its error relative to the largest
+   reference value exceeds the tolerance, or when it yields non-finite values where the CPU does not
+   (fp16 overflow beyond 65504).
+3. A bad region of several steps is localized: its graph is run once more with every intermediate
+   value as an output, on the device and on the CPU, and the first step whose value is off is kept
+   off the device, so the rest of the region stays; when that cannot tell (or after
+   ``LOCALIZED_ROUNDS`` rounds) the whole region is kept off. Then the next round.
+
+Guarantee: every round keeps at least one more op off the device, so the loop ends; the artifact
+returned has every region verified on the sample inputs in its last round, and the report names
+each region's error, each op moved back and why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..compiler import build as compiler_build
+from ..kind_record import resolve
+from .backend import RegionRefused
+from .capability_probe import FP16_SMALLEST_NORMAL, underflow_hint
+from .onnx_regions import step_of_node
+from .sdk import cpu_session
+from .vendor_process import vendor_call
+
+#: Relative tolerance of an fp16 region (to the largest reference value).
+FP16_TOLERANCE = 1e-2
+#: ... and of a quantized one (int8 steps compound across a graph: a few steps of 1/256).
+QUANTIZED_TOLERANCE = 5e-2
+LOCALIZED_ROUNDS = 3
+#: A group of fewer conv/matmul FLOPs than this (``offload_min_group_flops``) whose ops make fewer elements
+#: than one graph call is worth (the backend's ``elements_per_call``) stays on the CPU, unless it is the
+#: build's largest. By default that is a group with no conv/matmul work and little else (a join, an
+#: embedding lookup): its graph call costs more than the host doing that work, and the device would
+#: wait for the host's inputs. Every other group goes to the device; ``placement="auto"``
+#: weighs each group's call against the host instead; ``offload_min_group_flops=0`` keeps every group.
+MIN_GROUP_FLOPS = 1.0
+
+
+def build_verified(mod: Any, targets: Any, placement: Any, args: tuple, kwargs: dict,
+                   wrap: Callable[[Any], Any], auto: bool = False) -> Any:
+    """``tvm_hetero.build`` for targets with an offload device (see the module's algorithm); ``wrap``
+    makes the artifact of what the compiler built (``Artifact.of``: the build driver calls this one).
+    ``auto``: each verified group stays on the device only where it is predicted faster there than
+    on the host (:mod:`.auto_placement`), instead of the fixed gate on small groups."""
+    calibration = kwargs.pop("calibration", None)
+    tolerance = kwargs.pop("offload_tolerance", None)
+    verify = kwargs.pop("verify_offload", True)
+    min_group_flops = float(kwargs.pop("offload_min_group_flops", MIN_GROUP_FLOPS))
+    say: Callable[[str], None] = kwargs.get("progress") or (lambda _msg: None)
+    exclude: dict[str, str] = dict(kwargs.pop("offload_exclude", None) or {})
+
+    host_target = _host_target(targets) if auto else None
+    rounds, gated, decided = 0, auto, None  # automatic placement replaces the gate
+    while True:
+        rounds += 1
+        try:
+            compiled = compiler_build.build(mod, targets, placement, *args, offload_exclude=exclude, **kwargs)
+        except RegionRefused as refused:
+            say(f"{refused.vendor} refused graph {refused.region.name} at finalize; its ops stay on the CPU")
+            for key in refused.bindings or []:
+                exclude[key] = f"{refused.vendor} refused its graph at finalize: {refused.reason}"
+            if not refused.bindings:
+                raise
+            continue
+        artifact = wrap(compiled)
+        offload = artifact.build_report.offload if artifact.build_report else None
+        if offload and decided is not None:
+            offload["auto"] = decided
+        if not verify or not offload or not offload["regions"]:
+            return artifact
+        # The gate runs once, on the first build the vendor finalizes whole: moving a group back re-forms the
+        # others, and gating those again would eat the graph from its edges.
+        if not gated and min_group_flops > 0:
+            gated = True
+            if _gate_small_groups(offload, exclude, min_group_flops):
+                say(f"small {offload['device']} groups stay on the CPU; building again")
+                continue
+        tol = tolerance if tolerance is not None else (
+            FP16_TOLERANCE if offload["options"].get("precision") == "fp16" and not _quantized(offload) else QUANTIZED_TOLERANCE)
+        inputs = _sample_inputs(artifact, calibration)
+        say(f"verifying {len(offload['regions'])} {offload['device']} graph(s) against the CPU")
+        checks = _verify(artifact, inputs)
+        results = []
+        bad = []
+        for region in offload["regions"]:
+            check = checks.get(region["name"])
+            ok = check is not None and check.finite and check.relative_error <= tol
+            results.append({"region": region["name"], "ops": region["ops"], "ok": ok,
+                            "relative_error": float(check.relative_error) if check else float("nan"),
+                            "finite": bool(check.finite) if check else False,
+                            "reference_scale": float(check.reference_scale) if check else float("nan"),
+                            "underflow": _underflow(check, offload)})
+            if not ok:
+                bad.append((region, check))
+        offload["quantized"] = _quantized(offload)
+        offload["verification"] = {"tolerance": tol, "rounds": rounds, "regions": results,
+                               "inputs": "calibration data" if calibration is not None else "seeded random inputs"}
+        if not bad:
+            if offload.get("costs"):
+                cycles = sum(c.cycles for c in checks.values() if c.cycles == c.cycles)
+                offload["modeled"] = resolve(offload["costs"] + ":modeled")(offload["options"], cycles,
+                                                                            offload["graph_executions"])
+            if auto and decided is None:
+                from .auto_placement import decide
+
+                say(f"automatic placement: each {offload['device']} group's call against the host computing it")
+                decided = offload["auto"] = decide(artifact, offload, checks, host_target)
+                slower = [row for row in decided if not row["on_device"]]
+                for row in slower:
+                    region = next(r for r in offload["regions"] if r["name"] == row["region"])
+                    for key in region["bindings"]:
+                        exclude[key] = (f"auto: the host computes it in {row['host_seconds'] * 1e3:.3f} ms (measured), "
+                                        f"the {offload['device']} in {row['device_seconds'] * 1e3:.3f} ms "
+                                        f"({row['device_source']})")
+                if slower:
+                    continue
+            return artifact
+        before = len(exclude)
+        for region, check in bad:
+            reason = (f"verification: {underflow_hint(check.reference_scale)} (relative error "
+                      f"{check.relative_error:.2e} > {tol:g})" if _underflow(check, offload)
+                      else f"verification: relative error {check.relative_error:.2e} > {tol:g}" if check and check.finite
+                      else f"verification: non-finite values on the {offload['device']} (fp16 overflow)" if check
+                      else "verification: the region did not run")
+            keys = region["bindings"]
+            if rounds <= LOCALIZED_ROUNDS and check is not None and len(keys) > 1:
+                step = _first_bad_step(region["name"], artifact.offload_references.get(region["name"]), check.feeds,
+                                       offload, tol)
+                steps = _steps_of(artifact, region["name"])
+                if step is not None and steps and step < len(steps):
+                    keys = steps[step]
+            if not set(keys) - set(exclude):  # the localized step is off already: the whole region
+                keys = region["bindings"]
+            for key in keys:
+                exclude[key] = reason
+            say(f"{offload['device']} graph {region['name']} failed verification ({reason}); "
+                f"{len(keys)} op(s) move back to the CPU")
+        if len(exclude) == before:  # nothing more can move: never loop, never return an unverified region
+            raise RuntimeError(f"{offload['device']} verification failed for {[r['name'] for r, _c in bad]} and their ops cannot be "
+                               "moved back to the CPU (their bindings are unknown)")
+
+
+def _host_target(targets: Any) -> Any:
+    """The first target that runs TVM kernels (the host the device's groups are weighed against)."""
+    from ..devices import parse_spec, runs_tvm_kernels
+
+    for target in targets:
+        if runs_tvm_kernels(parse_spec(target).device):
+            return target
+    raise ValueError("placement='auto' with an offload device needs a host device that runs TVM kernels in targets")
+
+
+def _gate_small_groups(offload: dict, exclude: dict[str, str], min_flops: float) -> bool:
+    """Keep groups below ``min_flops`` and below a call's worth of elements off the device (never
+    the largest); whether any moved."""
+    per_call = offload["elements_per_call"]
+
+    regions = offload["regions"]
+    if len(regions) < 2:
+        return False
+    largest = max(regions, key=lambda r: (r.get("flops", 0.0), r["ops"]))
+    moved = False
+    for region in regions:
+        if region is largest or region.get("flops", 0.0) >= min_flops or region.get("elements", 0) >= per_call:
+            continue
+        for key in region["bindings"]:
+            work = (f"a group of {region['flops'] / 1e6:.1f} MFLOP" if region.get("flops")
+                    else "a group with no conv/matmul work")
+            exclude[key] = f"gate: {work} is not worth a {offload['vendor']} graph call (a fixed cost per call)"
+            moved = True
+    return moved
+
+
+def _underflow(check: Any, offload: dict) -> bool:
+    """An fp16 region whose every reference value is below fp16's normal range (it computes ~0)."""
+    return (check is not None and check.finite and offload["options"].get("precision") == "fp16"
+            and check.reference_scale < FP16_SMALLEST_NORMAL)
+
+
+def _quantized(offload: dict) -> bool:
+    return any(r["op"] in ("relax.quantize", "relax.dequantize") for r in offload.get("refused", [])) or any(
+        "quantize" in key for region in offload["regions"] for key in region.get("bindings", []))
+
+
+def _steps_of(artifact: Any, region: str) -> list[list[str]] | None:
+    """Per step of a device's block, the bindings it covers (None when unknown)."""
+    steps = artifact.build_report.offload.get("steps", {}).get(region) if artifact.build_report.offload else None
+    return steps
+
+
+def _sample_inputs(artifact: Any, calibration: Any) -> dict[str, np.ndarray]:
+    if calibration is not None:
+        first = calibration[0] if isinstance(calibration, (list, tuple)) else calibration
+        return {k: np.asarray(v) for k, v in first.items()}
+    graph = artifact.graph
+    shapes, dtypes = graph["attrs"]["shape"][1], graph["attrs"]["dltype"][1]
+    row = graph["node_row_ptr"]
+    rng = np.random.default_rng(0)
+    out = {}
+    for nid, node in enumerate(graph["nodes"]):
+        if node["op"] != "null" or node["name"] not in artifact.input_names or node["name"] in artifact.params:
+            continue
+        shape, dtype = shapes[row[nid]], dtypes[row[nid]]
+        if dtype.startswith("float"):
+            out[node["name"]] = rng.standard_normal(shape).astype(dtype)
+        else:
+            out[node["name"]] = rng.integers(0, 8, size=shape).astype(dtype)
+    return out
+
+
+def _verify(artifact: Any, inputs: dict[str, np.ndarray]) -> dict:
+    from .region_runner import verifying
+
+    with verifying(artifact.offload_references, profile=True) as results:
+        runtime = artifact.create(execution="serial")
+        try:
+            for name, value in inputs.items():
+                runtime.set_input(name, value)
+            runtime.run()
+        finally:
+            runtime.close()
+    return dict(results)
+
+
+def _first_bad_step(region: str, model: bytes | None, feeds: dict | None, offload: dict, tol: float) -> int | None:
+    """The first step of a region's graph whose value is off on the device (every intermediate value
+    compared with the CPU's; the device's run where the device runs its graphs), or None when that
+    cannot be told."""
+    if model is None or not feeds:
+        return None
+    try:
+        import onnx
+
+        proto = onnx.shape_inference.infer_shapes(onnx.load_from_string(model))
+        known = {v.name for v in proto.graph.output}
+        for info in proto.graph.value_info:
+            if info.name not in known:
+                proto.graph.output.append(info)
+        debug = proto.SerializeToString()
+        names = [o.name for o in proto.graph.output]
+        cpu = cpu_session(debug).run(names, feeds)
+        device = vendor_call(offload["sdk"], offload.get("process", "same"), offload["options"], "accelerator_outputs",
+                             region, debug, feeds, names)
+    except Exception:  # noqa: BLE001 (a graph the vendor will not take with extra outputs: no localization)
+        return None
+    step_of = {node.output[0]: step_of_node(node.name) for node in proto.graph.node
+               if node.output and step_of_node(node.name) is not None}
+    for name, expected, got in sorted(zip(names, cpu, device), key=lambda t: step_of.get(t[0], 1 << 30)):
+        where = np.isfinite(expected)
+        if not where.any():
+            continue
+        scale = max(float(np.abs(expected[where]).max()), 1e-30)
+        diff = np.abs(got[where].astype("float64") - expected[where])
+        if not np.isfinite(diff).all() or float(diff.max()) / scale > tol:
+            return step_of.get(name)
+    return None
