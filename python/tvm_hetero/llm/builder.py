@@ -17,7 +17,7 @@ from typing import Any
 import tvm
 from tvm import relax
 
-from ..artifact import build as build_graph
+from ..build_driver import build as build_graph
 from .architectures import family_builder
 from .buckets import check_sizes
 from .checkpoint import load_weights, read_checkpoint

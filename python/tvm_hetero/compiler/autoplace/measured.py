@@ -70,7 +70,7 @@ from .units import TVM, Part, Units, make_units, unique_binding_names
 #: loaded machine carry a few percent of noise.
 MIN_GAIN = 0.05
 
-#: A verdict of the build's measured check (``artifact.build``) kept under a decision's key: the
+#: A verdict of the build's measured check (``build_driver.build``) kept under a decision's key: the
 #: device whose one-device build measured faster than the split, or None where the split won.
 MEASURED_CHECK = "measured_check"
 
