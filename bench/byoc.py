@@ -32,7 +32,6 @@ def main() -> int:
     os.environ["TVM_NUM_THREADS"] = str(args.threads)
 
     import numpy as np
-    import onnxruntime as ort
     import tvm
     import tvm_hetero
     from tvm_hetero.backends import dnnl
@@ -53,11 +52,7 @@ def main() -> int:
     for name in args.models:
         model = models.light_model(name)
         inputs = models.model_inputs(model)
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = args.threads
-        options.inter_op_num_threads = 1
-        options.log_severity_level = 3
-        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        session = models.onnxruntime_session(model, args.threads)
         expected = session.run(None, inputs)[0]
 
         mod = models.relax_module(model)

@@ -90,7 +90,6 @@ def main() -> int:
     args = bench_args(__doc__)
 
     import numpy as np
-    import onnxruntime as ort
     import tvm
     import tvm_hetero
     from tvm_hetero.backends import DnnlBackend, dnnl
@@ -108,11 +107,7 @@ def main() -> int:
     for name in args.models or LIGHT_SIX:
         model = models.light_model(name)
         inputs = models.model_inputs(model)
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = args.threads
-        options.inter_op_num_threads = 1
-        options.log_severity_level = 3
-        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        session = models.onnxruntime_session(model, args.threads)
         expected = session.run(None, inputs)[0]
 
         builds = {"default": tvm_hetero.build(models.relax_module(model), [(tvm.cpu(0), "llvm")])}

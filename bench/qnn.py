@@ -30,7 +30,7 @@ import numpy as np
 import tvm
 import tvm_hetero
 from tvm_hetero.importers import from_onnx
-from tvm_hetero.qnn import peer as peer
+from tvm_hetero.qnn import peer
 
 sys.path.insert(0, os.path.dirname(__file__))
 from qnn_peer import MODELS, load, qdq_copy

@@ -44,8 +44,8 @@ import tempfile
 import time
 
 import numpy as np
-from tvm_hetero.testing import export_models
 from tvm_hetero.qnn import peer as qnn
+from tvm_hetero.testing import export_models
 from tvm_hetero.testing.models import light_model, model_inputs
 
 MODELS = ["squeezenet", "mobilenet_v2", "small_bert", "resnet50", "inception_v1", "densenet121"]

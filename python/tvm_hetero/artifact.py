@@ -36,6 +36,7 @@ import tvm_ffi
 import tvm_hetero.native  # noqa: F401  (registers tvm_hetero.read_params)
 
 from .compiler.build import BuildReport, CompiledGraph, device_name, format_size
+from .compiler.graph import Graph
 from .compiler.kernel_libraries import export_device_libraries, load_device_libraries
 from .compiler.pipeline import CompiledPipeline, target_label
 from .devices import parse_device
@@ -139,16 +140,8 @@ def read_params(data: bytes, what: str) -> dict[str, np.ndarray]:
 
 
 def graph_inputs(graph: dict, where: str) -> dict[str, tuple[list[int], str]]:
-    """``{input name: (shape, dtype)}`` of a graph JSON document."""
-    try:
-        nodes, row_ptr = graph["nodes"], graph["node_row_ptr"]
-        shapes, dtypes = graph["attrs"]["shape"][1], graph["attrs"]["dltype"][1]
-        return {
-            nodes[nid]["name"]: (list(shapes[row_ptr[nid]]), dtypes[row_ptr[nid]])
-            for nid in graph["arg_nodes"]
-        }
-    except (KeyError, IndexError, TypeError) as err:
-        raise ValueError(f"{where}: not a tvm-hetero graph ({type(err).__name__}: {err})") from None
+    """``{input name: (shape, dtype)}`` of a graph JSON document (errors name ``where``)."""
+    return Graph.from_json(graph, where).inputs()
 
 
 def check_params(

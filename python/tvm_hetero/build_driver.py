@@ -133,11 +133,8 @@ def _one_device_if_faster(artifact: Artifact, mod: Any, targets: Any, args: tupl
         auto["one_device_check"] = dict(verdict["check"], cached=True)
         return artifact
     local = [d for d, dev in enumerate(artifact.devices) if not is_remote(dev)]
-    predicted = {}  # per local device, its best single-device prediction (either variant choice)
-    for d in local:
-        found = [v for k, v in auto["alternatives"].items() if k.split(",")[0] == f"all on device {d}"]
-        if found:
-            predicted[d] = min(found)
+    singles = auto.get("single_device") or {}  # per device, its best single-device prediction
+    predicted = {d: singles[str(d)]["seconds"] for d in local if str(d) in singles}
     if not predicted:
         return artifact
     device = min(predicted, key=predicted.__getitem__)
@@ -160,10 +157,8 @@ def _one_device_if_faster(artifact: Artifact, mod: Any, targets: Any, args: tupl
         return artifact
     # The report now describes the one-device build: its prediction (as built, every region) and
     # measurement; the split's stay in the check's line.
-    label = next((k for k in (f"all on device {device}, every region", f"all on device {device}")
-                  if k in auto["alternatives"]), None)
     auto["one_device_check"]["split_predicted_seconds"] = auto["predicted_seconds"]
-    auto["predicted_seconds"] = auto["alternatives"][label] if label else None
+    auto["predicted_seconds"] = singles[str(device)]["seconds"]
     auto["measured_seconds"] = seconds
     auto["as_built"] = None
     one.build_report.backend_notes = artifact.build_report.backend_notes

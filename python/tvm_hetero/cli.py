@@ -125,13 +125,6 @@ def default_devices() -> list[tuple[str, str]]:
 
 
 # ---- commands ---------------------------------------------------------------------------------
-def _onnx_model(path: str):
-    """An ONNX model file, read with the importer's checks (errors name the file)."""
-    from tvm_hetero.importers import load_onnx
-
-    return load_onnx(path)
-
-
 def cmd_demo(args: argparse.Namespace) -> int:
     import tvm_hetero
     from tvm_hetero.importers import from_onnx

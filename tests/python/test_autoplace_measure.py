@@ -9,9 +9,9 @@ from collections.abc import Callable
 import tvm
 import tvm_hetero
 from test_autoplace import MLP, PARAMS, TWO_CPUS, FakeMeasurer
+from tvm_hetero import placement_measurer as autoplace_measure
 from tvm_hetero.compiler.autoplace.cost_cache import CostCache
 from tvm_hetero.compiler.autoplace.kernel_times import KernelCall, MeasureJob
-from tvm_hetero import placement_measurer as autoplace_measure
 from tvm_hetero.placement_measurer import RuntimeMeasurer
 
 MS = 1e-3

@@ -15,8 +15,8 @@ from test_byoc import needs_dnnl
 from test_lower import assert_close, assert_well_formed, conv_relu_gemm_model, run_lowered
 from tvm.script import ir as I
 from tvm.script import relax as R
-from tvm_hetero.ir.fold_constant_ops import FoldConstantOps, computed_weight_notes
 from tvm_hetero.compiler.lower import lower_to_graph
+from tvm_hetero.ir.fold_constant_ops import FoldConstantOps, computed_weight_notes
 
 RNG = np.random.default_rng(0)
 W = RNG.standard_normal((16, 8)).astype("float32")  # stored (out, in), as ONNX Gemm with transB

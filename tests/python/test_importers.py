@@ -10,8 +10,8 @@ import tvm
 import tvm_hetero
 from onnx import TensorProto, helper, numpy_helper
 from tvm_hetero import cli
-from tvm_hetero.ir.relax_helpers import LoweringError
 from tvm_hetero.importers import OnnxImportError, from_onnx
+from tvm_hetero.ir.relax_helpers import LoweringError
 from tvm_hetero.onnx_prepare import prepare_onnx
 from tvm_hetero.testing import export_models
 from tvm_hetero.testing.models import onnxruntime_outputs

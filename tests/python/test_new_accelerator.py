@@ -15,7 +15,7 @@ import tvm
 import tvm_hetero
 from tvm_hetero import cli, devices
 from tvm_hetero.importers import from_onnx
-from tvm_hetero.testing.models import conv_relu_conv, model_inputs
+from tvm_hetero.testing.models import conv_relu_conv, model_inputs, onnxruntime_outputs
 
 pytest.importorskip("onnxruntime")
 HERE = Path(__file__).resolve().parent
@@ -47,18 +47,18 @@ def _run(art, inputs):
     return out, stats
 
 
-def _reference(model, inputs):
-    import onnxruntime as ort
-
-    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, inputs)[0]
+def _build_and_check(device: str):
+    """The model built for the host and ``device``, run, and checked against ONNX Runtime's CPU EP."""
+    model = conv_relu_conv()
+    inputs = model_inputs(model)
+    art = tvm_hetero.build(from_onnx(model), [CPU, device], offload_min_group_flops=0)
+    out, stats = _run(art, inputs)
+    np.testing.assert_allclose(out, onnxruntime_outputs(model, inputs)[0], rtol=1e-4, atol=1e-4)
+    return art, out, stats, inputs
 
 
 def test_the_new_kind_runs_its_graph_through_the_generic_path(tmp_path, registered) -> None:
-    model = conv_relu_conv()
-    inputs = model_inputs(model)
-    art = tvm_hetero.build(from_onnx(model), [CPU, "ort-cpu-test"], offload_min_group_flops=0)
-    out, stats = _run(art, inputs)
-    np.testing.assert_allclose(out, _reference(model, inputs), rtol=1e-4, atol=1e-4)
+    art, out, stats, inputs = _build_and_check("ort-cpu-test")
     offload = art.build_report.offload
     assert offload["vendor"] == "ORT-CPU" and offload["graph_executions"] == stats["accelerator_graph_executions"] == 1
     assert offload["verification"]["regions"][0]["ok"]
@@ -70,21 +70,13 @@ def test_the_new_kind_runs_its_graph_through_the_generic_path(tmp_path, register
 
 
 def test_an_op_the_vendor_refuses_stays_on_the_host_with_its_reason() -> None:
-    model = conv_relu_conv()
-    inputs = model_inputs(model)
-    art = tvm_hetero.build(from_onnx(model), [CPU, "ort-cpu-test:refuse=Relu"], offload_min_group_flops=0)
-    out, _ = _run(art, inputs)
-    np.testing.assert_allclose(out, _reference(model, inputs), rtol=1e-4, atol=1e-4)
+    art, _out, _stats, _inputs = _build_and_check("ort-cpu-test:refuse=Relu")
     refused = {r["op"]: r["reason"] for r in art.build_report.offload["refused"]}
     assert "the test accelerator does not take Relu" in refused.get("relax.nn.relu", ""), refused
 
 
 def test_a_vendor_that_computes_wrongly_is_caught_and_moved_back() -> None:
-    model = conv_relu_conv()
-    inputs = model_inputs(model)
-    art = tvm_hetero.build(from_onnx(model), [CPU, "ort-cpu-test:wrong=1"], offload_min_group_flops=0)
-    out, stats = _run(art, inputs)
-    np.testing.assert_allclose(out, _reference(model, inputs), rtol=1e-4, atol=1e-4)
+    art, _out, stats, _inputs = _build_and_check("ort-cpu-test:wrong=1")
     excluded = art.build_report.offload["excluded"]
     assert excluded and all("verification" in why for why in excluded.values()), excluded
     assert stats["accelerator_graph_executions"] == 0

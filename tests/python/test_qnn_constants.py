@@ -10,7 +10,6 @@ import pytest
 import tvm
 import tvm_hetero
 from tvm import relax
-from tvm_hetero.qnn import ep as qnn_ep
 from tvm_hetero.ep_offload.constant_chains import fold_constant_chains
 from tvm_hetero.ep_offload.onnx_regions import assemble, describe
 from tvm_hetero.ir.constant_values import (
@@ -22,6 +21,7 @@ from tvm_hetero.ir.constant_values import (
     scalar_value,
     tensor_value,
 )
+from tvm_hetero.qnn import ep as qnn_ep
 
 CPU = (tvm.cpu(0), "llvm")
 #: The fp16 tolerance the HTP tests use (relative to the largest reference value).

@@ -301,8 +301,8 @@ def _wide_conv_model():
 
 
 def test_automatic_placement_weighs_each_htp_group_against_the_host(tmp_path, monkeypatch) -> None:
-    from tvm_hetero.qnn import costs as htp_costs
     from tvm_hetero.cli import main
+    from tvm_hetero.qnn import costs as htp_costs
 
     monkeypatch.setenv("TVM_HETERO_CACHE", str(tmp_path))  # an empty device cost table
     # Each group: modeled from QNN's cycles, measured on the host, the faster side chosen. (Which
@@ -442,7 +442,7 @@ def test_a_quantized_bert_takes_no_more_qnn_graphs_than_the_peer_and_all_its_flo
     its K Transpose is refused alone but taken before its MatMul (asked in context), each layer's
     attention reads the shared mask (copied per graph) and its LayerNorm output twice (one
     dequantize per unit). Before those, the same model took 10 QNN graphs against the peer's 7."""
-    from tvm_hetero.qnn import peer as peer
+    from tvm_hetero.qnn import peer
     from tvm_hetero.testing.export_models import sample_inputs, small_bert_onnx
     from tvm_hetero.testing.quantized import qdq_model
 

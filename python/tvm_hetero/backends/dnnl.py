@@ -4,7 +4,7 @@ consecutive regions are joined into blocks (:mod:`.merge_regions`) unless ``merg
 
 - ``prepare`` folds per-channel affine ops into convolutions whose weights are constants:
   ``batch_norm`` (inference), ``multiply`` and ``add`` by per-channel constants become the
-  convolution's weights and bias (:class:`FoldConvAffine`), and ONNX's two-input ``Sum``
+  convolution's weights and bias (:func:`tvm_hetero.ir.prepare_passes.FoldConvAffine`), and ONNX's two-input ``Sum``
   (``sum(stack(broadcast_to(a), broadcast_to(b)))``) becomes ``add(a, b)`` so it can be fused as a
   residual (:class:`SimplifyStackSum`). A reshape of a constant read by several ops (rewrites
   merge the reshapes of equal biases) is copied per reader (:class:`UnshareConstantReshapes`), so
@@ -34,11 +34,19 @@ import numpy as np
 import tvm
 from tvm import relax
 from tvm.relax.backend.utils import has_leaking_intermediate_variables
-from tvm.relax.dpl import is_const, is_op, is_tuple, is_tuple_get_item, rewrite_call, wildcard
+from tvm.relax.dpl import is_const, is_op, is_tuple, wildcard
 from tvm.relax.transform import FusionPattern
 
 from ..ir.constant_values import scalar_value
-from ..ir.relax_helpers import replace_body, same_kind_block, use_counts
+from ..ir.patterns import LRN_ATTR, lrn_pattern
+from ..ir.prepare_passes import (
+    DropNoOps,
+    FoldChannelAffine,
+    FoldConvAffine,
+    SimplifyStackSum,
+    UnshareConstantReshapes,
+)
+from ..ir.relax_helpers import all_float32, expr_shape
 from .base import Backend, Region, WeightPredicate
 from .dnnl_int8 import (
     INT8_PATTERNS,
@@ -94,7 +102,7 @@ class DnnlBackend(Backend):
         for op in ("max_pool2d", "avg_pool2d"):
             pool = is_op(f"relax.nn.{op}")(wildcard())
             out.append(FusionPattern(f"dnnl.{op}", pool, {"anchor": pool}, _check_pool))
-        out.append(_lrn_pattern())
+        out.append(lrn_pattern("dnnl.lrn", _check_lrn))
         for act in ("relu", None):
             out.append(_scale_shift_pattern(act, is_weight))
         mean = is_op("relax.mean")(wildcard())
@@ -168,12 +176,12 @@ class DnnlBackend(Backend):
             return False
         if a.out_dtype not in (None, "", "float32") and str(a.out_dtype) not in ("", "float32"):
             return False
-        if not _all_f32(conv.args[0], conv.args[1], conv) or not is_weight(ctx.annotated_expr["weight"]):
+        if not all_float32(conv.args[0], conv.args[1], conv) or not is_weight(ctx.annotated_expr["weight"]):
             return False
-        out = _shape(conv)
+        out = expr_shape(conv)
         if out is None or len(out) != 4:
             return False
-        w = _shape(conv.args[1])
+        w = expr_shape(conv.args[1])
         flops = 2.0 * np.prod(out) * np.prod(w[1:])
         if flops < self.min_flops:
             return False
@@ -181,7 +189,7 @@ class DnnlBackend(Backend):
             return False
         if "residual" in ctx.annotated_expr:
             res = ctx.annotated_expr["residual"]
-            if _shape(res) != out or not _all_f32(res):
+            if expr_shape(res) != out or not all_float32(res):
                 return False
         return True
 
@@ -189,11 +197,11 @@ class DnnlBackend(Backend):
         if has_leaking_intermediate_variables(ctx) or not _check_activation(ctx):  # one output
             return False
         mm = ctx.annotated_expr["matmul"]
-        x, w, out = _shape(mm.args[0]), _shape(mm.args[1]), _shape(mm)
+        x, w, out = expr_shape(mm.args[0]), expr_shape(mm.args[1]), expr_shape(mm)
         # data of rank 2-5 (a transformer's (batch, tokens, features)) is read as 2-D: rows x K
         if x is None or w is None or not 2 <= len(x) <= 5 or len(w) != 2:
             return False
-        if not _all_f32(mm.args[0], mm.args[1], mm):
+        if not all_float32(mm.args[0], mm.args[1], mm):
             return False
         weight_arg = mm.args[1]
         if isinstance(weight_arg, relax.Var):
@@ -311,8 +319,8 @@ def _is_channel_bias(ctx: Any, is_weight: WeightPredicate, channels: int, rank: 
     if not is_weight(ctx.annotated_expr["bias"]):
         return False
     operand = _bias_operand(ctx)
-    shape = _shape(operand)
-    if shape is None or len(shape) > rank or not _all_f32(operand):
+    shape = expr_shape(operand)
+    if shape is None or len(shape) > rank or not all_float32(operand):
         return False
     padded = (1,) * (rank - len(shape)) + tuple(shape)
     want = (1, channels) + (1,) * (rank - 2)
@@ -324,8 +332,8 @@ def _is_last_axis_bias(ctx: Any, is_weight: WeightPredicate, out: tuple[int, ...
     if not is_weight(ctx.annotated_expr["bias"]):
         return False
     operand = _bias_operand(ctx)
-    shape = _shape(operand)
-    if shape is None or len(shape) > len(out) or not _all_f32(operand):
+    shape = expr_shape(operand)
+    if shape is None or len(shape) > len(out) or not all_float32(operand):
         return False
     return (1,) * (len(out) - len(shape)) + tuple(shape) == (1,) * (len(out) - 1) + (out[-1],)
 
@@ -333,10 +341,10 @@ def _is_last_axis_bias(ctx: Any, is_weight: WeightPredicate, out: tuple[int, ...
 def _check_batch_matmul(ctx: Any) -> bool:
     """(..., M, K) @ (..., K, N) of two float32 tensors of rank 3-4 with equal batch dims (attention)."""
     call = ctx.matched_expr
-    a, b = _shape(call.args[0]), _shape(call.args[1])
+    a, b = expr_shape(call.args[0]), expr_shape(call.args[1])
     if a is None or b is None or len(a) != len(b) or not 3 <= len(a) <= 4:
         return False
-    return a[:-2] == b[:-2] and a[-1] == b[-2] and _all_f32(*call.args, call)
+    return a[:-2] == b[:-2] and a[-1] == b[-2] and all_float32(*call.args, call)
 
 
 def _channel_shuffle_pattern() -> FusionPattern:
@@ -353,7 +361,7 @@ def _check_channel_shuffle(ctx: Any) -> bool:
     if has_leaking_intermediate_variables(ctx):
         return False
     ann = ctx.annotated_expr
-    x, grouped, out = _shape(ann["data"]), _shape(ann["grouped"]), _shape(ctx.matched_expr)
+    x, grouped, out = expr_shape(ann["data"]), expr_shape(ann["grouped"]), expr_shape(ctx.matched_expr)
     axes = ann["swapped"].attrs.axes
     dtype = getattr(getattr(ann["data"], "ty", None), "dtype", None)
     if x is None or grouped is None or len(x) != 4 or out != x or str(dtype) not in ("float32", "uint8", "int8"):
@@ -372,18 +380,18 @@ def _check_layer_norm(ctx: Any) -> bool:
     """Over the last axis only, with scale and shift, each a vector of the last axis' size."""
     call = ctx.matched_expr
     a = call.attrs
-    shape = _shape(call.args[0])
+    shape = expr_shape(call.args[0])
     if shape is None or not 2 <= len(shape) <= 5 or not (bool(a.center) and bool(a.scale)):
         return False
-    if [int(v) % len(shape) for v in a.axes] != [len(shape) - 1] or not _all_f32(*call.args, call):
+    if [int(v) % len(shape) for v in a.axes] != [len(shape) - 1] or not all_float32(*call.args, call):
         return False
-    return all(_shape(v) is not None and int(np.prod(_shape(v))) == shape[-1] for v in call.args[1:3])
+    return all(expr_shape(v) is not None and int(np.prod(expr_shape(v))) == shape[-1] for v in call.args[1:3])
 
 
 def _check_softmax(ctx: Any) -> bool:
     call = ctx.matched_expr
-    shape = _shape(call.args[0])
-    return shape is not None and 1 <= len(shape) <= 5 and _all_f32(call.args[0], call)
+    shape = expr_shape(call.args[0])
+    return shape is not None and 1 <= len(shape) <= 5 and all_float32(call.args[0], call)
 
 
 #: The most inputs a concat region takes (one pattern per count).
@@ -395,35 +403,14 @@ def _check_concat(ctx: Any) -> bool:
     if has_leaking_intermediate_variables(ctx):
         return False
     call = ctx.annotated_expr["concat"]
-    out = _shape(call)
+    out = expr_shape(call)
     fields = call.args[0].fields
     return (
         out is not None
         and 1 <= len(out) <= 5
-        and all(_shape(f) is not None for f in fields)
-        and _all_f32(call, *fields)
+        and all(expr_shape(f) is not None for f in fields)
+        and all_float32(call, *fields)
     )
-
-
-def _lrn_pattern() -> FusionPattern:
-    """The frontends' local response norm across channels: ``x / (k + alpha * avg_pool3d(x * x
-    over a window of channels))**beta`` (ONNX LRN, Inception-v1), as one oneDNN LRN."""
-    x = wildcard()
-    alpha, k, beta = is_const(), is_const(), is_const()
-    pooled = is_op("relax.nn.avg_pool3d")(is_op("relax.expand_dims")(is_op("relax.multiply")(x, x)))
-    scaled = is_op("relax.add")(is_op("relax.multiply")(is_op("relax.squeeze")(pooled), alpha), k)
-    out = is_op("relax.divide")(x, is_op("relax.power")(scaled, beta))
-    ann = {"anchor": pooled, "data": x, "alpha": alpha, "k": k, "beta": beta, "pool": pooled}
-
-    def constants(matched: dict) -> dict[str, str]:
-        """The scalars, recorded on the composite: it receives constants as parameters."""
-        return {_LRN_ATTR: json.dumps({n: _scalar(matched[n]) for n in ("alpha", "beta", "k")})}
-
-    return FusionPattern("dnnl.lrn", out, ann, _check_lrn, constants)
-
-
-#: Attribute of an LRN composite: its alpha, beta and k as JSON.
-_LRN_ATTR = "tvm_hetero.lrn"
 
 
 def _check_lrn(ctx: Any) -> bool:
@@ -431,8 +418,8 @@ def _check_lrn(ctx: Any) -> bool:
     if has_leaking_intermediate_variables(ctx):
         return False
     ann = ctx.annotated_expr
-    shape, a = _shape(ann["data"]), ann["pool"].attrs
-    if shape is None or len(shape) != 4 or not _all_f32(ann["data"]) or a.layout != "NCDHW":
+    shape, a = expr_shape(ann["data"]), ann["pool"].attrs
+    if shape is None or len(shape) != 4 or not all_float32(ann["data"]) or a.layout != "NCDHW":
         return False
     size = [int(v) for v in a.pool_size]
     half = (size[0] - 1) // 2
@@ -464,12 +451,12 @@ def _check_scale_shift(ctx: Any, is_weight: WeightPredicate) -> bool:
     if has_leaking_intermediate_variables(ctx) or not _check_activation(ctx):
         return False
     ann = ctx.annotated_expr
-    shape = _shape(ann["data"])
-    if shape is None or len(shape) != 4 or not _all_f32(ann["data"], ann["scale"], ann["shift"]):
+    shape = expr_shape(ann["data"])
+    if shape is None or len(shape) != 4 or not all_float32(ann["data"], ann["scale"], ann["shift"]):
         return False
     want = (1, shape[1], 1, 1)
     for role in ("scale", "shift"):
-        v = _shape(ann[role])
+        v = expr_shape(ann[role])
         if not is_weight(ann[role]) or v is None or (1,) * (4 - len(v)) + tuple(v) != want:
             return False
     return True
@@ -478,42 +465,24 @@ def _check_scale_shift(ctx: Any, is_weight: WeightPredicate) -> bool:
 def _check_global_mean(ctx: Any) -> bool:
     """``mean(x, axis=[2, 3], keepdims=True)`` of an NCHW tensor: a global average pooling."""
     call = ctx.matched_expr
-    shape = _shape(call.args[0])
+    shape = expr_shape(call.args[0])
     axes = call.attrs.axis
     if shape is None or len(shape) != 4 or axes is None or not bool(call.attrs.keepdims):
         return False
-    return sorted(int(a) % 4 for a in axes) == [2, 3] and _all_f32(call.args[0], call)
+    return sorted(int(a) % 4 for a in axes) == [2, 3] and all_float32(call.args[0], call)
 
 
 def _check_pool(ctx: Any) -> bool:
     call = ctx.matched_expr
     a = call.attrs
-    shape = _shape(call.args[0])
+    shape = expr_shape(call.args[0])
     return (
         shape is not None
         and len(shape) == 4
         and a.layout == "NCHW"
         and a.out_layout == "NCHW"
         and not bool(a.ceil_mode)
-        and _all_f32(call.args[0], call)
-    )
-
-
-def _shape(expr: Any) -> tuple[int, ...] | None:
-    ty = getattr(expr, "ty", None)
-    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
-        return None
-    dims = []
-    for d in ty.shape.values:
-        if not isinstance(d, tvm.tirx.IntImm):
-            return None
-        dims.append(int(d.value))
-    return tuple(dims)
-
-
-def _all_f32(*exprs: Any) -> bool:
-    return all(
-        isinstance(getattr(e, "ty", None), relax.TensorType) and str(e.ty.dtype) == "float32" for e in exprs
+        and all_float32(call.args[0], call)
     )
 
 
@@ -546,11 +515,11 @@ def _describe(composite: relax.Function, pattern: str) -> dict:
                 )
                 continue
             if op == "relax.nn.softmax":
-                rank = len(_shape(value.args[0]))
+                rank = len(expr_shape(value.args[0]))
                 spec.update(op="softmax", axis=int(value.attrs.axis) % rank, data=_input(value.args[0], index, bound))
                 continue
             if op == "relax.concat":
-                rank = len(_shape(value))
+                rank = len(expr_shape(value))
                 tup = value.args[0] if isinstance(value.args[0], relax.Tuple) else bound[value.args[0]]
                 inputs = [_input(f, index, bound) for f in tup.fields]
                 spec.update(op="concat", axis=int(value.attrs.axis) % rank, inputs=inputs)
@@ -558,7 +527,7 @@ def _describe(composite: relax.Function, pattern: str) -> dict:
             if pattern == "dnnl.lrn":
                 if op == "relax.nn.avg_pool3d":
                     spec.update(op="lrn", local_size=int(value.attrs.pool_size[0]))
-                    spec.update(json.loads(str(composite.attrs[_LRN_ATTR])))
+                    spec.update(json.loads(str(composite.attrs[LRN_ATTR])))
                 elif op == "relax.divide":
                     spec["data"] = _input(value.args[0], index, bound)
                 continue
@@ -572,7 +541,7 @@ def _describe(composite: relax.Function, pattern: str) -> dict:
                     spec["relu"] = True
                 continue
             if op == "relax.mean":
-                h, w = _shape(value.args[0])[2:]
+                h, w = expr_shape(value.args[0])[2:]
                 spec.update(
                     op="avg_pool2d", data=_input(value.args[0], index, bound), pool_size=[h, w], strides=[1, 1],
                     padding=[0, 0, 0, 0], dilation=[1, 1], count_include_pad=False,
@@ -580,7 +549,7 @@ def _describe(composite: relax.Function, pattern: str) -> dict:
                 continue
             if pattern == "dnnl.channel_shuffle":
                 if op == "relax.permute_dims":
-                    spec.update(op="channel_shuffle", groups=int(_shape(value.args[0])[1]))
+                    spec.update(op="channel_shuffle", groups=int(expr_shape(value.args[0])[1]))
                 elif "data" not in spec:
                     spec["data"] = _input(value.args[0], index, bound)
                 continue
@@ -649,258 +618,3 @@ def _derives_from(expr: Any, root: Any, bound: dict) -> bool:
         if not isinstance(value, relax.Call) or not value.args:
             return False
         expr = value.args[0]
-
-
-# ---- prepare: module passes -----------------------------------------------------------------
-def DropNoOps(entry: str = "main") -> tvm.transform.Pass:
-    """``dropout(x)[0]`` and ``broadcast_to(x, shape of x)`` -> ``x``: inference ignores dropout
-    (and the tuple it makes would cut a chain of regions in two); torch's attention broadcasts
-    to the shape a tensor already has, which would be a copy kernel between two regions."""
-    x = wildcard()
-    dropout = is_tuple_get_item(is_op("relax.nn.dropout")(x), 0)
-    broadcast = is_op("relax.broadcast_to")(x, wildcard())
-
-    def rewrite(orig: Any, m: dict) -> Any:
-        if isinstance(orig, relax.TupleGetItem):
-            return m[x]
-        same = _shape(orig) is not None and _shape(orig) == _shape(m[x]) and orig.ty.dtype == m[x].ty.dtype
-        return m[x] if same else orig
-
-    return _rewrite_pass(dropout | broadcast, rewrite, entry, "DropNoOps")
-
-
-def SimplifyStackSum(entry: str = "main") -> tvm.transform.Pass:
-    """``sum(stack([broadcast_to(a), broadcast_to(b)]), axis=0)`` with equal shapes -> ``add(a, b)``."""
-    a, b = wildcard(), wildcard()
-    stacked = is_op("relax.stack")(
-        is_tuple([is_op("relax.broadcast_to")(a, wildcard()), is_op("relax.broadcast_to")(b, wildcard())])
-    )
-    pattern = is_op("relax.sum")(stacked)
-
-    def rewrite(orig: relax.Call, m: dict) -> Any:
-        out = _shape(orig)
-        axis = orig.attrs.axis
-        if axis is None or [int(v) for v in axis] != [0] or bool(orig.attrs.keepdims):
-            return orig
-        if int(m[stacked].attrs.axis) != 0 or _shape(m[a]) != out or _shape(m[b]) != out:
-            return orig
-        return relax.op.add(m[a], m[b])
-
-    return _rewrite_pass(pattern, rewrite, entry, "SimplifyStackSum")
-
-
-def FoldConvAffine(entry: str = "main", rounds: int = 8) -> tvm.transform.Pass:
-    """Fold inference batch norm and per-channel multiply/add constants into a conv2d's weights.
-
-    ``conv2d(x, W) [+ b]`` followed by ``batch_norm(...)[0]``, ``* c`` or ``+ c`` (``c`` constant,
-    per output channel or scalar) becomes ``conv2d(x, W') + b'``; repeated (at most ``rounds``
-    times, until nothing changes) so chains (batch norm, then multiply, then add) fold whole.
-    Legal because the conv weights are constants. A conv (or its bias add) whose output has
-    another user is left alone, so a fold never gives a conv a second user.
-    """
-    x, w = wildcard(), is_const()
-    conv = is_op("relax.nn.conv2d")(x, w)
-    bias_src = is_const()
-    bias = is_op("relax.reshape")(bias_src, wildcard()) | bias_src
-    with_bias = is_op("relax.add")(conv, bias)
-    base = with_bias | conv
-    bn_call = is_op("relax.nn.batch_norm")(base, *[is_const() for _ in range(4)])
-    bn = is_tuple_get_item(bn_call, 0)
-    scale = is_const()
-    mul = is_op("relax.multiply")(base, scale)
-    shift = is_const()
-    add = is_op("relax.add")(with_bias, shift)
-    pattern = bn | mul | add
-
-    def rewrite(orig: Any, m: dict, uses: dict) -> Any:
-        conv_call = m[conv]
-        if conv_call.attrs.kernel_layout != "OIHW" or conv_call.attrs.data_layout != "NCHW":
-            return orig
-        # Only a conv (and bias add) known to have this one user may change: a value made
-        # earlier in this round is not in ``uses`` and waits for the next round's count.
-        if uses.get(conv_call) != 1 or (with_bias in m and uses.get(m[with_bias]) != 1):
-            return orig
-        weight = conv_call.args[1].value.numpy().astype(np.float64)
-        channels = weight.shape[0]
-        b = (
-            np.zeros(channels)
-            if bias_src not in m
-            else m[bias_src].value.numpy().reshape(-1).astype(np.float64)
-        )
-        if b.size != channels:
-            return orig
-        if isinstance(orig, relax.TupleGetItem):
-            call = m[bn_call]
-            a = call.attrs
-            if bool(a.training) or int(a.axis) != 1:
-                return orig
-            gamma, beta, mean, var = (s.value.numpy().astype(np.float64) for s in call.args[1:5])
-            s = (gamma if bool(a.scale) else 1.0) / np.sqrt(var + float(a.epsilon))
-            new_w, new_b = weight * s[:, None, None, None], (b - mean) * s + (beta if bool(a.center) else 0.0)
-        elif orig.op.name == "relax.multiply":
-            c = _channel_vector(m[scale], channels)
-            if c is None:
-                return orig
-            new_w, new_b = weight * c[:, None, None, None], b * c
-        else:
-            c = _channel_vector(m[shift], channels)
-            if c is None:
-                return orig
-            new_w, new_b = weight, b + c
-        new_conv = relax.Call(
-            conv_call.op, [conv_call.args[0], relax.const(new_w.astype(np.float32))], conv_call.attrs
-        )
-        return relax.op.add(new_conv, relax.const(new_b.astype(np.float32).reshape(1, channels, 1, 1)))
-
-    return _rounds_pass(pattern, rewrite, entry, rounds, "FoldConvAffine")
-
-
-def FoldChannelAffine(entry: str = "main", rounds: int = 8) -> tvm.transform.Pass:
-    """Inference batch norms that no convolution took, and the per-channel multiplies and adds
-    by constants after them, become one ``x * scale + shift`` (constants of shape (1, C, 1, 1)).
-
-    ``batch_norm(x)[0]`` -> ``x * s + t``; then ``(x * s + t) * c`` -> ``x * (s c) + t c`` and
-    ``(x * s + t) + c`` -> ``x * s + (t + c)`` when the inner values have no other user; repeated
-    (at most ``rounds`` times, until nothing changes). Run after :func:`FoldConvAffine`, so a batch
-    norm after a convolution is folded into its weights first.
-    """
-    x = wildcard()
-    stats = [is_const() for _ in range(4)]
-    bn_call = is_op("relax.nn.batch_norm")(x, *stats)
-    bn = is_tuple_get_item(bn_call, 0)
-    s, t, c = is_const(), is_const(), is_const()
-    mul = is_op("relax.multiply")(x, s)
-    affine = is_op("relax.add")(mul, t)
-    pattern = bn | is_op("relax.multiply")(affine, c) | is_op("relax.add")(affine, c)
-
-    def rewrite(orig: Any, m: dict, uses: dict) -> Any:
-        shape = _shape(m[x])
-        if shape is None or len(shape) != 4 or not _all_f32(m[x]):
-            return orig
-        channels = shape[1]
-        if isinstance(orig, relax.TupleGetItem):
-            a = m[bn_call].attrs
-            if bool(a.training) or int(a.axis) != 1:
-                return orig
-            gamma, beta, mean, var = (v.value.numpy().astype(np.float64) for v in m[bn_call].args[1:5])
-            scale = (gamma if bool(a.scale) else 1.0) / np.sqrt(var + float(a.epsilon))
-            shift = (beta if bool(a.center) else 0.0) - mean * scale
-        else:
-            if uses.get(m[affine]) != 1 or uses.get(m[mul]) != 1:
-                return orig
-            scale, shift = _channel_vector(m[s], channels), _channel_vector(m[t], channels)
-            other = _channel_vector(m[c], channels)
-            if scale is None or shift is None or other is None:
-                return orig
-            if orig.op.name == "relax.multiply":
-                scale, shift = scale * other, shift * other
-            else:
-                shift = shift + other
-        if scale.shape != (channels,) or shift.shape != (channels,):
-            return orig
-        as_const = lambda v: relax.const(v.astype(np.float32).reshape(1, channels, 1, 1))
-        return relax.op.add(relax.op.multiply(m[x], as_const(scale)), as_const(shift))
-
-    return _rounds_pass(pattern, rewrite, entry, rounds, "FoldChannelAffine")
-
-
-def _rounds_pass(pattern: Any, rewrite: Any, entry: str, rounds: int, name: str) -> tvm.transform.Pass:
-    """Rewrite ``pattern`` matches with ``rewrite(orig, match, use_counts)`` in rounds (use counts
-    taken afresh each round) until a round changes nothing, at most ``rounds`` times."""
-
-    def fold(mod: tvm.IRModule, _ctx: Any) -> tvm.IRModule:
-        for _ in range(rounds):
-            uses = _use_counts(mod[entry])
-            folded = []
-
-            def fold_one(orig: Any, m: dict, uses: dict = uses, folded: list = folded) -> Any:
-                new = rewrite(orig, m, uses)
-                if new is not orig:
-                    folded.append(new)
-                return new
-
-            mod = _rewrite(mod, entry, pattern, fold_one)
-            if not folded:
-                break
-        return mod
-
-    return tvm.transform.module_pass(fold, opt_level=0, name=name)
-
-
-def _channel_vector(const: tvm.ir.Constant, channels: int) -> np.ndarray | None:
-    """A per-output-channel (or scalar) constant of an NCHW tensor as a length-C vector."""
-    value = const.value.numpy().astype(np.float64)
-    if value.ndim > 4:
-        return None
-    padded = value.reshape((1,) * (4 - value.ndim) + value.shape)
-    if padded.shape == (1, 1, 1, 1):
-        return np.full(channels, padded.item())
-    if padded.shape == (1, channels, 1, 1):
-        return padded.reshape(-1)
-    return None
-
-
-def _use_counts(func: relax.Function) -> dict[Any, int]:
-    """Number of uses of each bound value (keyed by the value, as DPL matches return values)."""
-    value_of = {b.var: b.value for block in func.body.blocks for b in block.bindings}
-    return {value_of[var]: n for var, n in use_counts(func).items() if var in value_of}
-
-
-def _rewrite(mod: tvm.IRModule, entry: str, pattern: Any, rewriter: Any) -> tvm.IRModule:
-    func = rewrite_call(pattern, rewriter, mod[entry])
-    mod = mod.clone()
-    mod[entry] = func
-    return relax.transform.DeadCodeElimination([entry])(mod)
-
-
-def _rewrite_pass(pattern: Any, rewriter: Any, entry: str, name: str) -> tvm.transform.Pass:
-    return tvm.transform.module_pass(
-        lambda mod, _ctx: _rewrite(mod, entry, pattern, rewriter), opt_level=0, name=name
-    )
-
-
-def UnshareConstantReshapes(entry: str = "main") -> tvm.transform.Pass:
-    """Give every reader of a ``reshape`` / ``permute_dims`` of a constant its own copy.
-
-    A region must not take in a value that something outside also reads; with one copy per
-    reader, each conv + bias match keeps its bias. The copies are of constants, so they cost
-    nothing once fused (and a reshape kernel of a bias otherwise).
-    """
-
-    def unshare(mod: tvm.IRModule, _ctx: Any) -> tvm.IRModule:
-        func = mod[entry]
-        shared = {
-            b.var: b.value
-            for block in func.body.blocks
-            for b in block.bindings
-            if isinstance(b.value, relax.Call)
-            and isinstance(b.value.op, tvm.ir.Op)
-            and b.value.op.name in ("relax.reshape", "relax.permute_dims")
-            and isinstance(b.value.args[0], tvm.ir.Constant)
-        }
-        read: set[relax.Var] = set()
-        blocks, changed = [], False
-        for block in func.body.blocks:
-            bindings: list[relax.Binding] = []
-            for b in block.bindings:
-                value = b.value
-                if isinstance(value, relax.Call) and isinstance(block, relax.DataflowBlock):
-                    args = []
-                    for arg in value.args:
-                        if isinstance(arg, relax.Var) and arg in shared and arg in read:
-                            copy = relax.DataflowVar(arg.name, arg.ty)
-                            bindings.append(relax.VarBinding(copy, shared[arg]))
-                            arg, changed = copy, True
-                        elif isinstance(arg, relax.Var) and arg in shared:
-                            read.add(arg)
-                        args.append(arg)
-                    value = relax.Call(value.op, args, value.attrs, value.ty_args)
-                bindings.append(relax.VarBinding(b.var, value) if isinstance(b, relax.VarBinding) else b)
-            blocks.append(same_kind_block(block, bindings))
-        if not changed:
-            return mod
-        mod = mod.clone()
-        mod[entry] = replace_body(func, blocks)
-        return mod
-
-    return tvm.transform.module_pass(unshare, opt_level=0, name="UnshareConstantReshapes")

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 import tvm
 
+from ..errors import last_line
+
 if TYPE_CHECKING:
     from .lower import LoweredGraph
 
@@ -71,11 +73,11 @@ def _compile_for(
                 ops = ", ".join(lowered.kernel_ops(name)) or "?"
                 raise RuntimeError(
                     f"kernel {name} (ops {ops}) placed on device {lowered.kernel_devices[name]} "
-                    f"cannot be compiled for target {_target_text(target)}: {_first_line(error)}"
+                    f"cannot be compiled for target {_target_text(target)}: {last_line(error)}"
                 ) from error
         raise RuntimeError(
             f"kernels for device(s) {devices} do not compile for target {_target_text(target)}: "
-            f"{_first_line(whole_error)}"
+            f"{last_line(whole_error)}"
         ) from whole_error
 
 
@@ -95,7 +97,3 @@ def _build(kernels: tvm.IRModule, target: tvm.target.Target) -> tvm.runtime.Modu
             kernels = tvm.s_tir.transform.DefaultGPUSchedule()(kernels)
     return tvm.compile(kernels, target).mod
 
-
-def _first_line(error: Exception) -> str:
-    text = str(error).strip().splitlines()
-    return next((line for line in reversed(text) if line.strip()), type(error).__name__)

@@ -191,6 +191,32 @@ class Graph:
             }
         )
 
+    @classmethod
+    def from_json(cls, document: str | dict, where: str = "graph") -> Graph:
+        """The graph of a graph JSON document (text or parsed), as :meth:`to_json` writes it: the one
+        reader of the format in Python. A malformed document is a ValueError naming ``where``."""
+        try:
+            doc = json.loads(document) if isinstance(document, str) else document
+            row_ptr, attrs = doc["node_row_ptr"], doc["attrs"]
+            shapes, dtypes = attrs["shape"][1], attrs["dltype"][1]
+            devices = attrs.get("device_index", ["list_int", [0] * len(doc["nodes"])])[1]
+            nodes = []
+            for nid, item in enumerate(doc["nodes"]):
+                entries = range(row_ptr[nid], row_ptr[nid + 1])
+                nodes.append(Node(
+                    name=str(item["name"]), op=str(item["op"]),
+                    inputs=[Entry(int(e[0]), int(e[1])) for e in item.get("inputs", [])],
+                    func_name=str(item.get("attrs", {}).get("func_name", "")), device=int(devices[nid]),
+                    shapes=[tuple(int(d) for d in shapes[e]) for e in entries], dtypes=[str(dtypes[e]) for e in entries]))
+            graph = cls(nodes, [Entry(int(e[0]), int(e[1])) for e in doc["heads"]])
+        except (KeyError, IndexError, TypeError, ValueError) as err:
+            raise ValueError(f"{where}: not a tvm-hetero graph ({type(err).__name__}: {err})") from None
+        return graph
+
+    def inputs(self) -> dict[str, tuple[list[int], str]]:
+        """``{name: (shape, dtype)}`` of the graph's inputs (data and parameters), in node order."""
+        return {n.name: (list(n.shapes[0]), n.dtypes[0]) for n in self.nodes if n.is_input}
+
     def __str__(self) -> str:
         lines = []
         for nid, n in enumerate(self.nodes):

@@ -22,6 +22,7 @@ import sys
 import tempfile
 from typing import Any
 
+from ..errors import last_line
 from ..kind_record import resolve
 
 #: Timed runs of a group on the host (after one warm-up); the fastest is its cost.
@@ -65,5 +66,5 @@ def host_time(model: bytes, host_target: Any) -> float:
                               text=True, timeout=600, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"automatic placement: timing a group on the host failed: "
-                           f"{(done.stderr.strip().splitlines() or ['no output'])[-1]}")
+                           f"{last_line(done.stderr, 'no output')}")
     return float(done.stdout.strip().splitlines()[-1])

@@ -38,10 +38,13 @@ from tvm.relax.dpl import is_op, is_tuple, is_tuple_get_item, wildcard
 from tvm.relax.transform import FusionPattern
 
 from ..backends.base import Backend, Region, WeightPredicate
-from ..backends.dnnl import DropNoOps, FoldChannelAffine, FoldConvAffine, SimplifyStackSum, _lrn_pattern
 from ..backends.qdq import find_qdq_units
 from ..backends.qdq_identity import DropIdentityRequantize
+from ..cache_dir import cache_root
+from ..errors import last_line
 from ..ir.constant_values import is_literal, is_tensor_constant, scalar_value, tensor_value
+from ..ir.patterns import LRN_ATTR, lrn_pattern
+from ..ir.prepare_passes import DropNoOps, FoldChannelAffine, FoldConvAffine, SimplifyStackSum
 from ..ir.relax_helpers import readers, static_shape
 from ..kind_record import KindRecord
 from . import sdk as vendor_sdk
@@ -70,7 +73,6 @@ _ARITY = {"relax.nn.conv2d": 2, "relax.add": 2, "relax.subtract": 2, "relax.mult
           "relax.call_tir": 2, "relax.clip": 3, "relax.less": 2, "relax.greater": 2, "relax.equal": 2, "relax.where": 3}
 _TUPLE_OPS = ("relax.concat", "relax.stack")
 _MAX_TUPLE = 64
-_LRN_ATTR = "tvm_hetero.lrn"
 #: Attribute of a composite: the keys of the entry's bindings it took (comma-separated).
 _BINDINGS_ATTR = "tvm_hetero.bindings"
 #: What a cached answer means (bumped when the probe asks more of a vendor).
@@ -173,8 +175,6 @@ class EpOffloadBackend(Backend):
         return mod
 
     def build_summary(self, lowered: Any) -> dict:
-        from .report import summary
-
         return summary(self, lowered)
 
     def describe_options(self) -> str:
@@ -353,7 +353,7 @@ class EpOffloadBackend(Backend):
             remember(ctx)
             return True
 
-        lrn = _lrn_pattern()
+        lrn = lrn_pattern(f"{self.name}.lrn", lambda _ctx: True)
         out = [FusionPattern(f"{self.name}.lrn", lrn.pattern, lrn.annotation_patterns, lrn_accepted,
                              lambda annotated: {**lrn.attrs_getter(annotated), **bindings(annotated)}),
                FusionPattern(f"{self.name}.gelu", ERF_GELU, ERF_GELU_ANNOTATIONS, gelu_accepted, bindings)]
@@ -391,7 +391,7 @@ class EpOffloadBackend(Backend):
                     "nodes": [{"op": "Gelu", "inputs": [["p", data]], "attrs": {}, "domain": "com.microsoft"}],
                     "consts": [], "out": ["v", 0], "params": [_param_info(p) for p in composite.params], **info}
         if pattern == f"{self.name}.lrn":
-            scalars = json.loads(str(composite.attrs[_LRN_ATTR]))
+            scalars = json.loads(str(composite.attrs[LRN_ATTR]))
             return {"op": "onnx", "bindings": keys.split(",") if keys else [], **describe_lrn(composite, scalars)}
         return {"op": "onnx", "bindings": keys.split(",") if keys else [], **describe(composite)}
 
@@ -448,7 +448,7 @@ class EpOffloadBackend(Backend):
                 except VendorProcessDied:
                     nodes = []
                 reason = (f"{self.vendor} does not take {', '.join(sorted({t for _n, t in nodes}))} there" if nodes
-                          else str(err).strip().splitlines()[-1] if str(err).strip() else repr(err))
+                          else last_line(err, repr(err)))
                 steps = sorted({step_of_node(n) for n, _t in nodes if step_of_node(n) is not None})
                 raise RegionRefused(region, reason, steps, vendor=self.vendor) from None
             num_inputs = int(region.spec["num_inputs"]) if region.spec.get("op") == "block" else len(region.spec["params"])
@@ -552,8 +552,7 @@ def _flops(call: relax.Call, var: relax.Var) -> float:
 
 
 def _default_cache_path(vendor: str) -> Path:
-    root = Path(os.environ.get("TVM_HETERO_CACHE", Path.home() / ".cache" / "tvm-hetero"))
-    return root / f"{vendor}_capability.json"
+    return cache_root() / f"{vendor}_capability.json"
 
 
 #: Answers that say the SDK could not be reached, not what the vendor takes: used, never kept.
@@ -585,3 +584,31 @@ def _save_cache(path: Path, cache: dict) -> None:
         tmp.replace(path)
     except OSError:
         pass  # a cache that cannot be written only costs a probe next time
+
+
+def summary(backend: Any, lowered: Any) -> dict:
+    """What the report keeps of one offload backend's build: each op the vendor refused and why,
+    each graph (region) it runs, the FLOPs it took."""
+    regions = [{"name": r.name, "ops": len(r.ops), "device": r.device, "bindings": region_bindings(r)}
+               for r in lowered.regions.values() if r.backend == backend.name]
+    for region in regions:
+        region["flops"] = sum(backend.flops.get(key, 0.0) for key in region["bindings"])
+        region["elements"] = sum(backend.elements.get(key, 0) for key in region["bindings"])
+    covered = {key for r in regions for key in r["bindings"]}  # e.g. an LRN's ops, refused one by one
+    refused = [{"binding": key, "op": op, "reason": reason}
+               for key, (op, ok, reason) in backend.answers.items() if not ok and key not in covered]
+    executions = sum(1 for node in lowered.graph.nodes if node.func_name in {r["name"] for r in regions})
+    return {"explain": "tvm_hetero.ep_offload.report:explain", "backend": backend.name, "vendor": backend.vendor, "device": backend.device_label,
+            "sdk": backend.sdk, "costs": backend.costs, "elements_per_call": backend.elements_per_call,
+            "options": dict(backend.options), "options_text": backend.describe_options(),
+            "process": backend.process, "asked": len(backend.answers),
+            "accepted": sum(1 for _op, ok, _r in backend.answers.values() if ok), "refused": refused,
+            "in_context": sum(1 for _op, ok, reason in backend.answers.values() if ok and reason == WITH_READER),
+            "regions": regions, "graph_executions": executions, "excluded": dict(backend.exclude),
+            # Accepted and kept, yet in no region: a gap in the backend's patterns, said out loud.
+            "unplaced": [{"binding": key, "op": op} for key, (op, ok, _r) in backend.answers.items()
+                         if ok and key not in covered and key not in backend.exclude],
+            "flops": sum(backend.flops.values()),
+            "flops_on_device": sum(f for key, f in backend.flops.items() if key in covered),
+            "steps": {r.name: [step.get("bindings", []) for step in r.spec["steps"]]
+                      for r in lowered.regions.values() if r.backend == backend.name and r.spec.get("op") == "block"}}

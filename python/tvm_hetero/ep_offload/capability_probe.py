@@ -25,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import with_type
+
 #: Relative tolerance of one op in fp16 (to the largest reference value).
 OP_TOLERANCE = 1e-2
 #: Tolerance of an op with an integer output (a QDQ unit's quantize), in quantization steps of that
@@ -158,7 +160,7 @@ def _child(work: Path) -> int:
             try:
                 ok, reason = answer(job["models"][index], job["options"], job["sdk"], job["vendor"])
             except Exception as err:  # noqa: BLE001 (an error is an answer too)
-                ok, reason = False, f"{type(err).__name__}: {str(err).strip().splitlines()[-1] if str(err).strip() else ''}"
+                ok, reason = False, with_type(err)
             out.write(json.dumps({"index": index, "ok": ok, "reason": reason}) + "\n")
             out.flush()
     return 0

@@ -156,9 +156,9 @@ def _decompositions(composite: relax.Function) -> tuple[dict[Any, tuple[str, str
     between its dequantize and quantize): LRN, and GELU written with Erf (as com.microsoft's Gelu).
     Returns per output variable ``(op, domain, data, attributes)``, and the variables inside them,
     which nothing else reads (else a decomposition is left as it is)."""
-    from ..backends.dnnl import _lrn_pattern  # the one statement of the LRN decomposition's shape
+    from ..ir.patterns import lrn_pattern  # the one statement of the LRN decomposition's shape
 
-    lrn = _lrn_pattern()
+    lrn = lrn_pattern("lrn", lambda _ctx: True)
     kinds = [("LRN", "", lrn.pattern, lrn.annotation_patterns, _lrn_attrs),
              ("Gelu", "com.microsoft", ERF_GELU, ERF_GELU_ANNOTATIONS, lambda n: {} if is_erf_gelu(n) else None)]
     var2val = relax.analysis.get_var2val(composite)

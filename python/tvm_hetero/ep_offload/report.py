@@ -10,37 +10,8 @@ time is never a cost.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
 
-from .backend import FOLDED, WITH_READER, region_bindings
-
-
-def summary(backend: Any, lowered: Any) -> dict:
-    """What the report keeps of one offload backend's build: each op the vendor refused and why,
-    each graph (region) it runs, the FLOPs it took."""
-    regions = [{"name": r.name, "ops": len(r.ops), "device": r.device, "bindings": region_bindings(r)}
-               for r in lowered.regions.values() if r.backend == backend.name]
-    for region in regions:
-        region["flops"] = sum(backend.flops.get(key, 0.0) for key in region["bindings"])
-        region["elements"] = sum(backend.elements.get(key, 0) for key in region["bindings"])
-    covered = {key for r in regions for key in r["bindings"]}  # e.g. an LRN's ops, refused one by one
-    refused = [{"binding": key, "op": op, "reason": reason}
-               for key, (op, ok, reason) in backend.answers.items() if not ok and key not in covered]
-    executions = sum(1 for node in lowered.graph.nodes if node.func_name in {r["name"] for r in regions})
-    return {"explain": "tvm_hetero.ep_offload.report:explain", "backend": backend.name, "vendor": backend.vendor, "device": backend.device_label,
-            "sdk": backend.sdk, "costs": backend.costs, "elements_per_call": backend.elements_per_call,
-            "options": dict(backend.options), "options_text": backend.describe_options(),
-            "process": backend.process, "asked": len(backend.answers),
-            "accepted": sum(1 for _op, ok, _r in backend.answers.values() if ok), "refused": refused,
-            "in_context": sum(1 for _op, ok, reason in backend.answers.values() if ok and reason == WITH_READER),
-            "regions": regions, "graph_executions": executions, "excluded": dict(backend.exclude),
-            # Accepted and kept, yet in no region: a gap in the backend's patterns, said out loud.
-            "unplaced": [{"binding": key, "op": op} for key, (op, ok, _r) in backend.answers.items()
-                         if ok and key not in covered and key not in backend.exclude],
-            "flops": sum(backend.flops.values()),
-            "flops_on_device": sum(f for key, f in backend.flops.items() if key in covered),
-            "steps": {r.name: [step.get("bindings", []) for step in r.spec["steps"]]
-                      for r in lowered.regions.values() if r.backend == backend.name and r.spec.get("op") == "block"}}
+from .backend import FOLDED
 
 
 def explain(offload: dict, devices: list[str]) -> list[str]:

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import with_type
 from . import sdk as vendor_sdk
 
 #: Test hook: region names whose next call makes the child die with SIGSEGV (a vendor crash).
@@ -185,7 +186,7 @@ def _serve(conn: Any, sdk: str, options: dict) -> None:
                 _kind, function, model, args = message
                 conn.send(("ok", vendor_sdk.function(sdk, function)(model, options, *args)))
         except Exception as err:  # noqa: BLE001 (ONNX Runtime's own error types, reported to the caller)
-            conn.send(("error", f"{type(err).__name__}: {str(err).strip().splitlines()[-1] if str(err).strip() else ''}"))
+            conn.send(("error", with_type(err)))
 
 
 def _child_env() -> dict[str, str]:

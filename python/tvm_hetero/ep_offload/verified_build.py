@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..compiler import build as compiler_build
+from ..compiler.graph import Graph
 from ..kind_record import resolve
 from .backend import RegionRefused
 from .capability_probe import FP16_SMALLEST_NORMAL, underflow_hint
@@ -204,19 +205,15 @@ def _sample_inputs(artifact: Any, calibration: Any) -> dict[str, np.ndarray]:
     if calibration is not None:
         first = calibration[0] if isinstance(calibration, (list, tuple)) else calibration
         return {k: np.asarray(v) for k, v in first.items()}
-    graph = artifact.graph
-    shapes, dtypes = graph["attrs"]["shape"][1], graph["attrs"]["dltype"][1]
-    row = graph["node_row_ptr"]
     rng = np.random.default_rng(0)
     out = {}
-    for nid, node in enumerate(graph["nodes"]):
-        if node["op"] != "null" or node["name"] not in artifact.input_names or node["name"] in artifact.params:
+    for name, (shape, dtype) in Graph.from_json(artifact.graph_json).inputs().items():
+        if name not in artifact.input_names or name in artifact.params:
             continue
-        shape, dtype = shapes[row[nid]], dtypes[row[nid]]
         if dtype.startswith("float"):
-            out[node["name"]] = rng.standard_normal(shape).astype(dtype)
+            out[name] = rng.standard_normal(shape).astype(dtype)
         else:
-            out[node["name"]] = rng.integers(0, 8, size=shape).astype(dtype)
+            out[name] = rng.integers(0, 8, size=shape).astype(dtype)
     return out
 
 

@@ -45,6 +45,17 @@ def static_shape(ty: relax.TensorType) -> tuple[int, ...] | None:
     return tuple(dims)
 
 
+def expr_shape(expr: Any) -> tuple[int, ...] | None:
+    """The static shape of an expression's tensor type, or None (not a tensor, or symbolic)."""
+    ty = getattr(expr, "ty", None)
+    return static_shape(ty) if isinstance(ty, relax.TensorType) else None
+
+
+def all_float32(*exprs: Any) -> bool:
+    """Every expression is a float32 tensor."""
+    return all(isinstance(getattr(e, "ty", None), relax.TensorType) and str(e.ty.dtype) == "float32" for e in exprs)
+
+
 def tensor_type(ty: Any, what: str) -> tuple[tuple[int, ...], str]:
     if not isinstance(ty, relax.TensorType):
         raise LoweringError(f"{what}: expected a tensor, got {ty}")

@@ -39,8 +39,7 @@ def cmd_demo_htp(args: argparse.Namespace) -> int:
     import tvm
 
     import tvm_hetero
-    from tvm_hetero.cli import _onnx_model
-    from tvm_hetero.importers import from_onnx
+    from tvm_hetero.importers import from_onnx, load_onnx
     from tvm_hetero.progress import Progress
     from tvm_hetero.qnn import peer
     from tvm_hetero.testing import models
@@ -50,7 +49,7 @@ def cmd_demo_htp(args: argparse.Namespace) -> int:
     what = "ONNX model" if from_file else "ONNX light model, seeded random weights"
     print(f"tvm-hetero demo-htp: {args.model} ({what}) on cpu:0 + qnn-htp "
           "(Snapdragon X Elite NPU, soc 60 / HTP v73, fp16; emulated by onnxruntime-qnn on this x86 host)")
-    model = _onnx_model(args.model) if from_file else models.light_model(args.model)
+    model = load_onnx(args.model) if from_file else models.light_model(args.model)
     inputs = models.model_inputs(model)
     t = time.perf_counter()
     art = tvm_hetero.build(from_onnx(model), [(tvm.cpu(0), "llvm"), "qnn-htp"], progress=say)

@@ -18,6 +18,7 @@ import json
 import math
 import os
 
+from ..cache_dir import cache_root
 from .ep import CALL_SECONDS, read_profile, us_per_cycle
 
 
@@ -28,8 +29,7 @@ def graph_key(model: bytes, options: dict) -> str:
 
 
 def table_path() -> str:
-    root = os.environ.get("TVM_HETERO_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "tvm-hetero"))
-    return os.path.join(root, "qnn_costs.json")
+    return str(cache_root() / "qnn_costs.json")
 
 
 def device_table() -> dict[str, dict]:

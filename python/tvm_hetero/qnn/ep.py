@@ -24,8 +24,10 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from ..cache_dir import cache_root
 from ..ep_offload.onnx_regions import IR_VERSION, OPSET  # noqa: F401  (what QNN reads: re-exported)
 from ..ep_offload.sdk import VendorUnavailable, cpu_session  # noqa: F401  (cpu_session: the reference)
+from ..errors import last_line
 
 #: The name this package registers the QNN EP library under when the process has not registered
 #: it yet. Not the usual "QNNExecutionProvider": that name stays free for the user's own
@@ -254,7 +256,7 @@ def accepts(model: bytes, options: dict) -> tuple[bool, str]:
         except QnnUnavailable:
             raise
         except Exception as err:  # noqa: BLE001 (ONNX Runtime raises its own Fail/InvalidArgument types)
-            ok, error = False, str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+            ok, error = False, last_line(err)
     if ok:
         return True, ""
     # "Unsupported nodes in QNN EP:" can come with an empty list: the EP claimed nothing, said nothing.
@@ -324,8 +326,7 @@ def us_per_cycle(options: dict) -> tuple[float, str]:
 
 
 def fitted_factors_path() -> str:
-    root = os.environ.get("TVM_HETERO_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "tvm-hetero"))
-    return os.path.join(root, "qnn_device.json")
+    return str(cache_root() / "qnn_device.json")
 
 
 def _fitted_factors() -> dict:

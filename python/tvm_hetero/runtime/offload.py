@@ -23,6 +23,7 @@ import tvm
 import tvm_ffi
 
 from ..devices import name_of
+from ..errors import last_line
 
 
 class MixedRuntime(NamedTuple):
@@ -122,7 +123,7 @@ def create_mixed(
             raise
         raise ConnectionError(
             f"{servers}: the connection was lost while {stage} (server stopped or gone?): "
-            f"{str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__}"
+            f"{last_line(err)}"
         ) from None
     return MixedRuntime(module, (tuple(sessions), tuple(libs), tuple(runners)), guard)
 
@@ -175,12 +176,7 @@ class RemoteCalls:
                                "the connection was closed (create a new runtime after reconnecting)") from exc
         if isinstance(exc, Exception) and _connection_lost(exc):
             raise ConnectionError(f"{self.address}: the connection was lost during run (server stopped or gone?); "
-                                  f"create a new runtime after reconnecting: {_last_line(exc)}") from exc
-
-
-def _last_line(err: BaseException) -> str:
-    lines = [line for line in str(err).splitlines() if line.strip()]
-    return lines[-1] if lines else type(err).__name__
+                                  f"create a new runtime after reconnecting: {last_line(exc)}") from exc
 
 
 def _connection_lost(err: BaseException) -> bool:

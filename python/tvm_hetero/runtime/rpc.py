@@ -21,6 +21,7 @@ from pathlib import Path
 import tvm
 from tvm import rpc as tvm_rpc
 
+from ..errors import last_line
 from ..native import library_path
 from ..toolchain import linker as shared_library_linker
 
@@ -161,14 +162,9 @@ def connect(
             ) from None
         raise ConnectionError(
             f"RPC server {address}: connection failed (not a TVM RPC server, wrong key, or it closed): "
-            f"{_last_line(err)}"
+            f"{last_line(err)}"
         ) from None
     return RemoteSession(session, peer, address)
-
-
-def _last_line(err: BaseException) -> str:
-    lines = [line for line in str(err).splitlines() if line.strip()]
-    return lines[-1] if lines else type(err).__name__
 
 
 def _inet_peers() -> set[tuple[str, int]]:

@@ -187,9 +187,15 @@ def judge_candidates(judge: Judge, model: CostModel, split: Sequence[int],
         "label": chosen.label, "assignment": chosen.assignment, "variants": chosen.variants,
         "predicted": {label: p.seconds for label, p in predicted.items()},
         "split_predicted": predicted[best_split.label].seconds if kept_single else None,
-        "details": {label: {"nodes": p.nodes, "blocks": p.blocks, "device_busy": p.device_busy}
+        # "device": the one device a candidate puts everything on (None: a split).
+        "details": {label: {"nodes": p.nodes, "blocks": p.blocks, "device_busy": p.device_busy,
+                            "device": _one_device(candidates[label].assignment)}
                     for label, p in predicted.items()},
     }
+
+
+def _one_device(assignment: Sequence[int]) -> int | None:
+    return assignment[0] if assignment and len(set(assignment)) == 1 else None
 
 
 #: ``variants[u][d][variant] -> seconds``: a unit's time on a device in each variant.

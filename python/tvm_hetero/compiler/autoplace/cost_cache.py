@@ -1,6 +1,6 @@
 """Measured costs kept on disk, so that a rebuild measures only what is new.
 
-One SQLite file (``~/.cache/tvm-hetero/costs.sqlite`` by default; ``$XDG_CACHE_HOME`` is honoured)
+One SQLite file (``costs.sqlite`` in the cache folder, tvm_hetero/cache_dir.py)
 with two tables. ``costs``: ``(kind, key, target, settings) -> seconds``; ``kind`` is ``"kernel"``
 (``key``: the kernel's structural hash, or a region's backend and description), ``"copy_latency"``,
 ``"copy_per_byte"``, ``"sync_latency"``, ``"call_latency"``, ``"spin_window"`` or
@@ -24,6 +24,7 @@ from typing import Any
 import tvm
 import tvm_ffi
 
+from ...cache_dir import cache_root
 from ...devices import cost_key
 
 _SCHEMA = """CREATE TABLE IF NOT EXISTS costs (
@@ -34,8 +35,7 @@ _PLANS = """CREATE TABLE IF NOT EXISTS plans (kind TEXT NOT NULL, key TEXT NOT N
 
 
 def default_path() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "tvm-hetero" / "costs.sqlite"
+    return cache_root() / "costs.sqlite"
 
 
 def settings_key(device: str | tvm.runtime.Device, options: dict | None) -> str:

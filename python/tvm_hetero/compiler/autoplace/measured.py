@@ -211,6 +211,13 @@ def choose_placement(
                                        **{k: v for k, v in explanation["alternatives"].items()
                                           if not k.startswith("all on")}}
         explanation["as_built"] = decision.details.get(chosen.label)
+        # Per device, its best single-device prediction (the build driver's measured check reads it).
+        singles: dict[str, dict] = {}
+        for label, seconds in decision.predicted.items():
+            d = decision.details.get(label, {}).get("device")
+            if d is not None and (str(d) not in singles or seconds < singles[str(d)]["seconds"]):
+                singles[str(d)] = {"label": label, "seconds": seconds}
+        explanation["single_device"] = singles
         if explanation["as_built"] is not None:  # each device's busy time as built, blocks and all
             for row, busy in zip(explanation["per_device"], explanation["as_built"]["device_busy"]):
                 row["busy_seconds"] = busy
