@@ -156,6 +156,8 @@ class RunFrame {
   std::unique_ptr<PreparedSteps> prepared_;
   /*! \brief Each output as the caller sees it: the entry, or a view on the primary device. */
   std::vector<tvm::ffi::Tensor> output_views_;
+  /*! \brief Per output: the input it passes through (its node is that input), or -1. */
+  std::vector<int> output_input_;
   /*! \brief Caller tensors bound to inputs / outputs (undefined where not bound). */
   std::vector<tvm::ffi::Tensor> bound_inputs_, bound_outputs_;
   /*! \brief Per input: written at least once; Run refuses to start while any is not. */

@@ -141,10 +141,13 @@ void RunFrame::AllocateTensors(const FrameSharing& sharing) {
   for (const ffi::Tensor& t : tensors_) dl_.push_back(*t.GetDLTensorPtr());
   // Outputs are read on the primary device; one made on a device sharing its memory is shown there.
   output_views_.clear();
+  output_input_.clear();
   for (const EntryRef& head : graph.heads) {
     const ffi::Tensor& entry = tensors_[graph.entry_id(head)];
     bool view = !support::SameDevice(entry.device(), devices[0]) && support::SharesMemory(entry.device(), devices[0]);
     output_views_.push_back(view ? support::ViewOf(entry, 0, entry.shape(), entry.dtype(), devices[0]) : entry);
+    auto input = std::find(graph.arg_nodes.begin(), graph.arg_nodes.end(), head.node_id);
+    output_input_.push_back(input == graph.arg_nodes.end() ? -1 : static_cast<int>(input - graph.arg_nodes.begin()));
   }
 }
 
@@ -361,6 +364,9 @@ ffi::Tensor RunFrame::GetInput(int index) const {
 ffi::Tensor RunFrame::GetOutput(int index) const {
   CheckedIndex(index, true);
   if (bound_outputs_[index].defined()) return bound_outputs_[index];
+  // An input passed through as an output reads where the input does (the caller's memory once bound).
+  const int input = output_input_[index];
+  if (input >= 0 && bound_inputs_[input].defined()) return bound_inputs_[input];
   return output_views_[index];
 }
 
