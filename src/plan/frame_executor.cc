@@ -20,6 +20,10 @@ using Clock = std::chrono::steady_clock;
 
 FrameExecutor::FrameExecutor(const PlanInputs& model, std::shared_ptr<const ExecutionPlan> plan, RunFrame& frame)
     : model_(model), plan_(std::move(plan)), frame_(frame) {
+  if (frame_.prepared().calls.size() != plan_->steps.size()) {
+    TVM_FFI_THROW(InternalError) << "executor: the frame was prepared for a plan of " << frame_.prepared().calls.size()
+                                 << " steps, the executor's plan has " << plan_->steps.size();
+  }
   for (const DLDevice& dev : model_.devices) {
     if (support::NeedsDrain(dev)) support::AddUnique(&devices_to_sync_, dev);
   }
