@@ -173,12 +173,13 @@ TEST(FrameExecutors, SerialAndConcurrentExecutorsOfOneFrameGiveTheSerialResult) 
   }
 }
 
-TEST(FrameExecutors, AFailingStepIsNamedWithItsNodeAndDeviceAndTheNextRunWorks) {
+TEST(FrameExecutors, AFailingStepIsNamedWithItsNodeAndDeviceAndLeavesTheFrameFree) {
   // Without InsertDeviceCrossings, sub on cpu:0 gets C's tensor on cpu:2: the test kernel refuses.
   HandMade g(SimplexJSON("[0, 1, 2, 3, 4, 5]", "[1, 1, 2, 1, 0, 0]"), {kCpu0, kCpu1, kCpu2});
   auto plan = std::make_shared<const ExecutionPlan>(BuildPlan(g.in));
   std::unique_ptr<RunFrame> frame = FrameWithInputs(g, plan);
   frame->UseExecutor(std::make_unique<SerialExecutor>(g.in, plan, *frame));
+  // Twice: the failed run released the frame (the second fails the same way, not as "busy").
   for (int attempt = 0; attempt < 2; ++attempt) {
     try {
       frame->Run();
