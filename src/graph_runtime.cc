@@ -1,8 +1,9 @@
 /*!
  * \file graph_runtime.cc
  * \brief The runtime over its three pieces: Init builds the plan (BuildPlan, then the crossing and
- *        offload passes) and the default frame; frames hold per-run memory; the executors in
- *        plan/step_execution.cc run (plan, frame). Parameters, stats, trace and profile live here.
+ *        offload passes) and the default frame; frames hold per-run memory; the executors of
+ *        plan/frame_executor.h run (plan, frame), the one the execution mode calls for chosen here.
+ *        Parameters, stats, trace and profile live here too.
  */
 #include <tvm/ffi/extra/json.h>
 #include <tvm/ffi/string.h>
@@ -10,10 +11,9 @@
 #include <tvm_hetero/graph_runtime.h>
 #include <tvm_hetero/param_blob.h>
 
-#include "concurrency/device_executors.h"
 #include "plan/execution_plan.h"
 #include "plan/execution_schedule.h"
-#include "plan/prepared_call.h"
+#include "plan/frame_executor.h"
 #include "plan/run_frame_use.h"
 #include "support/device.h"
 #include "support/tensor_check.h"
@@ -33,14 +33,18 @@ GraphRuntime::~GraphRuntime() = default;
 void GraphRuntime::Init(const std::string& graph_json, ffi::Module lib, std::vector<DLDevice> devices,
                         DeviceIndexKind kind, std::vector<ffi::Optional<ffi::Module>> device_libs) {
   graph_ = ParseGraphJSON(graph_json);
-  lib_ = std::move(lib);
-  devices_ = std::move(devices);
-  if (device_libs.size() > devices_.size()) {
-    TVM_FFI_THROW(ValueError) << "got " << device_libs.size() << " per-device libraries for " << devices_.size()
+  if (device_libs.size() > devices.size()) {
+    TVM_FFI_THROW(ValueError) << "got " << device_libs.size() << " per-device libraries for " << devices.size()
                               << " devices";
   }
-  device_libs_ = std::move(device_libs);
-  node_device_ = AssignDevices(graph_, devices_, kind);
+  model_ = std::make_unique<PlanInputs>();
+  PlanInputs& model = *model_;
+  model.graph = &graph_;
+  model.storage = &storage_plan_;
+  model.lib = std::move(lib);
+  model.device_libs = std::move(device_libs);
+  model.devices = std::move(devices);
+  model.node_device = AssignDevices(graph_, model.devices, kind);
   for (uint32_t nid : graph_.arg_nodes) {
     const std::string& name = graph_.nodes[nid].name;
     if (!input_index_.emplace(name, static_cast<int>(input_nodes_.size())).second) {
@@ -51,26 +55,17 @@ void GraphRuntime::Init(const std::string& graph_json, ffi::Module lib, std::vec
   }
   input_is_param_.assign(input_nodes_.size(), 0);
   std::vector<bool> offsets_usable;
-  for (const DLDevice& dev : devices_) offsets_usable.push_back(support::OffsetsUsable(dev));
-  storage_plan_ = PlanStorage(graph_, node_device_, offsets_usable);
-  PlanInputs in = Inputs();
-  plan_ = std::make_shared<const ExecutionPlan>(FormOffloadSegments(InsertDeviceCrossings(BuildPlan(in), in), devices_));
-  default_frame_.reset(new RunFrame(this, plan_, nullptr));
+  for (const DLDevice& dev : model.devices) offsets_usable.push_back(support::OffsetsUsable(dev));
+  storage_plan_ = PlanStorage(graph_, model.node_device, offsets_usable);
+  plan_ = std::make_shared<const ExecutionPlan>(
+      FormOffloadSegments(InsertDeviceCrossings(BuildPlan(model), model), model.devices));
+  default_frame_ = std::make_unique<RunFrame>(model, plan_, FrameSharing());
   SetupExecution();
   SetupCacheHooks();
   InvalidateCaches();  // a library reused after another runtime may hold caches of freed memory
 }
 
-PlanInputs GraphRuntime::Inputs() const {
-  PlanInputs in;
-  in.graph = &graph_;
-  in.devices = devices_;
-  in.node_device = node_device_;
-  in.storage = &storage_plan_;
-  in.lib = lib_;
-  in.device_libs = device_libs_;
-  return in;
-}
+const std::vector<DLDevice>& GraphRuntime::devices() const { return model_->devices; }
 
 void GraphRuntime::SetupCacheHooks() {
   invalidate_caches_.clear();
@@ -88,8 +83,8 @@ void GraphRuntime::SetupCacheHooks() {
       for (const ffi::Any& imported : mod->imports()) stack.push_back(imported.cast<ffi::Module>());
     }
   };
-  if (lib_.has_value()) visit(*lib_);
-  for (const auto& lib : device_libs_) {
+  if (model_->lib.has_value()) visit(*model_->lib);
+  for (const auto& lib : model_->device_libs) {
     if (lib.has_value()) visit(*lib);
   }
 }
@@ -100,38 +95,58 @@ void GraphRuntime::InvalidateCaches() const {
 
 void GraphRuntime::UsePlan(ExecutionPlan plan) {
   plan_ = std::make_shared<const ExecutionPlan>(std::move(plan));
-  default_frame_->executors_->Stop();
-  default_frame_->plan_ = plan_;
-  default_frame_->PrepareCalls();
+  default_frame_->UsePlan(plan_);
   SetupExecution();
 }
 
 void GraphRuntime::SetupExecution() {
-  schedule_ = std::make_shared<const ExecutionSchedule>(ScheduleFor(*plan_, devices_, execution_, executor_options_));
-  default_frame_->StartExecutors(schedule_);
+  schedule_ = std::make_shared<const ExecutionSchedule>(
+      ScheduleFor(*plan_, model_->devices, execution_, executor_options_));
+  default_frame_->UseExecutor(nullptr);  // its threads stop before the next executor's start
+  default_frame_->UseExecutor(ExecutorFor(*default_frame_));
+}
+
+std::unique_ptr<FrameExecutor> GraphRuntime::ExecutorFor(RunFrame& frame) const {
+  if (schedule_->use_executors) return std::make_unique<ConcurrentExecutor>(*model_, plan_, frame, schedule_);
+  return std::make_unique<SerialExecutor>(*model_, plan_, frame);
 }
 
 void GraphRuntime::SetExecution(ExecutionMode mode, std::vector<ExecutorOptions> options) {
   RunFrame::ExclusiveUse use(default_frame_.get(), "set_execution");
-  if (options.size() > devices_.size()) {
+  if (options.size() > model_->devices.size()) {
     TVM_FFI_THROW(ValueError) << "got executor options for " << options.size() << " devices, the runtime has "
-                              << devices_.size();
+                              << model_->devices.size();
   }
   execution_ = mode;
   executor_options_ = std::move(options);
   SetupExecution();
 }
 
+bool GraphRuntime::FramesSupported() const {
+  return std::none_of(model_->devices.begin(), model_->devices.end(), support::IsRemote);
+}
+
 std::unique_ptr<RunFrame> GraphRuntime::Frame(const FrameOptions& options) const {
-  for (const DLDevice& dev : devices_) {
-    if (support::IsRemote(dev)) {
-      TVM_FFI_THROW(ValueError) << "frame: device " << DeviceName(dev)
-                                << " is remote; frames need local devices (a remote runner serves the runtime's "
-                                   "own memory): use one runtime per thread there";
-    }
+  if (!FramesSupported()) {
+    const DLDevice remote = *std::find_if(model_->devices.begin(), model_->devices.end(), support::IsRemote);
+    TVM_FFI_THROW(ValueError) << "frame: device " << DeviceName(remote)
+                              << " is remote; frames need local devices (a remote runner serves the runtime's "
+                                 "own memory): use one runtime per thread there";
   }
-  std::unique_ptr<RunFrame> frame(new RunFrame(this, plan_, default_frame_.get(), options));
-  frame->StartExecutors(schedule_);
+  // Parameters set so far are shared, and so are the inputs the options name even if not set yet.
+  FrameSharing sharing;
+  sharing.from = default_frame_.get();
+  sharing.own_call_sites = !options.share_call_sites;
+  sharing.inputs.assign(NumInputs(), 0);
+  for (int index : options.shared_inputs) {
+    sharing.inputs[CheckedInputIndex(index, "input")] = 1;
+    sharing.wait_for_inputs |= !default_frame_->input_set(index);
+  }
+  for (int index = 0; index < NumInputs(); ++index) {
+    sharing.inputs[index] |= input_is_param_[index] && default_frame_->input_set(index);
+  }
+  auto frame = std::make_unique<RunFrame>(*model_, plan_, sharing);
+  frame->UseExecutor(ExecutorFor(*frame));
   return frame;
 }
 
@@ -235,32 +250,20 @@ void GraphRuntime::ShareParams(const GraphRuntime& other, const std::string& par
     uint32_t eid = graph_.entry_id(input_nodes_[index], 0);
     const ffi::Tensor& shared = other.GetInput(other_index);
     CheckInputValue(index, shared.GetDLTensorPtr(), "share_params '" + name + "'");
-    DLDevice have = shared.device(), need = default_frame_->tensors_[eid].device();
+    DLDevice have = shared.device(), need = default_frame_->tensor(eid).device();
     if (!support::SameDevice(have, need)) {
       TVM_FFI_THROW(ValueError) << "share_params '" << name << "': the other runtime holds it on "
                                 << DeviceName(have) << ", this one needs it on " << DeviceName(need);
     }
-    if (!other.default_frame_->input_set_[other_index]) {
+    if (!other.default_frame_->input_set(other_index)) {
       TVM_FFI_THROW(ValueError) << "share_params '" << name << "': the other runtime never set it";
     }
     shares.emplace_back(index, shared);
   }
-  RunFrame& frame = *default_frame_;
   for (const auto& [index, shared] : shares) {
-    uint32_t eid = graph_.entry_id(input_nodes_[index], 0);
-    frame.tensors_[eid] = shared;
-    frame.dl_[eid] = *shared.GetDLTensorPtr();
-    // Shared views of the parameter read the other runtime's bytes too.
-    for (uint32_t t = plan_->num_entries; t < plan_->tensors.size(); ++t) {
-      const PlanTensor& pt = plan_->tensors[t];
-      if (pt.entry != eid || pt.source != PlanTensor::Source::kSharedView) continue;
-      frame.tensors_[t] = support::ViewOf(shared, 0, shared.shape(), shared.dtype(), devices_[pt.device]);
-      frame.dl_[t] = *frame.tensors_[t].GetDLTensorPtr();
-    }
-    frame.MarkInputSet(index);
+    default_frame_->ShareInput(index, shared);
     input_is_param_[index] = 1;
   }
-  frame.PrepareCalls();  // remote groups send bytes from pointers taken at preparation
   InvalidateCaches();
 }
 
@@ -275,7 +278,7 @@ std::string GraphRuntime::StatsJSON() const {
     copies += step.kind == PlanStep::Kind::kCopy;
     carried += in_group && step.kind == PlanStep::Kind::kCopy;
     vendor_graphs += step.kind == PlanStep::Kind::kKernel &&
-                     !support::TraitsOf(devices_[node_device_[step.node]]).runs_tvm_kernels;
+                     !support::TraitsOf(model_->devices[model_->node_device[step.node]]).runs_tvm_kernels;
   };
   int64_t num_steps = 0;
   for (const PlanStep& step : plan.steps) {
@@ -290,8 +293,8 @@ std::string GraphRuntime::StatsJSON() const {
     }
   }
   json::Array storage_bytes, device_names, group_devices;
-  for (size_t bytes : storage_plan_.BytesPerDevice(devices_.size())) storage_bytes.push_back(int64_t(bytes));
-  for (const DLDevice& dev : devices_) device_names.push_back(ffi::String(DeviceName(dev)));
+  for (size_t bytes : storage_plan_.BytesPerDevice(model_->devices.size())) storage_bytes.push_back(int64_t(bytes));
+  for (const DLDevice& dev : model_->devices) device_names.push_back(ffi::String(DeviceName(dev)));
   for (const ExecGroup& g : plan.groups) group_devices.push_back(int64_t(g.device));
   const RunFrame& frame = *default_frame_;
   const int64_t remote_calls = frame.remote_compute_calls.load(), remote_copies = frame.remote_copies.load();
@@ -327,8 +330,9 @@ std::string GraphRuntime::TraceJSON(int runs) {
   namespace json = ffi::json;
   RunFrame& frame = *default_frame_;
   RunFrame::ExclusiveUse use(&frame, "trace");
+  frame.CheckInputsSet();
   json::Array all_runs;
-  for (const auto& run : frame.TimedRuns(runs, /*serial=*/false)) {
+  for (const StepSpans& run : frame.executor().TimedRuns(runs)) {
     json::Array spans;
     for (uint32_t i = 0; i < run.size(); ++i) {
       if (run[i].first < 0) continue;
@@ -345,7 +349,7 @@ std::string GraphRuntime::TraceJSON(int runs) {
     all_runs.push_back(spans);
   }
   json::Array names;
-  for (const DLDevice& dev : devices_) names.push_back(ffi::String(DeviceName(dev)));
+  for (const DLDevice& dev : model_->devices) names.push_back(ffi::String(DeviceName(dev)));
   return std::string(json::Stringify(json::Object{{ffi::String("devices"), names}, {ffi::String("runs"), all_runs}}));
 }
 
@@ -353,10 +357,13 @@ std::string GraphRuntime::ProfileJSON(int repeat) {
   namespace json = ffi::json;
   RunFrame& frame = *default_frame_;
   RunFrame::ExclusiveUse use(&frame, "profile");
+  frame.CheckInputsSet();
   repeat = std::max(repeat, 1);
   const ExecutionPlan& plan = *plan_;
   std::vector<double> step_us(plan.steps.size(), 0.0);
-  for (const auto& run : frame.TimedRuns(repeat, /*serial=*/true)) {
+  // Every step on the caller, one after another, each waited for: per-step times that add up.
+  SerialExecutor serial(*model_, plan_, frame);
+  for (const StepSpans& run : serial.TimedRuns(repeat)) {
     for (size_t i = 0; i < run.size(); ++i) step_us[i] += (run[i].second - run[i].first) / repeat;
   }
   json::Array nodes, groups;
@@ -366,7 +373,7 @@ std::string GraphRuntime::ProfileJSON(int repeat) {
     nodes.push_back(json::Object{{ffi::String("node_id"), int64_t(nid)},
                                  {ffi::String("name"), ffi::String(graph_.nodes[nid].name)},
                                  {ffi::String("func_name"), ffi::String(graph_.nodes[nid].func_name)},
-                                 {ffi::String("device"), int64_t(node_device_[nid])},
+                                 {ffi::String("device"), int64_t(model_->node_device[nid])},
                                  {ffi::String("time_us"), step_us[i]}});
     for (size_t g = 0; g < plan.groups.size(); ++g) {
       if (plan.groups[g].begin <= plan.steps[i].origin && plan.steps[i].origin < plan.groups[g].end) group_us[g] += step_us[i];

@@ -20,7 +20,7 @@ namespace ffi = tvm::ffi;
 
 std::string GraphRuntime::OffloadPlanJSON(int device) const {
   namespace json = ffi::json;
-  if (device < 0 || device >= static_cast<int>(devices_.size())) {
+  if (device < 0 || device >= static_cast<int>(devices().size())) {
     TVM_FFI_THROW(IndexError) << "device " << device << " is out of range";
   }
   const ExecutionPlan& plan = *plan_;
@@ -68,8 +68,8 @@ std::string GraphRuntime::OffloadPlanJSON(int device) const {
 
 ffi::Tensor GraphRuntime::GetEntry(uint32_t eid) const {
   const ExecutionPlan& plan = *plan_;
-  if (eid < plan.num_entries) return default_frame_->tensors_[eid];
-  if (eid - plan.num_entries < plan.copy_buffers.size()) return default_frame_->tensors_[plan.copy_buffers[eid - plan.num_entries]];
+  if (eid < plan.num_entries) return default_frame_->tensor(eid);
+  if (eid - plan.num_entries < plan.copy_buffers.size()) return default_frame_->tensor(plan.copy_buffers[eid - plan.num_entries]);
   TVM_FFI_THROW(IndexError) << "entry " << eid << " is out of range";
 }
 

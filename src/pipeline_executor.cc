@@ -341,29 +341,28 @@ void PipelineExecutor::SetupStageFrames(Stage& stage) {
   FrameOptions options;
   for (const std::string& name : stage.params) options.shared_inputs.push_back(stage.runtime->GetInputIndex(name));
   options.share_call_sites = true;  // the stage's one worker runs its frames one after another
-  try {
-    for (size_t f = 0; f < num_frames; ++f) stage.frames.push_back(stage.runtime->Frame(options));
-  } catch (const ffi::Error&) {
-    stage.frames.clear();  // remote devices: the runtime's own frame, boundaries copied
-    return;
-  }
+  // Remote devices: the runtime's own frame, boundaries copied.
+  if (!stage.runtime->FramesSupported()) return;
+  for (size_t f = 0; f < num_frames; ++f) stage.frames.push_back(stage.runtime->Frame(options));
   const size_t num_boundaries = boundaries_.size();
   auto tensor = [&](size_t f, int b) { return frame_tensors_[f * num_boundaries + b]; };
-  // A boundary binds when the first pipeline frame's tensor can stand in for the stage's own (its
-  // device shares the stage tensor's memory): every pipeline frame's tensors are made alike.
+  // A boundary binds where its tensor can stand in for the stage's own without a copy: the device
+  // record says the two devices share memory (boundary tensors are allocated aligned, at offset 0).
+  // An output also needs a step of its own writing it (RunFrame::OutputBindable).
   std::vector<StageCopy> feeds, drains;
   for (StageCopy& feed : stage.feeds) {
-    try {
+    if (support::ReadableInPlace(boundaries_[feed.boundary].device, feed.stage_tensor.device())) {
       for (size_t f = 0; f < num_frames; ++f) stage.frames[f]->BindInput(feed.index, tensor(f, feed.boundary));
-    } catch (const ffi::Error&) {
+    } else {
       for (size_t f = 0; f < num_frames; ++f) stage.frames[f]->MarkInputSet(feed.index);  // written by the copy
       feeds.push_back(std::move(feed));
     }
   }
   for (StageCopy& drain : stage.drains) {
-    try {
+    if (stage.frames[0]->OutputBindable(drain.index) &&
+        support::ReadableInPlace(boundaries_[drain.boundary].device, drain.stage_tensor.device())) {
       for (size_t f = 0; f < num_frames; ++f) stage.frames[f]->BindOutput(drain.index, tensor(f, drain.boundary));
-    } catch (const ffi::Error&) {
+    } else {
       drains.push_back(std::move(drain));
     }
   }

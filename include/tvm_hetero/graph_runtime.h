@@ -3,8 +3,10 @@
  * \brief The heterogeneous graph runtime in three pieces: an immutable plan (src/plan/execution_plan.h)
  *        built once from the graph, devices and kernel libraries; frames (tvm_hetero/run_frame.h)
  *        holding each run's memory and bindings; executors running (plan, frame)
- *        (src/plan/step_execution.cc). SetInput / Run / GetOutput use a default frame; Frame() gives
- *        more, so several threads run one model at once with the weights held once.
+ *        (src/plan/frame_executor.h). The runtime owns the plan and the default frame, and gives
+ *        every frame the executor its execution mode calls for. SetInput / Run / GetOutput use the
+ *        default frame; Frame() gives more, so several threads run one model at once with the
+ *        weights held once.
  */
 #ifndef TVM_HETERO_GRAPH_RUNTIME_H_
 #define TVM_HETERO_GRAPH_RUNTIME_H_
@@ -30,6 +32,7 @@ namespace tvm_hetero {
 
 struct ExecutionPlan;
 struct ExecutionSchedule;
+class FrameExecutor;
 struct PlanInputs;
 
 /*!
@@ -86,6 +89,9 @@ class GraphRuntime {
    *        keeps the execution mode (SetExecution) in force when it was made.
    */
   std::unique_ptr<RunFrame> Frame(const FrameOptions& options = FrameOptions()) const;
+  /*! \brief Whether Frame() can make frames: every device is local (a remote runner serves only the
+   *         default frame's memory). */
+  bool FramesSupported() const;
   /*! \brief The frame behind SetInput / Run / GetOutput. */
   RunFrame& default_frame() { return *default_frame_; }
   /*! \brief The plan, one line per step (ExecutionPlan::ToString). */
@@ -161,37 +167,31 @@ class GraphRuntime {
   const Graph& graph() const { return graph_; }
   const std::vector<ExecGroup>& groups() const;
   const ExecutionPlan& plan() const { return *plan_; }
-  const std::vector<DLDevice>& devices() const { return devices_; }
+  const std::vector<DLDevice>& devices() const;
   const StoragePlan& storage_plan() const { return storage_plan_; }
 
  private:
-  friend class RunFrame;
-  /*! \brief What the plan passes read (pointers into this runtime). */
-  PlanInputs Inputs() const;
   /*! \brief Find the libraries' cache-invalidation hooks. */
   void SetupCacheHooks();
   /*! \brief Parameter values changed: call every cache-invalidation hook. */
   void InvalidateCaches() const;
   /*! \brief Replace the plan (after a plan pass) and re-prepare the default frame for it. */
   void UsePlan(ExecutionPlan plan);
-  /*! \brief Derive the schedule for the current plan and mode; restart the default frame's executors. */
+  /*! \brief Derive the schedule for the current plan and mode; give the default frame its executor. */
   void SetupExecution();
+  /*! \brief The executor the schedule calls for, running the plan over `frame`. */
+  std::unique_ptr<FrameExecutor> ExecutorFor(RunFrame& frame) const;
   int CheckedInputIndex(int index, const char* what) const;
   /*! \brief Write checked parameters, mark them parameters, invalidate caches once. */
   void BindParams(const std::vector<std::pair<int, const DLTensor*>>& params);
 
   /*! \brief The validated graph. */
   Graph graph_;
-  /*! \brief Kernel library. */
-  tvm::ffi::Optional<tvm::ffi::Module> lib_;
-  /*! \brief Per-device kernel libraries overriding lib_ (empty or unset: lib_). */
-  std::vector<tvm::ffi::Optional<tvm::ffi::Module>> device_libs_;
-  /*! \brief Devices by position. */
-  std::vector<DLDevice> devices_;
-  /*! \brief Device position of each node. */
-  std::vector<int> node_device_;
   /*! \brief Pool slots and the slot of each entry. */
   StoragePlan storage_plan_;
+  /*! \brief What the plan, the frames and the executors are made from: the graph and storage plan
+   *         above, the devices by position, each node's device and the kernel libraries. */
+  std::unique_ptr<PlanInputs> model_;
   /*! \brief Node id of each input (arg_nodes order). */
   std::vector<uint32_t> input_nodes_;
   /*! \brief Input name -> input index. */

@@ -1,12 +1,14 @@
 /*!
  * \file plan/prepared_call.h
  * \brief What a frame's hot loop touches per step, packed densely: the function and its packed
- *        arguments, or the tensors of a copy; and, per offloaded group, its packed call.
+ *        arguments, or the tensors of a copy; and, per offloaded group, its packed call. A frame
+ *        owns its PreparedSteps (pointing into its memory); executors only read them.
  */
 #ifndef TVM_HETERO_PLAN_PREPARED_CALL_H_
 #define TVM_HETERO_PLAN_PREPARED_CALL_H_
 
 #include <tvm/ffi/any.h>
+#include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/function.h>
 
 #include <cstdint>
@@ -54,6 +56,20 @@ struct GroupCall {
   std::vector<tvm::ffi::AnyView> call_args;
   /*! \brief Host tensors the returned bytes are written to, in order. */
   std::vector<DLTensor*> outputs;
+};
+
+/*! \brief Every step of one frame, ready to run, and what the calls point into. */
+struct PreparedSteps {
+  /*! \brief One per plan step: what an executor calls. */
+  std::vector<PreparedCall> calls;
+  /*! \brief Per attached offload segment: its packed call and the tensors its results go to. */
+  std::vector<GroupCall> groups;
+  /*! \brief Every kernel step's packed arguments, back to back (calls point into it). */
+  std::vector<tvm::ffi::AnyView> args;
+  /*! \brief Host staging buffer of each staged copy step (else undefined). */
+  std::vector<tvm::ffi::Tensor> staging;
+  /*! \brief Bytes of the staging buffers. */
+  int64_t staging_bytes = 0;
 };
 
 }  // namespace tvm_hetero

@@ -9,16 +9,14 @@
  * packed calls. An input or output entry is live for the whole run (VerifyStoragePlan), so no other
  * entry shares its bytes and moving it elsewhere changes no other tensor.
  */
-#include <tvm_hetero/graph_runtime.h>
 #include <tvm_hetero/run_frame.h>
 
 #include <algorithm>
 #include <cstring>
 #include <sstream>
 
-#include "concurrency/device_executors.h"
 #include "plan/execution_plan.h"
-#include "plan/execution_schedule.h"
+#include "plan/frame_executor.h"
 #include "plan/prepared_call.h"
 #include "plan/run_frame_use.h"
 #include "support/device.h"
@@ -34,53 +32,72 @@ namespace {
 /*! \brief The alignment TVM's kernels assume of every tensor (its allocator's). */
 constexpr uintptr_t kKernelAlignment = 64;
 
+/*! \brief Output `index` is written by a step (not an input's or a __nop's entry). */
+bool ComputedByAStep(const Graph& graph, int index) {
+  const GraphNode& node = graph.nodes[graph.heads[index].node_id];
+  return !node.is_input() && node.func_name != "__nop";
+}
+
+/*! \brief Another output naming output `index`'s tensor, or -1. */
+int OtherOutputOfItsTensor(const Graph& graph, int index) {
+  const uint32_t eid = graph.entry_id(graph.heads[index]);
+  for (size_t k = 0; k < graph.heads.size(); ++k) {
+    if (static_cast<int>(k) != index && graph.entry_id(graph.heads[k]) == eid) return static_cast<int>(k);
+  }
+  return -1;
+}
+
 }  // namespace
 
-RunFrame::RunFrame(const GraphRuntime* runtime, std::shared_ptr<const ExecutionPlan> plan, const RunFrame* shared,
-                   const FrameOptions& options)
-    : runtime_(runtime), plan_(std::move(plan)), executors_(std::make_unique<DeviceExecutors>()) {
-  const size_t num_inputs = runtime_->input_nodes_.size();
+RunFrame::RunFrame(const PlanInputs& model, std::shared_ptr<const ExecutionPlan> plan, const FrameSharing& sharing)
+    : model_(model), plan_(std::move(plan)), prepared_(std::make_unique<PreparedSteps>()) {
+  const size_t num_inputs = model_.graph->arg_nodes.size();
   input_set_.assign(num_inputs, 0);
   input_shared_.assign(num_inputs, 0);
   num_inputs_unset_ = static_cast<int>(num_inputs);
   bound_inputs_.resize(num_inputs);
-  bound_outputs_.resize(runtime_->graph_.heads.size());
-  for (const DLDevice& dev : runtime_->devices_) {
-    if (support::NeedsDrain(dev)) support::AddUnique(&devices_to_sync_, dev);
-  }
-  AllocateTensors(shared, options);
-  if (shared != nullptr && !options.share_call_sites) {
+  bound_outputs_.resize(model_.graph->heads.size());
+  AllocateTensors(sharing);
+  if (sharing.own_call_sites) {
     // A call site of its own per kernel: a library may keep per-call-site state (oneDNN regions).
-    PlanInputs in = runtime_->Inputs();
     own_kernels_.resize(plan_->steps.size());
     for (size_t i = 0; i < plan_->steps.size(); ++i) {
-      if (plan_->steps[i].kind == PlanStep::Kind::kKernel) own_kernels_[i] = FindKernel(in, plan_->steps[i].node);
+      if (plan_->steps[i].kind == PlanStep::Kind::kKernel) own_kernels_[i] = FindKernel(model_, plan_->steps[i].node);
     }
   }
   PrepareCalls();
 }
 
 RunFrame::~RunFrame() {
-  // The executor threads run steps of this frame: stop them before any member goes away.
-  executors_->Stop();
+  // The executor's threads run steps of this frame: stop them before any member goes away.
+  executor_.reset();
 }
 
-void RunFrame::AllocateTensors(const RunFrame* shared, const FrameOptions& options) {
-  const Graph& graph = runtime_->graph_;
-  const StoragePlan& storage = runtime_->storage_plan_;
-  const std::vector<DLDevice>& devices = runtime_->devices_;
-  // Parameters shared with `shared`: their entries come from there, and a slot holding nothing else
-  // is not allocated (weights once, whatever the number of frames).
+int64_t RunFrame::allocated_bytes() const { return allocated_bytes_ + prepared_->staging_bytes; }
+
+uint32_t RunFrame::InputEntry(int index) const { return model_.graph->entry_id(model_.graph->arg_nodes[index], 0); }
+
+void RunFrame::UseExecutor(std::unique_ptr<FrameExecutor> executor) { executor_ = std::move(executor); }
+
+void RunFrame::UsePlan(std::shared_ptr<const ExecutionPlan> plan) {
+  executor_.reset();  // it runs the old plan's calls
+  plan_ = std::move(plan);
+  PrepareCalls();
+}
+
+void RunFrame::AllocateTensors(const FrameSharing& sharing) {
+  const Graph& graph = *model_.graph;
+  const StoragePlan& storage = *model_.storage;
+  const std::vector<DLDevice>& devices = model_.devices;
+  // Inputs shared with `sharing.from`: their entries come from there, and a slot holding nothing
+  // else is not allocated (weights once, whatever the number of frames).
   std::vector<uint8_t> shared_entry(plan_->num_entries, 0);
+  const RunFrame* shared = sharing.from;
   if (shared != nullptr) {
-    std::vector<uint8_t> asked(runtime_->input_nodes_.size(), 0);
-    for (int i : options.shared_inputs) {
-      asked[CheckedIndex(i, false)] = 1;
-      if (!shared->input_set_[i]) params_from_ = shared;
-    }
-    for (size_t i = 0; i < runtime_->input_nodes_.size(); ++i) {
-      if (!asked[i] && (!runtime_->input_is_param_[i] || !shared->input_set_[i])) continue;
-      shared_entry[graph.entry_id(runtime_->input_nodes_[i], 0)] = 1;
+    if (sharing.wait_for_inputs) params_from_ = shared;
+    for (size_t i = 0; i < sharing.inputs.size(); ++i) {
+      if (!sharing.inputs[i]) continue;
+      shared_entry[InputEntry(static_cast<int>(i))] = 1;
       input_shared_[i] = 1;
       input_set_[i] = 1;
       --num_inputs_unset_;
@@ -124,10 +141,13 @@ void RunFrame::AllocateTensors(const RunFrame* shared, const FrameOptions& optio
   for (const ffi::Tensor& t : tensors_) dl_.push_back(*t.GetDLTensorPtr());
   // Outputs are read on the primary device; one made on a device sharing its memory is shown there.
   output_views_.clear();
+  output_input_.clear();
   for (const EntryRef& head : graph.heads) {
     const ffi::Tensor& entry = tensors_[graph.entry_id(head)];
     bool view = !support::SameDevice(entry.device(), devices[0]) && support::SharesMemory(entry.device(), devices[0]);
     output_views_.push_back(view ? support::ViewOf(entry, 0, entry.shape(), entry.dtype(), devices[0]) : entry);
+    auto input = std::find(graph.arg_nodes.begin(), graph.arg_nodes.end(), head.node_id);
+    output_input_.push_back(input == graph.arg_nodes.end() ? -1 : static_cast<int>(input - graph.arg_nodes.begin()));
   }
 }
 
@@ -135,33 +155,34 @@ void RunFrame::PrepareCalls() {
   const ExecutionPlan& plan = *plan_;
   size_t num_args = 0;
   for (const PlanStep& step : plan.steps) num_args += step.kind == PlanStep::Kind::kKernel ? step.args.size() : 0;
-  args_.clear();
-  args_.reserve(num_args);  // calls point into args_: it must not move once filled
-  staging_.assign(plan.steps.size(), ffi::Tensor());
-  staging_bytes_ = 0;
-  calls_.assign(plan.steps.size(), PreparedCall());
-  group_calls_.clear();
+  PreparedSteps& prepared = *prepared_;
+  prepared.args.clear();
+  prepared.args.reserve(num_args);  // calls point into args: it must not move once filled
+  prepared.staging.assign(plan.steps.size(), ffi::Tensor());
+  prepared.staging_bytes = 0;
+  prepared.calls.assign(plan.steps.size(), PreparedCall());
+  prepared.groups.clear();
   for (size_t i = 0; i < plan.steps.size(); ++i) {
     const PlanStep& step = plan.steps[i];
-    PreparedCall& call = calls_[i];
+    PreparedCall& call = prepared.calls[i];
     switch (step.kind) {
       case PlanStep::Kind::kKernel:
         call.mode = step.remote ? PreparedCall::Mode::kRemoteCall : PreparedCall::Mode::kCall;
         call.function = static_cast<const ffi::FunctionObj*>(own_kernels_.empty() ? step.function.get()
                                                                                   : own_kernels_[i].get());
-        call.args = args_.data() + args_.size();
+        call.args = prepared.args.data() + prepared.args.size();
         call.num_args = static_cast<int32_t>(step.args.size());
-        for (uint32_t t : step.args) args_.emplace_back(&dl_[t]);
+        for (uint32_t t : step.args) prepared.args.emplace_back(&dl_[t]);
         break;
       case PlanStep::Kind::kCopy:
         call.mode = step.remote ? PreparedCall::Mode::kRemoteCopy : PreparedCall::Mode::kCopy;
         call.from = &dl_[step.args[0]];
         call.to = &dl_[step.args[1]];
         if (step.staged) {
-          staging_[i] = support::StagingBuffer(call.from->device, call.to->device,
-                                               ffi::ShapeView(call.to->shape, call.to->ndim), call.to->dtype);
-          staging_bytes_ += static_cast<int64_t>(ffi::GetDataSize(*call.to));
-          call.staging = Mutable(staging_[i]);
+          prepared.staging[i] = support::StagingBuffer(call.from->device, call.to->device,
+                                                       ffi::ShapeView(call.to->shape, call.to->ndim), call.to->dtype);
+          prepared.staging_bytes += static_cast<int64_t>(ffi::GetDataSize(*call.to));
+          call.staging = Mutable(prepared.staging[i]);
         }
         break;
       case PlanStep::Kind::kNop:
@@ -187,30 +208,21 @@ void RunFrame::PrepareCalls() {
         for (TVMFFIByteArray& bytes : group.input_bytes) group.call_args.emplace_back(&bytes);
         call.mode = PreparedCall::Mode::kRemoteGroup;
         call.function = static_cast<const ffi::FunctionObj*>(step.function.get());
-        call.num_args = static_cast<int32_t>(group_calls_.size());
-        group_calls_.push_back(std::move(group));
+        call.num_args = static_cast<int32_t>(prepared.groups.size());
+        prepared.groups.push_back(std::move(group));
         break;
       }
     }
   }
-  // group_calls_ is complete: point each group step at its packed call (stable from now on).
-  for (PreparedCall& call : calls_) {
-    if (call.mode == PreparedCall::Mode::kRemoteGroup) call.args = group_calls_[call.num_args].call_args.data();
-  }
-}
-
-void RunFrame::StartExecutors(std::shared_ptr<const ExecutionSchedule> schedule) {
-  executors_->Stop();
-  schedule_ = std::move(schedule);
-  span_start_us_.assign(plan_->steps.size(), -1.0);
-  span_end_us_.assign(plan_->steps.size(), -1.0);
-  if (schedule_->use_executors) {
-    executors_->Start(schedule_->schedule, &RunFrame::RunStepOnExecutor, this, schedule_->options);
+  // groups is complete: point each group step at its packed call (stable from now on).
+  for (PreparedCall& call : prepared.calls) {
+    if (call.mode == PreparedCall::Mode::kRemoteGroup) call.args = prepared.groups[call.num_args].call_args.data();
   }
 }
 
 int RunFrame::CheckedIndex(int index, bool output) const {
-  int limit = output ? static_cast<int>(runtime_->graph_.heads.size()) : static_cast<int>(runtime_->input_nodes_.size());
+  const Graph& graph = *model_.graph;
+  int limit = static_cast<int>(output ? graph.heads.size() : graph.arg_nodes.size());
   const char* what = output ? "output" : "input";
   if (index < 0 || index >= limit) {
     TVM_FFI_THROW(IndexError) << what << " index " << index << " is out of range: the graph has " << limit << " "
@@ -243,20 +255,17 @@ void RunFrame::Repoint(uint32_t entry, const DLTensor* value) {
     if (pt.entry == entry && pt.source != PlanTensor::Source::kCopyBuffer) point(t);
   }
   // Remote groups send input bytes from pointers taken at preparation: refresh them.
-  if (!group_calls_.empty()) PrepareCalls();
+  if (!prepared_->groups.empty()) PrepareCalls();
 }
 
 void RunFrame::CheckBindable(uint32_t eid, const DLTensor* value, const std::string& what) const {
-  const Graph& graph = runtime_->graph_;
+  const Graph& graph = *model_.graph;
   support::CheckTensor(value, graph.shapes[eid], graph.dtypes[eid], what);
   const DLDevice want = tensors_[eid].device();
-  if (!support::SameDevice(value->device, want) && !support::SharesMemory(value->device, want)) {
+  if (!support::ReadableInPlace(value->device, want)) {
     TVM_FFI_THROW(ValueError) << what << ": bound without a copy, it must be on " << support::DeviceName(want)
                               << ", got a tensor on " << support::DeviceName(value->device)
                               << " (pass copy=True to copy it there)";
-  }
-  if (support::IsRemote(want)) {
-    TVM_FFI_THROW(ValueError) << what << ": a remote device's tensor cannot be bound without a copy";
   }
   if (value->byte_offset != 0 && !support::OffsetsUsable(want)) {
     TVM_FFI_THROW(ValueError) << what << ": a tensor with a byte offset cannot be bound on "
@@ -272,7 +281,7 @@ void RunFrame::CheckBindable(uint32_t eid, const DLTensor* value, const std::str
 
 std::string RunFrame::OwnInputName(int index) const {
   CheckedIndex(index, false);
-  const std::string what = "input '" + runtime_->GetInputName(index) + "'";
+  const std::string what = "input '" + model_.graph->nodes[model_.graph->arg_nodes[index]].name + "'";
   if (input_shared_[index]) {
     TVM_FFI_THROW(ValueError) << what << " is a parameter shared by every frame of the runtime; set it on the "
                               << "runtime (set_params), not on one frame";
@@ -286,8 +295,8 @@ void RunFrame::SetInput(int index, const DLTensor* value) {
 }
 
 void RunFrame::WriteInput(int index, const DLTensor* value, const std::string& what) {
-  const uint32_t eid = runtime_->graph_.entry_id(runtime_->input_nodes_[index], 0);
-  support::CheckTensor(value, runtime_->graph_.shapes[eid], runtime_->graph_.dtypes[eid], what);
+  const uint32_t eid = InputEntry(index);
+  support::CheckTensor(value, model_.graph->shapes[eid], model_.graph->dtypes[eid], what);
   if (bound_inputs_[index].defined()) {
     Repoint(eid, nullptr);
     bound_inputs_[index] = ffi::Tensor();
@@ -297,10 +306,26 @@ void RunFrame::WriteInput(int index, const DLTensor* value, const std::string& w
   MarkInputSet(index);
 }
 
+void RunFrame::ShareInput(int index, ffi::Tensor memory) {
+  const uint32_t eid = InputEntry(CheckedIndex(index, false));
+  tensors_[eid] = memory;
+  dl_[eid] = *memory.GetDLTensorPtr();
+  // Shared views of the input read the other runtime's bytes too.
+  for (uint32_t t = plan_->num_entries; t < plan_->tensors.size(); ++t) {
+    const PlanTensor& pt = plan_->tensors[t];
+    if (pt.entry != eid || pt.source != PlanTensor::Source::kSharedView) continue;
+    tensors_[t] = support::ViewOf(memory, 0, memory.shape(), memory.dtype(), model_.devices[pt.device]);
+    dl_[t] = *tensors_[t].GetDLTensorPtr();
+  }
+  MarkInputSet(index);
+  // Remote groups send input bytes from pointers taken at preparation: refresh them.
+  if (!prepared_->groups.empty()) PrepareCalls();
+}
+
 void RunFrame::BindInput(int index, ffi::Tensor value) {
   ExclusiveUse use(this, "set_input");
   const std::string what = OwnInputName(index);
-  const uint32_t eid = runtime_->graph_.entry_id(runtime_->input_nodes_[index], 0);
+  const uint32_t eid = InputEntry(index);
   CheckBindable(eid, value.GetDLTensorPtr(), what);
   Repoint(eid, value.GetDLTensorPtr());
   bound_inputs_[index] = std::move(value);
@@ -310,17 +335,14 @@ void RunFrame::BindInput(int index, ffi::Tensor value) {
 void RunFrame::BindOutput(int index, ffi::Tensor out) {
   ExclusiveUse use(this, "bind_output");
   CheckedIndex(index, true);
-  const Graph& graph = runtime_->graph_;
+  const Graph& graph = *model_.graph;
   const EntryRef& head = graph.heads[index];
   const std::string what = "output " + std::to_string(index) + " (" + graph.describe_node(head.node_id) + ")";
-  const GraphNode& node = graph.nodes[head.node_id];
-  if (node.is_input() || node.func_name == "__nop") {
+  if (!ComputedByAStep(graph, index)) {
     TVM_FFI_THROW(ValueError) << what << " is not computed by a step (an input or a __nop's): it cannot be bound";
   }
-  for (size_t k = 0; k < graph.heads.size(); ++k) {
-    if (static_cast<int>(k) != index && graph.entry_id(graph.heads[k]) == graph.entry_id(head)) {
-      TVM_FFI_THROW(ValueError) << what << " is also output " << k << ": one tensor cannot be bound to two";
-    }
+  if (int other = OtherOutputOfItsTensor(graph, index); other >= 0) {
+    TVM_FFI_THROW(ValueError) << what << " is also output " << other << ": one tensor cannot be bound to two";
   }
   const uint32_t eid = graph.entry_id(head);
   CheckBindable(eid, out.GetDLTensorPtr(), what + " destination");
@@ -328,23 +350,31 @@ void RunFrame::BindOutput(int index, ffi::Tensor out) {
   bound_outputs_[index] = std::move(out);
 }
 
+bool RunFrame::OutputBindable(int index) const {
+  CheckedIndex(index, true);
+  return ComputedByAStep(*model_.graph, index) && OtherOutputOfItsTensor(*model_.graph, index) < 0;
+}
+
 ffi::Tensor RunFrame::GetInput(int index) const {
   CheckedIndex(index, false);
   if (bound_inputs_[index].defined()) return bound_inputs_[index];
-  return tensors_[runtime_->graph_.entry_id(runtime_->input_nodes_[index], 0)];
+  return tensors_[InputEntry(index)];
 }
 
 ffi::Tensor RunFrame::GetOutput(int index) const {
   CheckedIndex(index, true);
   if (bound_outputs_[index].defined()) return bound_outputs_[index];
+  // An input passed through as an output reads where the input does (the caller's memory once bound).
+  const int input = output_input_[index];
+  if (input >= 0 && bound_inputs_[input].defined()) return bound_inputs_[input];
   return output_views_[index];
 }
 
 void RunFrame::CopyOutputTo(int index, DLTensor* out) {
   ExclusiveUse use(this, "get_output");
   CheckedIndex(index, true);
-  const uint32_t eid = runtime_->graph_.entry_id(runtime_->graph_.heads[index]);
-  support::CheckTensor(out, runtime_->graph_.shapes[eid], runtime_->graph_.dtypes[eid],
+  const uint32_t eid = model_.graph->entry_id(model_.graph->heads[index]);
+  support::CheckTensor(out, model_.graph->shapes[eid], model_.graph->dtypes[eid],
                        "output " + std::to_string(index) + " destination");
   support::CopyOnce(&dl_[eid], out);
   io_bytes_copied_ += static_cast<int64_t>(ffi::GetDataSize(*out));
@@ -355,18 +385,23 @@ void RunFrame::ThrowUnsetInputs() const {
   int listed = 0;
   for (size_t i = 0; i < input_set_.size(); ++i) {
     if (input_set_[i]) continue;
-    names << (listed++ ? ", " : "") << "'" << runtime_->graph_.nodes[runtime_->input_nodes_[i]].name << "'";
+    names << (listed++ ? ", " : "") << "'" << model_.graph->nodes[model_.graph->arg_nodes[i]].name << "'";
   }
   TVM_FFI_THROW(ValueError) << "run: " << num_inputs_unset_ << " input(s) never set: " << names.str()
                             << " (set inputs with set_input; parameters with set_params or load_params, or pass them to "
                                "create: graph_runtime.create(graph_json, lib, devices, params=artifact.params))";
 }
 
-void RunFrame::Run() {
-  ExclusiveUse use(this, "run");
+void RunFrame::CheckInputsSet() const {
   if (num_inputs_unset_ != 0) ThrowUnsetInputs();
   if (params_from_ != nullptr && params_from_->num_inputs_unset_ != 0) params_from_->ThrowUnsetInputs();
-  RunOnce();
+}
+
+void RunFrame::Run() {
+  ExclusiveUse use(this, "run");
+  CheckInputsSet();
+  if (executor_ == nullptr) TVM_FFI_THROW(InternalError) << "run: the frame was given no executor";
+  executor_->Run();
 }
 
 }  // namespace tvm_hetero

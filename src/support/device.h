@@ -56,6 +56,11 @@ inline bool HasDeviceType(DLDevice dev, int64_t type) { return static_cast<int64
 inline bool SameKind(DLDevice a, DLDevice b) { return a.device_type == b.device_type; }
 /*! \brief Tensors on `a` can be read on `b` in place (both local kinds with host memory). */
 inline bool SharesMemory(DLDevice a, DLDevice b) { return IsHost(a) && IsHost(b); }
+/*! \brief A tensor on `from` can stand in, without a copy, for one on `to`: the same local device,
+ *         or two devices sharing memory (a remote device's tensor is never read in place). */
+inline bool ReadableInPlace(DLDevice from, DLDevice to) {
+  return SameDevice(from, to) ? !IsRemote(to) : SharesMemory(from, to);
+}
 /*! \brief True when no single device API copies between these two: a host buffer goes between. */
 inline bool NeedsStaging(DLDevice from, DLDevice to) {
   return !SameKind(from, to) && !IsHost(from) && !IsHost(to);

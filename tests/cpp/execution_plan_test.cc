@@ -1,7 +1,8 @@
 /*!
  * \file execution_plan_test.cc
  * \brief The plan passes alone on hand-made graphs (no memory is allocated: a remote device needs
- *        no session here), and frames of one runtime running on several threads at once.
+ *        no session here), the executors alone over a hand-made (plan, frame), and frames of one
+ *        runtime running on several threads at once.
  */
 #include <gtest/gtest.h>
 
@@ -16,6 +17,8 @@
 #include <vector>
 
 #include "plan/execution_plan.h"
+#include "plan/execution_schedule.h"
+#include "plan/frame_executor.h"
 #include "support/device_kinds.h"
 #include "test_graphs.h"
 #include "test_kernels.h"
@@ -141,6 +144,73 @@ std::vector<float> Floats(RunFrame& frame) {
   return values;
 }
 
+/*! \brief A frame of `g`'s plan (crossings inserted) with inputs A, B, C set. */
+std::unique_ptr<RunFrame> FrameWithInputs(const HandMade& g, std::shared_ptr<const ExecutionPlan> plan) {
+  auto frame = std::make_unique<RunFrame>(g.in, std::move(plan), FrameSharing());
+  SetFloats(*frame, 0, {1, 2, 3, 4});
+  SetFloats(*frame, 1, {10, 20, 30, 40});
+  SetFloats(*frame, 2, {1, 1, 1, 1});
+  return frame;
+}
+
+TEST(FrameExecutors, SerialAndConcurrentExecutorsOfOneFrameGiveTheSerialResult) {
+  // add on cpu:1, sub on cpu:0 reading C on cpu:2: three devices, one frame, either executor.
+  HandMade g(SimplexJSON("[0, 1, 2, 3, 4, 5]", "[1, 1, 2, 1, 0, 0]"), {kCpu0, kCpu1, kCpu2});
+  auto plan = std::make_shared<const ExecutionPlan>(InsertDeviceCrossings(BuildPlan(g.in), g.in));
+  auto schedule = std::make_shared<const ExecutionSchedule>(
+      ScheduleFor(*plan, g.in.devices, ExecutionMode::kConcurrent, {}));
+  ASSERT_TRUE(schedule->use_executors);
+  std::unique_ptr<RunFrame> frame = FrameWithInputs(g, plan);
+  const std::vector<float> expected{10, 21, 32, 43};
+  frame->UseExecutor(std::make_unique<SerialExecutor>(g.in, plan, *frame));
+  frame->Run();
+  EXPECT_EQ(Floats(*frame), expected);
+  frame->UseExecutor(std::make_unique<ConcurrentExecutor>(g.in, plan, *frame, schedule));
+  for (int run = 0; run < 50; ++run) {
+    SetFloats(*frame, 0, {float(run), 2, 3, 4});
+    frame->Run();
+    EXPECT_EQ(Floats(*frame), (std::vector<float>{float(run) + 10 - 1, 21, 32, 43})) << "run " << run;
+  }
+}
+
+TEST(FrameExecutors, AFailingStepIsNamedWithItsNodeAndDeviceAndLeavesTheFrameFree) {
+  // Without InsertDeviceCrossings, sub on cpu:0 gets C's tensor on cpu:2: the test kernel refuses.
+  HandMade g(SimplexJSON("[0, 1, 2, 3, 4, 5]", "[1, 1, 2, 1, 0, 0]"), {kCpu0, kCpu1, kCpu2});
+  auto plan = std::make_shared<const ExecutionPlan>(BuildPlan(g.in));
+  std::unique_ptr<RunFrame> frame = FrameWithInputs(g, plan);
+  frame->UseExecutor(std::make_unique<SerialExecutor>(g.in, plan, *frame));
+  // Twice: the failed run released the frame (the second fails the same way, not as "busy").
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    try {
+      frame->Run();
+      ADD_FAILURE() << "no error";
+    } catch (const ffi::Error& err) {
+      EXPECT_NE(err.message().find("'sub'"), std::string::npos) << err.message();
+      EXPECT_NE(err.message().find("on device 0 (cpu:0): arguments on different devices"), std::string::npos)
+          << err.message();
+    }
+  }
+}
+
+TEST(FrameExecutors, TimedRunsGiveEveryStepASpanInsideItsRun) {
+  HandMade g(SimplexJSON(), {kCpu0, kCpu1});
+  auto plan = std::make_shared<const ExecutionPlan>(InsertDeviceCrossings(BuildPlan(g.in), g.in));
+  std::unique_ptr<RunFrame> frame = FrameWithInputs(g, plan);
+  SerialExecutor serial(g.in, plan, *frame);
+  std::vector<StepSpans> runs = serial.TimedRuns(3);
+  ASSERT_EQ(runs.size(), 3u);
+  for (const StepSpans& run : runs) {
+    ASSERT_EQ(run.size(), plan->steps.size());
+    double previous_end = 0;
+    for (const auto& [start, end] : run) {
+      EXPECT_GE(start, previous_end);  // serial: one step after another
+      EXPECT_GE(end, start);
+      previous_end = end;
+    }
+  }
+  EXPECT_EQ(Floats(*frame), (std::vector<float>{10, 21, 32, 43}));
+}
+
 TEST(GraphRuntimeFrames, ConcurrentFramesOfOneModelMatchSerialOnEveryInference) {
   // Three devices (each frame runs its own executors: add on cpu:1, sub on cpu:2 reading cpu:0's
   // copy); four threads, each with its own frame, 200 inferences each, against serial.
@@ -236,6 +306,20 @@ TEST(GraphRuntimeFrames, BoundInputsAndOutputsAreUsedInPlaceAndCheckedNamingTheI
   EXPECT_EQ(out[0], 110);
   EXPECT_EQ(frame->GetOutput(0).data_ptr(), static_cast<void*>(out));
   EXPECT_EQ(frame->io_bytes_copied(), 32);  // B and C were copied; A and the output were not
+}
+
+TEST(GraphRuntimeFrames, AnInputPassedThroughAsAnOutputReadsTheBoundMemory) {
+  // Outputs: sub's, then input A itself. Bound, A's output is the caller's tensor, not stale bytes.
+  std::string json = SimplexJSON();
+  json.replace(json.find(R"("heads": [[5, 0, 0]])"), 20, R"("heads": [[5, 0, 0], [0, 0, 0]])");
+  GraphRuntime rt;
+  rt.Init(json, ffi::Module(ffi::make_object<TestKernels>()), {kCpu0, kCpu1});
+  std::unique_ptr<RunFrame> frame = rt.Frame();
+  EXPECT_FALSE(frame->OutputBindable(1));  // no step writes it
+  EXPECT_TRUE(frame->OutputBindable(0));
+  alignas(64) float a[4] = {7, 8, 9, 10};
+  frame->BindInput(0, BorrowedFloats(a, kCpu1));
+  EXPECT_EQ(frame->GetOutput(1).data_ptr(), static_cast<void*>(a));
 }
 
 }  // namespace

@@ -419,6 +419,37 @@ TEST_F(PipelineExecutorTest, ThreeStagesWithSkipConnectionsMatchSequential) {
   for (int i = 0; i < kCount; ++i) ExpectBitIdentical(results[i], Sequential(reference, inputs[i]), i);
 }
 
+TEST_F(PipelineExecutorTest, BoundariesOnMemorySharingDevicesBindAndOutputsNoStepWritesAreCopied) {
+  // front(x, y) = [s, s, x]: s is two outputs (one tensor cannot be bound to two) and x is an input
+  // passed through (no step writes it), so those three drains copy; every other boundary binds
+  // (cpu:0 and cpu:1 share memory) and nothing at Init fails and is caught.
+  Watchdog watchdog("copied boundaries");
+  auto make = [this] {
+    PipelineConfig config;
+    config.inputs = {"x", "y"};
+    PipelineStage front;
+    front.name = "front";
+    front.runtime = Runtime(GraphJSON({"x", "y"}, {{"s", "add", {0, 1}}}, {2, 2, 0}));
+    front.inputs = {{"x", PipelineSource::Input("x")}, {"y", PipelineSource::Input("y")}};
+    PipelineStage back;
+    back.name = "back";
+    back.runtime = Runtime(GraphJSON({"A", "B"}, {{"q", "mul", {0, 1}}}, {2}), {kDLCPU, 1});
+    back.inputs = {{"A", PipelineSource::StageOutput(0, 0)}, {"B", PipelineSource::StageOutput(0, 2)}};
+    config.stages = {front, back};
+    config.outputs = {{1, 0}, {0, 1}};
+    return config;
+  };
+  PipelineConfig reference = make();
+  PipelineExecutor pipeline;
+  pipeline.Init(make());
+  auto inputs = RandomInputs(50, 2, 7);
+  auto results = RunAll(pipeline, inputs);
+  for (int i = 0; i < 50; ++i) ExpectBitIdentical(results[i], Sequential(reference, inputs[i]), i);
+  ffi::json::Object stats = Stats(pipeline);
+  EXPECT_EQ(Field(stats, "boundary_copies_without_frames"), 8);  // x, y, s, s, x; A, B; q
+  EXPECT_EQ(Field(stats, "boundary_copies"), 3);
+}
+
 TEST_F(PipelineExecutorTest, BackpressureBoundsEveryQueueAndBlocksTheProducer) {
   Watchdog watchdog("backpressure");
   g_slow_us = 200;

@@ -99,6 +99,19 @@ TEST(SupportDevice, KindsAndCopyRules) {
   EXPECT_EQ(support::DeviceName(remote_cpu), "remote[0]:cpu:0");
 }
 
+TEST(SupportDevice, ReadableInPlaceIsTheSameLocalDeviceOrTwoSharingMemory) {
+  // What the pipeline asks before binding a boundary tensor instead of copying it.
+  const DLDevice cpu0{kDLCPU, 0}, cpu1{kDLCPU, 1}, cuda0{kDLCUDA, 0};
+  const DLDevice remote{static_cast<DLDeviceType>(kDLCPU + support::kRPCSessMask), 0};
+  EXPECT_TRUE(support::ReadableInPlace(cpu0, cpu1));
+  EXPECT_TRUE(support::ReadableInPlace(cpu0, cpu0));
+  EXPECT_TRUE(support::ReadableInPlace(cuda0, cuda0));
+  EXPECT_FALSE(support::ReadableInPlace(cpu0, cuda0));
+  EXPECT_FALSE(support::ReadableInPlace(cuda0, cpu0));
+  EXPECT_FALSE(support::ReadableInPlace(remote, remote));  // another process's memory
+  EXPECT_FALSE(support::ReadableInPlace(cpu0, remote));
+}
+
 TEST(SupportDevice, CopyBetweenHostDevicesAndViews) {
   DLDataType f32{kDLFloat, 32, 1};
   ffi::Tensor a = support::AllocTensor(ffi::Shape({3}), f32, DLDevice{kDLCPU, 0});
