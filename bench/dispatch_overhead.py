@@ -22,7 +22,7 @@ import tvm
 import tvm_ffi
 import tvm_hetero
 from tvm import relax, te
-from tvm_hetero.compiler.graph import Entry, Graph, Node
+from tvm_hetero.graph import Entry, Graph, Node
 
 
 def kernel_call_floor():

@@ -36,10 +36,10 @@ import tvm_ffi
 import tvm_hetero.native  # noqa: F401  (registers tvm_hetero.read_params)
 
 from .compiler.build import BuildReport, CompiledGraph, device_name, format_size
-from .compiler.graph import Graph
 from .compiler.kernel_libraries import export_device_libraries, load_device_libraries
 from .compiler.pipeline import CompiledPipeline, target_label
 from .devices import parse_device
+from .graph import Graph
 from .runtime import graph_runtime, pipeline_runtime
 from .runtime.graph_runtime import GraphModule
 from .runtime.pipeline_runtime import PipelineModule

@@ -20,8 +20,8 @@ import tvm
 from .artifact import Artifact, sha256
 from .compiler import build as compiler_build
 from .compiler.build import device_name
-from .compiler.graph import COPY_FUNC
 from .devices import is_remote, parse_spec
+from .graph import COPY_FUNC
 
 
 def _verifier(targets: Any) -> tuple[Any, Any] | None:

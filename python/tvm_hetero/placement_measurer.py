@@ -55,8 +55,8 @@ import tvm
 import tvm_ffi
 
 from .compiler.autoplace.kernel_times import MeasureJob, compile_for_target, compile_jobs
-from .compiler.graph import Entry, Graph, Node
 from .devices import is_remote, name_of, needs_completion_wait, shares_memory
+from .graph import Entry, Graph, Node
 from .runtime import graph_runtime
 from .runtime.rpc import upload_library
 

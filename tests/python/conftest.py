@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import tvm
 from tvm import te
-from tvm_hetero.compiler.graph import COPY_FUNC, Entry, Graph, Node
+from tvm_hetero.graph import COPY_FUNC, Entry, Graph, Node
 
 SHAPE = (4,)
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import tvm
-from tvm_hetero.compiler.graph import COPY_FUNC, NOP_FUNC, Graph
+from tvm_hetero.graph import COPY_FUNC, NOP_FUNC, Graph
 
 
 def find_kernel(lib: tvm.runtime.Module, name: str) -> Any:

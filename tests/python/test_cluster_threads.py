@@ -13,7 +13,7 @@ from conftest import inp, op
 from tvm.script import tirx as T
 from tvm_hetero import cli, graph_runtime
 from tvm_hetero.backends import dnnl
-from tvm_hetero.compiler.graph import Entry, Graph
+from tvm_hetero.graph import Entry, Graph
 from tvm_hetero.runtime.measure import run_in_thread
 
 TWO_CORES = len(os.sched_getaffinity(0)) >= 2

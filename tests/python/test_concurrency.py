@@ -12,7 +12,7 @@ from conftest import SHAPE, elementwise_kernel, inp, op
 from tvm import te
 from tvm.script import tirx as T
 from tvm_hetero import build, graph_runtime
-from tvm_hetero.compiler.graph import Entry, Graph
+from tvm_hetero.graph import Entry, Graph
 from tvm_hetero.testing import models
 
 SLOW_STEPS = 1 << 18

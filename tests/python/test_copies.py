@@ -6,8 +6,8 @@ import pytest
 from conftest import inp, op
 from test_reorder import random_dag
 from tvm_hetero.compiler.copies import copy_stats, insert_copies
-from tvm_hetero.compiler.graph import COPY_FUNC, Entry, Graph, Node
 from tvm_hetero.compiler.reorder import reorder_for_devices
+from tvm_hetero.graph import COPY_FUNC, Entry, Graph, Node
 
 
 def names(graph: Graph) -> list[str]:

@@ -7,7 +7,6 @@ import itertools
 import pytest
 from test_reorder import random_dag
 from tvm_hetero.compiler.copies import insert_copies
-from tvm_hetero.compiler.graph import Entry, Graph, Node
 from tvm_hetero.compiler.memory import (
     MemoryPlan,
     _best_fit,
@@ -23,6 +22,7 @@ from tvm_hetero.compiler.memory import (
     plan_memory,
 )
 from tvm_hetero.compiler.reorder import reorder_for_devices
+from tvm_hetero.graph import Entry, Graph, Node
 
 
 def slot_plan(graph: Graph) -> MemoryPlan:

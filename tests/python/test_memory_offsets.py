@@ -10,10 +10,10 @@ from test_memory import chain, device_items, entry_table, slot_plan
 from test_reorder import random_dag
 from tvm_hetero.compiler.arena import ALIGNMENT, aligned, arena_size, compact, plan_arena
 from tvm_hetero.compiler.copies import insert_copies
-from tvm_hetero.compiler.graph import Graph
 from tvm_hetero.compiler.memory import MemoryPlan, _bounds, _Item, plan_memory
 from tvm_hetero.compiler.reorder import reorder_for_devices
 from tvm_hetero.compiler.verify_memory import MemoryPlanError, verify_memory_plan
+from tvm_hetero.graph import Graph
 
 
 def simulate_bytes(graph: Graph, plan: MemoryPlan) -> None:
@@ -231,7 +231,7 @@ def _kernels_and_graph():
         "add2": prim("add2", [c4, d4], te.compute((400,), lambda i: c4[i] + d4[i])),
     }
     lib = tvm.compile(tvm.IRModule({tvm.ir.GlobalVar(n): f for n, f in funcs.items()}), "llvm").mod
-    from tvm_hetero.compiler.graph import Entry, Node
+    from tvm_hetero.graph import Entry, Node
 
     def kernel(name, func, inputs, n):
         return Node(
@@ -280,7 +280,7 @@ def test_graphs_without_offsets_load_and_run_as_before() -> None:
     import tvm
     import tvm_hetero
     from test_fold_constants import Dense, expected
-    from tvm_hetero.compiler.graph import Graph as _Graph
+    from tvm_hetero.graph import Graph as _Graph
 
     art = tvm_hetero.build(Dense, [(tvm.cpu(0), "llvm")])
     doc = json.loads(art.graph_json)
@@ -300,7 +300,7 @@ def test_graphs_without_offsets_load_and_run_as_before() -> None:
 
 def _graph_from_json(doc: dict, graph_type):
     """The compiler's Graph back from its JSON (only what planning needs)."""
-    from tvm_hetero.compiler.graph import Entry, Node
+    from tvm_hetero.graph import Entry, Node
 
     shapes, dtypes = doc["attrs"]["shape"][1], doc["attrs"]["dltype"][1]
     row = doc["node_row_ptr"]

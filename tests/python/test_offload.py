@@ -11,7 +11,7 @@ import tvm
 from conftest import copy, duplex_graph, inp, op, simplex_graph
 from tvm import te
 from tvm_hetero import graph_runtime
-from tvm_hetero.compiler.graph import COPY_FUNC, Entry, Graph, Node
+from tvm_hetero.graph import COPY_FUNC, Entry, Graph, Node
 from tvm_hetero.runtime.rpc import start_local_server
 
 rng = np.random.default_rng(3)

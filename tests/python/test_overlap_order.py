@@ -6,9 +6,9 @@ from __future__ import annotations
 import random
 
 from test_reorder import random_dag
-from tvm_hetero.compiler.graph import Entry, Graph, Node
 from tvm_hetero.compiler.overlap_order import KernelDag, predicted_latency, reorder_for_overlap
 from tvm_hetero.compiler.reorder import reorder_for_devices
+from tvm_hetero.graph import Entry, Graph, Node
 
 
 def _kernel_costs(graph: Graph, rng: random.Random) -> list[float]:

@@ -11,7 +11,7 @@ import pytest
 import tvm
 from conftest import elementwise_kernel, inp, op
 from tvm_hetero import graph_runtime, pipeline_runtime
-from tvm_hetero.compiler.graph import Entry, Graph
+from tvm_hetero.graph import Entry, Graph
 
 DEVICES = [tvm.cpu(0), tvm.cpu(1)]
 WIRING = {

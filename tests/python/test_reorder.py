@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import random
 
-from tvm_hetero.compiler.graph import Entry, Graph, Node
 from tvm_hetero.compiler.reorder import kahn_wave_order, reorder_for_devices
+from tvm_hetero.graph import Entry, Graph, Node
 from tvm_hetero.testing.oracles import optimal_switches
 
 SIZES = (1, 4, 16, 64, 100, 256, 1000)

@@ -303,29 +303,18 @@ def _through_carriers(expr: relax.Expr, values: dict, inside: set) -> tuple[Any,
     return expr, carried
 
 
-def _dequantize(var: relax.Var, call: relax.Call, shared: bool) -> Dequantize:
+def _quantization(var: relax.Var, call: relax.Call) -> dict:
+    """What a quantize and a dequantize call both say: the source, its scale and zero point, the axis."""
     src, scale, zp = call.args[0], call.args[1], call.args[2]
-    return Dequantize(
-        var=var,
-        source=src,
-        scale=_const(scale),
-        zero_point=_const(zp),
-        axis=_axis(call, src),
-        dtype=_dtype(src),
-        shared=shared,
-    )
+    return {"var": var, "source": src, "scale": _const(scale), "zero_point": _const(zp), "axis": _axis(call, src)}
+
+
+def _dequantize(var: relax.Var, call: relax.Call, shared: bool) -> Dequantize:
+    return Dequantize(**_quantization(var, call), dtype=_dtype(call.args[0]), shared=shared)
 
 
 def _quantize(var: relax.Var, call: relax.Call) -> Quantize:
-    src, scale, zp = call.args[0], call.args[1], call.args[2]
-    return Quantize(
-        var=var,
-        source=src,
-        scale=_const(scale),
-        zero_point=_const(zp),
-        axis=_axis(call, src),
-        dtype=str(call.attrs.out_dtype),
-    )
+    return Quantize(**_quantization(var, call), dtype=str(call.attrs.out_dtype))
 
 
 def _const(expr: relax.Expr) -> np.ndarray | None:

@@ -23,10 +23,10 @@ import tvm
 from ..backends import default_backends, resolve_backends
 from ..devices import DeviceSpec, is_host, kind_of, name_of, parse_spec, runs_tvm_kernels
 from ..devices import devices as discover_devices
+from ..graph import Graph
 from ..ir.fold_constant_ops import FoldConstantOps
 from ..kind_record import resolve
 from .copies import copy_stats, insert_copies, shared_edges
-from .graph import Graph
 from .kernel_libraries import DeviceLibrary, compile_kernel_libraries
 from .lower import LoweredGraph, lower_to_graph
 from .memory import MemoryPlan, plan_memory

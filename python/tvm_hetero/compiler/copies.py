@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .graph import COPY_FUNC, Entry, Graph, Node
+from ..graph import COPY_FUNC, Entry, Graph, Node
 
 #: ``shares_memory(a, b)``: a tensor made on device ``a`` can be read on device ``b`` in place.
 SharesMemory = Callable[[int, int], bool]

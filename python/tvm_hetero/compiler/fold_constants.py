@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import tvm
 
-from .graph import Entry, Graph, Node
+from ..graph import Entry, Graph, Node
 
 
 @dataclass

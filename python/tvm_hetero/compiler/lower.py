@@ -1,4 +1,4 @@
-"""Lowering: a Relax IRModule to a device-placed :class:`~tvm_hetero.compiler.graph.Graph`.
+"""Lowering: a Relax IRModule to a device-placed :class:`~tvm_hetero.graph.Graph`.
 
 ``lower_to_graph`` takes the entry function of a Relax module (as TVM's ONNX or PyTorch
 frontends produce it) and returns the graph of fused kernel calls, each on one device, plus the
@@ -50,6 +50,7 @@ from tvm import relax
 
 from ..backends import Backend, Region, resolve_backends
 from ..backends.partition import partition_for_backends, region_calls, region_of
+from ..graph import Entry, Graph, Node
 from ..ir.fold_constant_ops import computed_weight_notes
 from ..ir.relax_helpers import (
     ALIAS_OPS,
@@ -67,7 +68,6 @@ from ..ir.relax_helpers import (
 from .dispatch import dispatch_library_ops
 from .fence_devices import FENCE_PREFIX, FenceDeviceBoundaries
 from .fold_constants import fold_constants
-from .graph import Entry, Graph, Node
 from .index_checks import insert_index_checks
 from .placement import Fallback, OpInfo, PlacementSpec, resolve_placement
 

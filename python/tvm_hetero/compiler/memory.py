@@ -61,8 +61,8 @@ import bisect
 import heapq
 from dataclasses import dataclass
 
+from ..graph import Graph
 from .arena import aligned, plan_arena
-from .graph import Graph
 from .verify_memory import verify_memory_plan
 
 #: Work allowed per device, in interval checks, for the passes run only when the greedy plans miss the

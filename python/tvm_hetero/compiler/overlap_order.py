@@ -24,7 +24,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 
-from .graph import Graph
+from ..graph import Graph
 from .reorder import DrainState, KernelDag, count_switches, reorder_for_devices, with_inputs
 from .schedule_model import CostModel, simulate
 

@@ -39,7 +39,7 @@ import heapq
 import itertools
 from dataclasses import dataclass
 
-from .graph import Graph
+from ..graph import Graph
 
 
 @dataclass

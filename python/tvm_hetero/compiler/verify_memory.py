@@ -12,8 +12,8 @@ A sweep over entries in start order keeps only the live ones, so the check costs
 
 from __future__ import annotations
 
+from ..graph import Graph
 from .arena import ALIGNMENT
-from .graph import Graph
 
 
 class MemoryPlanError(ValueError):

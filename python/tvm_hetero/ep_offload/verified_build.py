@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..compiler import build as compiler_build
-from ..compiler.graph import Graph
+from ..graph import Graph
 from ..kind_record import resolve
 from .backend import RegionRefused
 from .capability_probe import FP16_SMALLEST_NORMAL, underflow_hint

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import statistics
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -12,6 +11,7 @@ import numpy as np
 import tvm
 import tvm_ffi
 
+from ..graph import Graph
 from . import graph_runtime
 
 
@@ -47,14 +47,7 @@ def run_in_thread(fn: Callable[[], Any], cores: Sequence[int] = (), num_threads:
 
 def sample_inputs(graph_json: str, names: Sequence[str], seed: int = 0) -> dict[str, np.ndarray]:
     """Random values (zeros for integer inputs) for the named inputs of a graph JSON document."""
-    data = json.loads(graph_json)
-    shapes, dtypes = data["attrs"]["shape"][1], data["attrs"]["dltype"][1]
-    row_ptr = data["node_row_ptr"]
-    found = {
-        node["name"]: (tuple(shapes[row_ptr[nid]]), dtypes[row_ptr[nid]])
-        for nid, node in enumerate(data["nodes"])
-        if node["op"] == "null"
-    }
+    found = Graph.from_json(graph_json).inputs()
     rng = np.random.default_rng(seed)
     values = {}
     for name in names:

@@ -11,9 +11,9 @@ import math
 from functools import cache
 
 from ..compiler.autoplace.solver import Solution
-from ..compiler.graph import Graph
 from ..compiler.reorder import KernelDag
 from ..compiler.schedule_model import CostModel, simulate
+from ..graph import Graph
 
 
 def optimal_switches(graph: Graph) -> int:

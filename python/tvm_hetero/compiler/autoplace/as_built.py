@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...backends import Backend
-from ..graph import Graph
+from ...graph import Graph
 from ..lower import LoweredGraph
 from ..placement import OpInfo
 from ..schedule_model import CostModel, simulate

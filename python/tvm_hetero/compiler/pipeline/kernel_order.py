@@ -20,9 +20,9 @@ import numpy as np
 import tvm
 
 from ...backends import resolve_backends
+from ...graph import Entry, Graph
 from ..build import format_size
 from ..copies import insert_copies
-from ..graph import Entry, Graph
 from ..lower import LoweredGraph, lower_to_graph
 from ..reorder import reorder_for_devices
 from .cost_model import SegmentModel, Tensor

@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from ..graph import Entry, Graph, Node
+from ...graph import Entry, Graph, Node
 from .kernel_order import Kernel
 
 

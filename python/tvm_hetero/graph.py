@@ -1,8 +1,10 @@
-"""The compiler's graph: a list of nodes in execution order, each placed on one device.
+"""The graph a build makes and a runtime runs: a list of nodes in execution order, each placed on
+one device. Below the compiler and the runtime (both read it; it imports neither).
 
 Every graph-level pass (placement, reordering, copy insertion, memory planning) takes a
 :class:`Graph` and returns a new one or a plan for it, so each pass can be tested alone on a
-hand-made graph. :meth:`Graph.to_json` writes the format described in ``docs/graph-format.md``.
+hand-made graph. :meth:`Graph.to_json` writes the format described in ``docs/graph-format.md`` and
+:meth:`Graph.from_json` is the one reader of it in Python.
 """
 
 from __future__ import annotations
