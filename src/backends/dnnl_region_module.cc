@@ -30,6 +30,7 @@
 #include <tvm_hetero/backends/dnnl_region.h>
 #include <tvm_hetero/graph_runtime.h>
 
+#include "backends/int8_matmul.h"
 #include "support/device.h"
 
 #include <algorithm>
@@ -262,6 +263,15 @@ class RegionExec {
     size_t copy_bytes = 0;
     /*! \brief Made for (and run on) one thread: its step is too small to pay a fork and join. */
     bool single = false;
+    /*! \brief An 8-bit weight matmul: its index in `int8_steps_` (-1: not one). */
+    int int8 = -1;
+  };
+  /*! \brief An int8_weight_matmul step as prepared: the call arguments holding its weights, scales
+   *         and bias, its rows, and the memories of its input, output and scratch (in the arena). */
+  struct Int8Step {
+    int weight = -1, scale = -1, bias = -1;
+    int64_t rows = 0, out = 0, in = 0;
+    memory src, dst, scratch;
   };
 
   /*!
@@ -304,7 +314,9 @@ class RegionExec {
       return OutputDims(static_cast<size_t>(v - spec_.num_inputs), t);
     };
     if (s.op == "conv2d" && s.weight >= 0) return out * static_cast<double>(Elements(dims_of(s.weight)) / dims_of(s.weight)[0]);
-    if (s.op == "matmul" && s.data >= 0) return out * static_cast<double>(dims_of(s.data).back());
+    if ((s.op == "matmul" || s.op == "int8_weight_matmul") && s.data >= 0) {
+      return out * static_cast<double>(dims_of(s.data).back());
+    }
     if (s.op == "batch_matmul") return out * static_cast<double>(dims_of(s.inputs[0]).back());
     return out;
   }
@@ -401,6 +413,8 @@ class RegionExec {
       SetupRequantize(k);
     } else if (op == "add") {
       SetupQuantizedAdd(k);
+    } else if (op == "int8_weight_matmul") {
+      SetupInt8WeightMatmul(k, t);
     } else {
       SetupConcat(k, t);
     }
@@ -887,6 +901,62 @@ class RegionExec {
     calls_.push_back(std::move(c));
   }
 
+  /*!
+   * \brief data (rows x K, any rank read as rows) @ dequantize(weight)ᵀ + bias with the weight stored
+   *        (N, K) uint8 (zero point 128) and one scale per output: our VNNI kernel
+   *        (backends/int8_matmul.h) on the stored weights, so nothing is reordered or copied; its
+   *        quantized rows live in the arena.
+   */
+  void SetupInt8WeightMatmul(size_t k, const std::vector<DLTensor*>& t) {
+    const StepSpec& s = spec_.steps[k];
+    for (int role : {s.weight, s.scale, s.bias}) {
+      if (role >= spec_.num_inputs) Fail(k, "the weight, scale and bias must be inputs of the region");
+    }
+    const DLTensor* w = t[s.weight];
+    const DLTensor* scale = t[s.scale];
+    memory::dims x = values_[s.data].desc.dims(), y = OutputDims(k, t);
+    if (w->ndim != 2 || TypeOf(w) != dt::u8) Fail(k, "the weight must be a 2-D uint8 tensor (out, in)");
+    int64_t n = w->shape[0], kk = w->shape[1];
+    auto elements = [](const DLTensor* v) { return Elements(memory::dims(v->shape, v->shape + v->ndim)); };
+    if (TypeOf(scale) != dt::f32 || elements(scale) != n) Fail(k, "the scale must hold one float32 per output");
+    if (s.bias >= 0 && (TypeOf(t[s.bias]) != dt::f32 || elements(t[s.bias]) != n)) {
+      Fail(k, "the bias must hold one float32 per output");
+    }
+    if (x.empty() || x.back() != kk || y.empty() || y.back() != n || Elements(x) / kk != Elements(y) / n) {
+      Fail(k, "the data's last axis must be the weight's inputs and the output's the weight's outputs");
+    }
+    if (values_[s.data].desc.data_type() != dt::f32) Fail(k, "the data must be float32");
+    Int8Step step;
+    step.weight = s.weight;
+    step.scale = s.scale;
+    step.bias = s.bias;
+    step.rows = Elements(x) / kk;
+    step.out = n;
+    step.in = kk;
+    step.src = Input(k, s.data, Plain({step.rows, kk}));
+    Output(k, Plain(y));
+    step.dst = Alias(values_[spec_.num_inputs + k], Plain({step.rows, n}));
+    size_t bytes = int8_matmul::ScratchBytes(step.rows, kk);
+    step.scratch = Placed(memory::desc({static_cast<memory::dim>(bytes)}, dt::u8, tag::a),
+                          NewBuffer(bytes, static_cast<int>(k), static_cast<int>(k)));
+    Call c;
+    c.int8 = static_cast<int>(int8_steps_.size());
+    int8_steps_.push_back(std::move(step));
+    calls_.push_back(std::move(c));
+  }
+
+  /*! \brief Run a prepared int8_weight_matmul on this call's tensors. */
+  void ExecuteInt8(const Int8Step& step, const ffi::PackedArgs& args) {
+    int8_matmul::Weights w;
+    w.data = static_cast<const uint8_t*>(Arg(args, step.weight)->data);
+    w.scales = static_cast<const float*>(Arg(args, step.scale)->data);
+    w.bias = step.bias >= 0 ? static_cast<const float*>(Arg(args, step.bias)->data) : nullptr;
+    w.out = step.out;
+    w.in = step.in;
+    int8_matmul::Multiply(static_cast<const float*>(step.src.get_data_handle()), step.rows, w,
+                          static_cast<float*>(step.dst.get_data_handle()), step.scratch.get_data_handle());
+  }
+
   /*! \brief Whether one-row matmuls run as inner products (unless TVM_HETERO_DNNL_ONE_ROW=matmul),
    *         read when a region is set up. */
   static bool OneRowInnerProduct() {
@@ -1184,6 +1254,9 @@ class RegionExec {
           continue;
         }
         g_weight_reorders.fetch_add(1, std::memory_order_relaxed);
+      } else if (c.int8 >= 0) {
+        ExecuteInt8(int8_steps_[c.int8], args);
+        continue;
       } else if (c.copy_from >= 0) {
         void* from = Arg(args, c.copy_from)->data;
         void* to = Arg(args, c.copy_to)->data;
@@ -1220,6 +1293,8 @@ class RegionExec {
   std::vector<std::pair<memory, int>> bindings_;
   /*! \brief What every call runs, in order. */
   std::vector<Call> calls_;
+  /*! \brief The 8-bit weight matmuls among them. */
+  std::vector<Int8Step> int8_steps_;
   /*! \brief Offset of each placed memory in the arena, its size, and the scratch it points into. */
   std::vector<size_t> offsets_;
   size_t arena_bytes_ = 0;
