@@ -267,9 +267,9 @@ class RegionExec {
     int int8 = -1;
   };
   /*! \brief An int8_weight_matmul step as prepared: the call arguments holding its weights, scales
-   *         and bias, its rows, and the memories of its input, output and scratch (in the arena). */
+   *         (uint8, one), zero point and bias, its rows, and the memories of its input, output and scratch (in the arena). */
   struct Int8Step {
-    int weight = -1, scale = -1, bias = -1;
+    int weight = -1, scale = -1, zero_point = -1, bias = -1;
     int64_t rows = 0, out = 0, in = 0;
     memory src, dst, scratch;
   };
@@ -903,14 +903,18 @@ class RegionExec {
 
   /*!
    * \brief data (rows x K, any rank read as rows) @ dequantize(weight)ᵀ + bias with the weight stored
-   *        (N, K) uint8 (zero point 128) and one scale per output: our VNNI kernel
+   *        (N, K) uint8 with one zero point and one scale per output: our VNNI kernel
    *        (backends/int8_matmul.h) on the stored weights, so nothing is reordered or copied; its
    *        quantized rows live in the arena.
    */
   void SetupInt8WeightMatmul(size_t k, const std::vector<DLTensor*>& t) {
     const StepSpec& s = spec_.steps[k];
-    for (int role : {s.weight, s.scale, s.bias}) {
-      if (role >= spec_.num_inputs) Fail(k, "the weight, scale and bias must be inputs of the region");
+    for (int role : {s.weight, s.scale, s.zero_point, s.bias}) {
+      if (role >= spec_.num_inputs) Fail(k, "the weight, scale, zero point and bias must be inputs of the region");
+    }
+    if (TypeOf(t[s.zero_point]) != dt::u8 || Elements(memory::dims(t[s.zero_point]->shape, t[s.zero_point]->shape +
+                                                                   t[s.zero_point]->ndim)) != 1) {
+      Fail(k, "the zero point must be one uint8");
     }
     const DLTensor* w = t[s.weight];
     const DLTensor* scale = t[s.scale];
@@ -929,6 +933,7 @@ class RegionExec {
     Int8Step step;
     step.weight = s.weight;
     step.scale = s.scale;
+    step.zero_point = s.zero_point;
     step.bias = s.bias;
     step.rows = Elements(x) / kk;
     step.out = n;
@@ -950,6 +955,7 @@ class RegionExec {
     int8_matmul::Weights w;
     w.data = static_cast<const uint8_t*>(Arg(args, step.weight)->data);
     w.scales = static_cast<const float*>(Arg(args, step.scale)->data);
+    w.zero_point = *static_cast<const uint8_t*>(Arg(args, step.zero_point)->data);
     w.bias = step.bias >= 0 ? static_cast<const float*>(Arg(args, step.bias)->data) : nullptr;
     w.out = step.out;
     w.in = step.in;

@@ -61,7 +61,7 @@ void QuantizeRow(const float* x, int64_t in, int8_t* q, int64_t stride, float* s
 
 /*! \brief y[r][n] from the integer dot product `acc` of weight row n and quantized row r. */
 inline float Output(int32_t acc, int64_t r, int64_t n, const QuantizedRows& rows, const Weights& w) {
-  float v = rows.scale[r] * w.scales[n] * static_cast<float>(acc - 128 * rows.sum[r]);
+  float v = rows.scale[r] * w.scales[n] * static_cast<float>(acc - w.zero_point * rows.sum[r]);
   return w.bias ? v + w.bias[n] : v;
 }
 

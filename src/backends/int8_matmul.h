@@ -2,13 +2,13 @@
  * \file int8_matmul.h
  * \brief y = x · dequantize(W)ᵀ (+ bias) for float32 rows x and 8-bit weights: W is (out, in) uint8
  *        with zero point 128 and one float32 scale per output channel, so weight (n, k) is
- *        (W[n][k] - 128) · scale[n]. Computed in integers (AVX-512 VNNI where the CPU has it).
+ *        (W[n][k] - zero_point) · scale[n] (tvm_hetero.llm stores zero point 128). Computed in integers (AVX-512 VNNI where the CPU has it).
  *
  * Each row of x is quantized when the call runs, symmetrically to int8: s = max|x| / 127,
  * q = round(x / s) (nearest even), so |x - s·q| <= s / 2 per element. vpdpbusd multiplies the
  * unsigned weights by the signed q and sums four products into int32 lanes exactly (no
  * saturation: |sum| <= in · 255 · 127 < 2^31 for in < 66000), and the zero point comes off once
- * per row: Σ (W - 128) q = Σ W q - 128 Σ q. Guarantee: the result equals the float computation on
+ * per row: Σ (W - zp) q = Σ W q - zp Σ q. Guarantee: the result equals the float computation on
  * the dequantized weights and the quantized row, up to float32 rounding of the final scaling; the
  * only approximation is q for x (an error of at most s / 2 per element).
  */
@@ -21,9 +21,10 @@
 namespace tvm_hetero {
 namespace int8_matmul {
 
-/*! \brief The weights of one matmul as stored: (out, in) uint8 with zero point 128, a scale per out. */
+/*! \brief The weights of one matmul as stored: (out, in) uint8, one zero point, a scale per out. */
 struct Weights {
   const uint8_t* data = nullptr;
+  int32_t zero_point = 128;
   const float* scales = nullptr;
   /*! \brief One per output (null: none). */
   const float* bias = nullptr;

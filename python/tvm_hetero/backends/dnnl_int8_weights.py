@@ -2,8 +2,12 @@
 
 The graph says what is computed, in Relax's own ops::
 
-    w = R.dequantize(W, scale, R.const(128, "uint8"), axis=0)   # W: (N, K) uint8 param, scale: (N,)
-    y = R.matmul(x, R.permute_dims(w)) [+ bias]                  # x: (..., K) float32
+    w = R.dequantize(W, scale, zero_point, axis=0)   # W: (N, K) uint8, scale: (N,), zero_point: uint8 ()
+    y = R.matmul(x, R.permute_dims(w)) [+ bias]      # x: (..., K) float32
+
+W, scale and zero_point are weights (graph parameters): the zero point is one uint8 parameter, not a
+constant, so a region reads nothing but parameters and activations (tvm_hetero.llm shares that one
+parameter, value 128, between every matmul of every graph).
 
 ``dnnl.int8_weight_matmul[_bias]`` takes the three ops (and the bias add) into one region step,
 ``int8_weight_matmul``, which the C++ module runs with its own VNNI kernel
@@ -19,24 +23,21 @@ from typing import Any
 import numpy as np
 from tvm import relax
 from tvm.relax.backend.utils import has_leaking_intermediate_variables
-from tvm.relax.dpl import is_const, is_op, wildcard
+from tvm.relax.dpl import is_op, wildcard
 from tvm.relax.transform import FusionPattern
 
-from ..compiler.constant_values import scalar_value
 from ..compiler.relax_helpers import static_shape
 from .base import WeightPredicate
 
 #: The pattern names (with and without the bias add).
 PATTERN = "dnnl.int8_weight_matmul"
-#: The zero point of the stored weights: uint8 values centred on 128.
-ZERO_POINT = 128
 
 
 def int8_weight_matmul_patterns(is_weight: WeightPredicate) -> list[FusionPattern]:
     """The bias form first, so a bias add joins its matmul."""
     out = []
     for bias in (True, False):
-        data, weight, scale, zero_point = wildcard(), wildcard(), wildcard(), is_const()
+        data, weight, scale, zero_point = wildcard(), wildcard(), wildcard(), wildcard()
         dequantized = is_op("relax.dequantize")(weight, scale, zero_point)
         top = mm = is_op("relax.matmul")(data, is_op("relax.permute_dims")(dequantized))
         ann = {"anchor": mm, "matmul": mm, "dequantize": dequantized, "weight": weight, "scale": scale,
@@ -50,7 +51,7 @@ def int8_weight_matmul_patterns(is_weight: WeightPredicate) -> list[FusionPatter
 
 
 def _check(ctx: Any, is_weight: WeightPredicate) -> bool:
-    """(N, K) uint8 weights with zero point 128 and N float32 scales along axis 0 (both weights),
+    """(N, K) uint8 weights, one uint8 zero point and N float32 scales along axis 0 (all weights),
     float32 data whose last axis is K, and a bias (if any) of N float32 weights."""
     if has_leaking_intermediate_variables(ctx):
         return False
@@ -64,7 +65,10 @@ def _check(ctx: Any, is_weight: WeightPredicate) -> bool:
         return False
     if int(dq.attrs.axis) != 0 or str(dq.attrs.out_dtype) != "float32" or scale != (w[0],) or data[-1] != w[1]:
         return False
-    if scalar_value(ann["zero_point"]) != ZERO_POINT or not is_weight(ann["weight"]) or not is_weight(ann["scale"]):
+    zero_point = _shape(ann["zero_point"])
+    if zero_point is None or int(np.prod(zero_point)) != 1 or _dtype(ann["zero_point"]) != "uint8":
+        return False
+    if not all(is_weight(ann[role]) for role in ("weight", "scale", "zero_point")):
         return False
     if "bias" in ann:
         bias = _shape(ann["bias"])
@@ -84,7 +88,7 @@ def describe_int8_weight_matmul(composite: relax.Function) -> dict:
             value = binding.value
             name = value.op.name
             if name == "relax.dequantize":
-                spec["weight"], spec["scale"] = index[value.args[0]], index[value.args[1]]
+                spec.update(weight=index[value.args[0]], scale=index[value.args[1]], zero_point=index[value.args[2]])
             elif name == "relax.matmul":
                 spec["data"] = index[value.args[0]]
             elif name == "relax.add":
