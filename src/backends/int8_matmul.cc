@@ -7,7 +7,7 @@
  * every block of R activation rows: J·R int32 accumulators in registers, each 64-byte step loading
  * J weight vectors and R activation vectors for J·R vpdpbusd. A block of weight rows (J · in
  * bytes) stays in L1 while all rows pass over it, so prefill reads each weight once from memory
- * per call; decode (one row) streams the weights once, 8 rows at a time.
+ * per call. Decode (one row) reads the weights once, front to back, one weight row at a time.
  */
 #include "backends/int8_matmul.h"
 
@@ -158,6 +158,28 @@ TVM_HETERO_VNNI void QuantizeRowAvx512(const float* x, int64_t in, int8_t* q, in
   *sum = _mm512_reduce_add_epi32(total) + rest;
 }
 
+/*!
+ * \brief Outputs [n0, n1) of one row: weight rows read one after another, front to back (twice the
+ *        bandwidth of interleaving several rows' streams: 20-25 against 9-12 GB/s from DRAM, loaded
+ *        machine), two accumulators per row so consecutive vpdpbusd do not wait on each other.
+ */
+TVM_HETERO_VNNI void OneRowVnni(const QuantizedRows& rows, const Weights& w, float* y, int64_t n0, int64_t n1) {
+  int64_t full = w.in / kLane * kLane, pairs = w.in / (2 * kLane) * (2 * kLane);
+  __mmask64 mask = (~0ULL) >> (kLane - (w.in - full));
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* wrow = w.data + n * w.in;
+    __m512i a = _mm512_setzero_si512(), b = _mm512_setzero_si512();
+    int64_t k = 0;
+    for (; k < pairs; k += 2 * kLane) {
+      a = _mm512_dpbusd_epi32(a, _mm512_loadu_si512(wrow + k), _mm512_load_si512(rows.q + k));
+      b = _mm512_dpbusd_epi32(b, _mm512_loadu_si512(wrow + k + kLane), _mm512_load_si512(rows.q + k + kLane));
+    }
+    for (; k < full; k += kLane) a = _mm512_dpbusd_epi32(a, _mm512_loadu_si512(wrow + k), _mm512_load_si512(rows.q + k));
+    if (full < w.in) a = _mm512_dpbusd_epi32(a, _mm512_maskz_loadu_epi8(mask, wrow + full), _mm512_load_si512(rows.q + full));
+    y[n] = Output(_mm512_reduce_add_epi32(_mm512_add_epi32(a, b)), 0, n, rows, w);
+  }
+}
+
 bool DetectVnni() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -193,7 +215,7 @@ void Multiply(const float* x, int64_t num_rows, const Weights& w, float* y, void
     if (!vnni) {
       OutputsPortable(rows, num_rows, w, y, n0, n1);
     } else if (num_rows == 1) {
-      OutputsVnni<8>(rows, num_rows, w, y, n0, n1);
+      OneRowVnni(rows, w, y, n0, n1);
     } else {
       OutputsVnni<4>(rows, num_rows, w, y, n0, n1);
     }
