@@ -200,17 +200,10 @@ size_t ScratchBytes(int64_t rows, int64_t in) {
 void Multiply(const float* x, int64_t num_rows, const Weights& w, float* y, void* scratch) {
   QuantizedRows rows(scratch, num_rows, w.in);
   bool vnni = HasVnni();
+  auto quantize = vnni ? QuantizeRowAvx512 : QuantizeRow;
   // Outputs go to threads in blocks of 16 (a cache line of 16 float outputs, whole J blocks).
   int64_t blocks = (w.out + 15) / 16;
-  int team = std::max(1, std::min<int>(omp_get_max_threads(), static_cast<int>(blocks)));
-#pragma omp parallel num_threads(team)
-  {
-#pragma omp for schedule(static)
-    for (int64_t r = 0; r < num_rows; ++r) {
-      auto quantize = vnni ? QuantizeRowAvx512 : QuantizeRow;
-      quantize(x + r * w.in, w.in, rows.q + r * rows.stride, rows.stride, rows.scale + r, rows.sum + r);
-    }
-    int threads = omp_get_num_threads(), me = omp_get_thread_num();
+  auto outputs = [&](int me, int threads) {
     int64_t n0 = std::min(w.out, blocks * me / threads * 16), n1 = std::min(w.out, blocks * (me + 1) / threads * 16);
     if (!vnni) {
       OutputsPortable(rows, num_rows, w, y, n0, n1);
@@ -219,6 +212,21 @@ void Multiply(const float* x, int64_t num_rows, const Weights& w, float* y, void
     } else {
       OutputsVnni<4>(rows, num_rows, w, y, n0, n1);
     }
+  };
+  int team = std::max(1, std::min<int>(omp_get_max_threads(), static_cast<int>(blocks)));
+  if (team == 1) {  // no parallel region: libgomp allocates a team for each
+    for (int64_t r = 0; r < num_rows; ++r) {
+      quantize(x + r * w.in, w.in, rows.q + r * rows.stride, rows.stride, rows.scale + r, rows.sum + r);
+    }
+    return outputs(0, 1);
+  }
+#pragma omp parallel num_threads(team)
+  {
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < num_rows; ++r) {
+      quantize(x + r * w.in, w.in, rows.q + r * rows.stride, rows.stride, rows.scale + r, rows.sum + r);
+    }
+    outputs(omp_get_thread_num(), omp_get_num_threads());
   }
 }
 

@@ -80,13 +80,14 @@ bool HasAvx512() {
 void Multiply(const float* x, const float* w, const float* bias, float* y, int64_t k, int64_t n) {
   int64_t blocks = (n + 15) / 16;
   int team = std::max(1, std::min<int>(omp_get_max_threads(), static_cast<int>(blocks)));
-  bool avx512 = HasAvx512();
-#pragma omp parallel num_threads(team)
-  {
-    int threads = omp_get_num_threads(), me = omp_get_thread_num();
+  auto columns = HasAvx512() ? ColumnsAvx512 : ColumnsPortable;
+  auto share = [&](int me, int threads) {
     int64_t n0 = std::min(n, blocks * me / threads * 16), n1 = std::min(n, blocks * (me + 1) / threads * 16);
-    if (n0 < n1) (avx512 ? ColumnsAvx512 : ColumnsPortable)(x, w, bias, y, k, n, n0, n1);
-  }
+    if (n0 < n1) columns(x, w, bias, y, k, n, n0, n1);
+  };
+  if (team == 1) return share(0, 1);  // no parallel region: libgomp allocates a team for each
+#pragma omp parallel num_threads(team)
+  share(omp_get_thread_num(), omp_get_num_threads());
 }
 
 }  // namespace one_row_matmul
