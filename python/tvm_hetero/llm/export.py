@@ -22,13 +22,12 @@ from ..artifact import (
     graph_inputs,
     manifest_digest,
     read_json,
-    read_params,
     read_text,
     seal,
     verify_files,
 )
 from .config import DecoderConfig
-from .entry_graphs import EntryGraph, create_runtimes
+from .entry_graphs import EntryGraph, create_runtimes, release_freed_memory
 from .graph_io import data_inputs
 from .int8_agreement import Agreement
 from .int8_weights import check_weight_format
@@ -113,10 +112,6 @@ def read_exported(path: str | Path, device_options: dict[str, Any] | None = None
         agreement = Agreement.from_dict(agreement) if agreement is not None else None
     except (KeyError, TypeError, ValueError) as err:
         raise ValueError(f"{manifest_path}: malformed ({type(err).__name__}: {err})") from None
-    params = read_params(blob, str(src / PARAMS_FILE))
-    if {name: (list(v.shape), str(v.dtype)) for name, v in params.items()} != table:
-        raise ValueError(f"{src / PARAMS_FILE}: the weights differ from the manifest's table")
-    del params
     data_names = {name for name, _, _ in data_inputs(cfg, capacity, 1)}
     graphs = []
     for entry in entries:
@@ -129,6 +124,14 @@ def read_exported(path: str | Path, device_options: dict[str, Any] | None = None
         graphs.append(EntryGraph(int(entry["size"]), str(entry["phase"]), graph_json,
                                  tvm.runtime.load_module(str(src / entry["lib"])), devices))
     create_runtimes(graphs, blob, str(src / PARAMS_FILE), device_options)
+    del blob
+    # params.bin against the table, as the first runtime loaded it (decoding it here would make a
+    # transient copy of every weight, whose memory the allocator keeps)
+    owner = graphs[0].runtime
+    loaded = {name: owner.get_input(name) for name in owner.param_names}
+    if {name: (list(t.shape), str(t.dtype)) for name, t in loaded.items()} != table:
+        raise ValueError(f"{src / PARAMS_FILE}: the weights differ from the manifest's table")
+    release_freed_memory()
     tokenizer = src / TOKENIZER_FILE
     return ExportedModel(cfg, capacity, graphs, weight_bytes, tokenizer if tokenizer.is_file() else None, weights,
                          agreement)
