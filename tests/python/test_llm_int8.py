@@ -93,7 +93,7 @@ def test_the_int8_kernel_is_float_math_on_rows_rounded_to_8_bits(rows, k, n, bia
     x = rng.standard_normal((1, rows, k)).astype(np.float32)
     params = {"w": w, "s": s, "z": np.array(128, np.uint8), "b": b}
     art = tvm_hetero.build(weight_matmul(rows, k, n, bias), [(tvm.cpu(0), "llvm")], params=params, backends=["dnnl"])
-    assert [n["attrs"]["func_name"] for n in art.graph["nodes"] if n["op"] != "null"][0].endswith("_dnnl")
+    assert next(n["attrs"]["func_name"] for n in art.graph["nodes"] if n["op"] != "null").endswith("_dnnl")
     rt = art.create()
     rt.set_input("x", x)
     rt.run()

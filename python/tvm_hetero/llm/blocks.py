@@ -16,7 +16,6 @@ import numpy as np
 from tvm import relax, tirx
 
 from .config import DecoderConfig
-from .int8_weights import ZERO_POINT_WEIGHT, quantized_names, scale_name
 from .graph_io import (
     CACHE_MASK,
     CHUNK_MASK,
@@ -27,6 +26,7 @@ from .graph_io import (
     key_cache,
     value_cache,
 )
+from .int8_weights import ZERO_POINT_WEIGHT, quantized_names, scale_name
 
 op = relax.op
 

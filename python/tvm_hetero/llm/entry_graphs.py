@@ -7,11 +7,10 @@ Every graph declares the same weights as parameters. The first runtime on each d
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
-
-import ctypes
 
 import numpy as np
 import tvm
