@@ -1005,6 +1005,9 @@ class RegionExec {
     step.in = w->shape[0];
     step.out = w->shape[1];
     if (TypeOf(w) != dt::f32) Fail(k, "the weight must be float32");
+    if (values_[s.data].desc.dims().back() != step.in || y.back() != step.out) {
+      Fail(k, "the data's last axis must be the weight's rows and the output's its columns");
+    }
     if (s.bias >= 0 && (s.bias >= spec_.num_inputs || TypeOf(t[s.bias]) != dt::f32 ||
                         Elements(memory::dims(t[s.bias]->shape, t[s.bias]->shape + t[s.bias]->ndim)) != step.out)) {
       Fail(k, "the bias must be an input of the region with one float32 per output");
