@@ -5,8 +5,10 @@ skips it. The interface read here: ``tvm_hetero.llm.build(path, targets, ...)`` 
 with ``stream(prompt_ids, max_new_tokens=N)`` (an iterator of token ids: the first token's time is
 the prefill) or, failing that, ``generate(prompt_ids, max_new_tokens=N)`` (a list: the prefill is
 then timed as a one-token generate and subtracted from an N-token one, ``timed_by_generate``).
-Optional keywords are passed only when ``build``'s signature has them:
-``device_options=[{"cores": [...], "num_threads": N}]`` for the thread count, ``quantize="int8"``
+The model is built once per precision and exported under <checkpoint>/peers/ (as the other peers'
+files are); later runs load that export with the thread count asked for. Optional keywords are
+passed only when ``build``'s signature has them:
+``device_options=[{"cores": [...], "num_threads": N}]`` for the thread count, ``weights="int8"``
 for the 8-bit line.
 """
 
@@ -28,8 +30,8 @@ def unavailable(threads: int, int8: bool) -> str | None:
     except ImportError as err:
         return f"tvm_hetero.llm does not import ({err})"
     params = inspect.signature(llm.build).parameters
-    if int8 and "quantize" not in params:
-        return "tvm_hetero.llm.build takes no quantize= (no 8-bit line)"
+    if int8 and "weights" not in params:
+        return "tvm_hetero.llm.build takes no weights= (no 8-bit line)"
     default = int(os.environ.get("TVM_NUM_THREADS", os.cpu_count() or 1))
     if "device_options" not in params and threads != default:
         return f"tvm_hetero.llm.build takes no device_options= (runs TVM's {default} threads only)"
@@ -66,8 +68,16 @@ class TvmHeteroPeer:
         if "device_options" in params:
             kwargs["device_options"] = [{"cores": list(range(threads)), "num_threads": threads}]
         if int8:
-            kwargs["quantize"] = "int8"
-        self.lm = llm.build(str(checkpoint), [(tvm.cpu(0), "llvm")], **kwargs)
+            kwargs["weights"] = "int8"
+        exported = checkpoint / "peers" / f"tvm-hetero-{'int8' if int8 else 'fp32'}"
+        if hasattr(llm, "load") and (exported / "manifest.json").exists():  # built once, as the other peers' files
+            self.lm = llm.load(exported, **{k: v for k, v in kwargs.items() if k == "device_options"})
+        else:
+            self.lm = llm.build(str(checkpoint), [(tvm.cpu(0), "llvm")], **kwargs)
+            if hasattr(self.lm, "export"):
+                self.lm.export(exported)
+        if int8 and getattr(self.lm, "agreement", None) is not None:
+            print(f"{self.name} x{threads}: {self.lm.agreement.describe()}", flush=True)
         if not hasattr(self.lm, "stream"):
             self.timed = self.timed_by_generate  # the runner uses timed() where a peer has it
         # exactly n tokens, as every peer makes: no stop at an end-of-text token

@@ -7,7 +7,7 @@ Every peer loads the same checkpoint directory (checkpoints.py) and gets the sam
 (the checkpoint's tokenizer on generated text), greedy, exactly ``--new`` tokens (no early stop).
 Prefill tok/s = prompt tokens / time to the first new token; decode tok/s = the other new tokens /
 their time. ``--int8`` adds each peer's 8-bit line (llama.cpp Q8_0, onnxruntime-genai int8,
-transformers dynamic int8, the product's ``quantize="int8"``). Timing is interleaved: each round
+transformers dynamic int8, the product's ``weights="int8"``). Timing is interleaved: each round
 runs every (peer, threads) entry once, in turn, after ``--settle`` seconds (the previous peer's
 threads stop spinning); figures are medians over rounds, with the load average taken at each run.
 The machine's limit is measured in the same run, before and after (bandwidth.py): decode ceiling =

@@ -726,6 +726,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="a checkpoint's KV cache in tokens: prompt plus new tokens (default 512)")
     gen.add_argument("--prefill-chunks", default=None, metavar="N,N,...",
                      help="a checkpoint's prefill chunk sizes (default: 16,64,256, those within the capacity)")
+    gen.add_argument("--weights", choices=["float32", "int8"], default=None,
+                     help="a checkpoint's matmul weights: float32 (default) or int8 (docs/llm.md)")
     gen.add_argument("--temperature", type=float, default=None, help="sample at this temperature (default: greedy)")
     gen.add_argument("--top-k", type=int, default=None, metavar="K", help="with --temperature: the K likeliest only")
     gen.add_argument("--top-p", type=float, default=None, metavar="P",
@@ -776,9 +778,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
     exported = (directory / MANIFEST_FILE).is_file()
-    if exported and (args.device or args.capacity is not None or args.prefill_chunks is not None):
-        raise ValueError(f"{args.model} is an exported model: its devices, capacity and chunks were fixed at "
-                         "export (--device, --capacity and --prefill-chunks apply to a checkpoint directory)")
+    if exported and (args.device or args.capacity is not None or args.prefill_chunks is not None or args.weights):
+        raise ValueError(f"{args.model} is an exported model: its devices, capacity, chunks and weights were fixed at "
+                         "export (--device, --capacity, --prefill-chunks and --weights apply to a checkpoint "
+                         "directory)")
     tokenizer = None
     if (directory / TOKENIZER_FILE).is_file():
         from tokenizers import Tokenizer
@@ -807,7 +810,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         else:
             chunks = [c for c in DEFAULT_PREFILL_CHUNKS if c <= capacity] or [capacity]
         say(f"compiling {directory}")
-        model = llm.build(str(directory), targets, capacity=capacity, prefill_chunks=chunks, progress=say)
+        model = llm.build(str(directory), targets, capacity=capacity, prefill_chunks=chunks, progress=say,
+                          weights=args.weights or "float32")
     say(f"generating up to {args.max_new_tokens} tokens after a prompt of {len(prompt_ids)}")
     began = time.perf_counter()
     tokens, first_at = [], began

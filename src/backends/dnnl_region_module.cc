@@ -30,6 +30,8 @@
 #include <tvm_hetero/backends/dnnl_region.h>
 #include <tvm_hetero/graph_runtime.h>
 
+#include "backends/int8_matmul.h"
+#include "backends/one_row_matmul.h"
 #include "support/device.h"
 
 #include <algorithm>
@@ -262,6 +264,18 @@ class RegionExec {
     size_t copy_bytes = 0;
     /*! \brief Made for (and run on) one thread: its step is too small to pay a fork and join. */
     bool single = false;
+    /*! \brief A matmul our own kernels run: its index in `own_steps_` (-1: not one). */
+    int own = -1;
+  };
+  /*! \brief A matmul step our own kernels run (backends/int8_matmul.h, one_row_matmul.h), as
+   *         prepared: the call arguments holding its weight, scales, zero point (uint8, one) and
+   *         bias (-1: none), its sizes, and the memories of its input, output and scratch (arena). */
+  struct OwnStep {
+    /*! \brief True: 8-bit weights (N, K); false: one float32 row against float32 weights (K, N). */
+    bool int8 = true;
+    int weight = -1, scale = -1, zero_point = -1, bias = -1;
+    int64_t rows = 0, out = 0, in = 0;
+    memory src, dst, scratch;
   };
 
   /*!
@@ -304,7 +318,9 @@ class RegionExec {
       return OutputDims(static_cast<size_t>(v - spec_.num_inputs), t);
     };
     if (s.op == "conv2d" && s.weight >= 0) return out * static_cast<double>(Elements(dims_of(s.weight)) / dims_of(s.weight)[0]);
-    if (s.op == "matmul" && s.data >= 0) return out * static_cast<double>(dims_of(s.data).back());
+    if ((s.op == "matmul" || s.op == "int8_weight_matmul") && s.data >= 0) {
+      return out * static_cast<double>(dims_of(s.data).back());
+    }
     if (s.op == "batch_matmul") return out * static_cast<double>(dims_of(s.inputs[0]).back());
     return out;
   }
@@ -401,6 +417,8 @@ class RegionExec {
       SetupRequantize(k);
     } else if (op == "add") {
       SetupQuantizedAdd(k);
+    } else if (op == "int8_weight_matmul") {
+      SetupInt8WeightMatmul(k, t);
     } else {
       SetupConcat(k, t);
     }
@@ -846,7 +864,11 @@ class RegionExec {
     memory::desc src_md({rows, kk}, ty.src, tag::ab), dst_md({rows, n}, ty.dst, tag::ab);
     memory::desc w_md({kk, n}, ty.weights, s.weight_transposed ? tag::ba : tag::ab);
     memory::desc b_md = s.bias >= 0 ? memory::desc({1, n}, ty.bias, tag::ab) : memory::desc();
-    if (rows == 1 && !s.quant.on && OneRowInnerProduct()) return SetupOneRow(k, y, src_md, dst_md);
+    if (rows == 1 && !s.quant.on) {
+      OneRowKernel kernel = OneRowChoice();
+      if (kernel == OneRowKernel::kStored && !s.weight_transposed && s.residual < 0) return SetupOneRowStored(k, y, t);
+      if (kernel != OneRowKernel::kMatmul) return SetupOneRow(k, y, src_md, dst_md);
+    }
     dnnl::matmul::desc desc(src_md, w_md, b_md, dst_md);
     dnnl::matmul::primitive_desc pd(desc, Quantized(s, PostOps(s)), CpuEngine());
     memory src = Input(k, s.data, src_md);
@@ -887,11 +909,130 @@ class RegionExec {
     calls_.push_back(std::move(c));
   }
 
-  /*! \brief Whether one-row matmuls run as inner products (unless TVM_HETERO_DNNL_ONE_ROW=matmul),
-   *         read when a region is set up. */
-  static bool OneRowInnerProduct() {
+  /*!
+   * \brief data (rows x K, any rank read as rows) @ dequantize(weight)ᵀ + bias with the weight stored
+   *        (N, K) uint8 with one zero point and one scale per output: our VNNI kernel
+   *        (backends/int8_matmul.h) on the stored weights, so nothing is reordered or copied; its
+   *        quantized rows live in the arena.
+   */
+  void SetupInt8WeightMatmul(size_t k, const std::vector<DLTensor*>& t) {
+    const StepSpec& s = spec_.steps[k];
+    for (int role : {s.weight, s.scale, s.zero_point, s.bias}) {
+      if (role >= spec_.num_inputs) Fail(k, "the weight, scale, zero point and bias must be inputs of the region");
+    }
+    if (TypeOf(t[s.zero_point]) != dt::u8 || Elements(memory::dims(t[s.zero_point]->shape, t[s.zero_point]->shape +
+                                                                   t[s.zero_point]->ndim)) != 1) {
+      Fail(k, "the zero point must be one uint8");
+    }
+    const DLTensor* w = t[s.weight];
+    const DLTensor* scale = t[s.scale];
+    memory::dims x = values_[s.data].desc.dims(), y = OutputDims(k, t);
+    if (w->ndim != 2 || TypeOf(w) != dt::u8) Fail(k, "the weight must be a 2-D uint8 tensor (out, in)");
+    int64_t n = w->shape[0], kk = w->shape[1];
+    auto elements = [](const DLTensor* v) { return Elements(memory::dims(v->shape, v->shape + v->ndim)); };
+    if (TypeOf(scale) != dt::f32 || elements(scale) != n) Fail(k, "the scale must hold one float32 per output");
+    if (s.bias >= 0 && (TypeOf(t[s.bias]) != dt::f32 || elements(t[s.bias]) != n)) {
+      Fail(k, "the bias must hold one float32 per output");
+    }
+    if (x.empty() || x.back() != kk || y.empty() || y.back() != n || Elements(x) / kk != Elements(y) / n) {
+      Fail(k, "the data's last axis must be the weight's inputs and the output's the weight's outputs");
+    }
+    if (values_[s.data].desc.data_type() != dt::f32) Fail(k, "the data must be float32");
+    OwnStep step;
+    step.weight = s.weight;
+    step.scale = s.scale;
+    step.zero_point = s.zero_point;
+    step.bias = s.bias;
+    step.rows = Elements(x) / kk;
+    step.out = n;
+    step.in = kk;
+    step.src = Input(k, s.data, Plain({step.rows, kk}));
+    Output(k, Plain(y));
+    step.dst = Alias(values_[spec_.num_inputs + k], Plain({step.rows, n}));
+    size_t bytes = int8_matmul::ScratchBytes(step.rows, kk);
+    step.scratch = Placed(memory::desc({static_cast<memory::dim>(bytes)}, dt::u8, tag::a),
+                          NewBuffer(bytes, static_cast<int>(k), static_cast<int>(k)));
+    Call c;
+    c.own = static_cast<int>(own_steps_.size());
+    own_steps_.push_back(std::move(step));
+    calls_.push_back(std::move(c));
+  }
+
+  /*! \brief Run a prepared step of our own kernels on this call's tensors. */
+  void ExecuteOwn(const OwnStep& step, const ffi::PackedArgs& args) {
+    const float* bias = step.bias >= 0 ? static_cast<const float*>(Arg(args, step.bias)->data) : nullptr;
+    if (!step.int8) {
+      one_row_matmul::Multiply(static_cast<const float*>(step.src.get_data_handle()),
+                               static_cast<const float*>(Arg(args, step.weight)->data), bias,
+                               static_cast<float*>(step.dst.get_data_handle()), step.in, step.out);
+      return;
+    }
+    int8_matmul::Weights w;
+    w.data = static_cast<const uint8_t*>(Arg(args, step.weight)->data);
+    w.scales = static_cast<const float*>(Arg(args, step.scale)->data);
+    w.zero_point = *static_cast<const uint8_t*>(Arg(args, step.zero_point)->data);
+    w.bias = bias;
+    w.out = step.out;
+    w.in = step.in;
+    int8_matmul::Multiply(static_cast<const float*>(step.src.get_data_handle()), step.rows, w,
+                          static_cast<float*>(step.dst.get_data_handle()), step.scratch.get_data_handle());
+  }
+
+  /*! \brief How a one-row float32 matmul runs: our kernel on the stored (K, N) weights (default),
+   *         oneDNN's inner product on weights reordered once (a second copy of them), or oneDNN's
+   *         matmul; TVM_HETERO_DNNL_ONE_ROW=stored|inner_product|matmul, read when a region is set up. */
+  enum class OneRowKernel { kStored, kInnerProduct, kMatmul };
+  static OneRowKernel OneRowChoice() {
     const char* v = std::getenv("TVM_HETERO_DNNL_ONE_ROW");
-    return v == nullptr || std::strcmp(v, "matmul") != 0;
+    if (v != nullptr && std::strcmp(v, "matmul") == 0) return OneRowKernel::kMatmul;
+    if (v != nullptr && std::strcmp(v, "inner_product") == 0) return OneRowKernel::kInnerProduct;
+    return OneRowKernel::kStored;
+  }
+
+  /*!
+   * \brief A one-row float32 matmul on the weights as stored (K, N): one_row_matmul.h, reading every
+   *        weight once and copying none (as fast as the inner product on its reordered copy for a
+   *        decode step's shapes, bench/llm_gemv.py); its activation, if any, in place after it.
+   */
+  void SetupOneRowStored(size_t k, const memory::dims& y, const std::vector<DLTensor*>& t) {
+    const StepSpec& s = spec_.steps[k];
+    const DLTensor* w = t[s.weight];
+    OwnStep step;
+    step.int8 = false;
+    step.weight = s.weight;
+    step.bias = s.bias;
+    step.rows = 1;
+    step.in = w->shape[0];
+    step.out = w->shape[1];
+    if (TypeOf(w) != dt::f32) Fail(k, "the weight must be float32");
+    if (values_[s.data].desc.dims().back() != step.in || y.back() != step.out) {
+      Fail(k, "the data's last axis must be the weight's rows and the output's its columns");
+    }
+    if (s.bias >= 0 && (s.bias >= spec_.num_inputs || TypeOf(t[s.bias]) != dt::f32 ||
+                        Elements(memory::dims(t[s.bias]->shape, t[s.bias]->shape + t[s.bias]->ndim)) != step.out)) {
+      Fail(k, "the bias must be an input of the region with one float32 per output");
+    }
+    step.src = Input(k, s.data, Plain({1, step.in}));
+    Output(k, Plain(y));
+    step.dst = Alias(values_[spec_.num_inputs + k], Plain({1, step.out}));
+    Call c;
+    c.own = static_cast<int>(own_steps_.size());
+    own_steps_.push_back(std::move(step));
+    calls_.push_back(std::move(c));
+    if (s.relu || !s.activation.empty()) ActivationInPlace(s, own_steps_.back().dst);
+  }
+
+  /*! \brief The step's ReLU and other activation applied in place to `dst` (after a kernel without post-ops). */
+  void ActivationInPlace(const StepSpec& s, const memory& dst) {
+    if (s.relu) ReluInPlace(dst);
+    if (s.activation.empty()) return;
+    float alpha = s.activation == "silu" ? 1.f : s.alpha;
+    dnnl::eltwise_forward::desc desc(dnnl::prop_kind::forward_inference, Activation(s.activation), dst.get_desc(),
+                                     alpha, s.beta);
+    Call c;
+    c.prim = dnnl::eltwise_forward(dnnl::eltwise_forward::primitive_desc(desc, UserScratchpad(), CpuEngine()));
+    c.args = {{DNNL_ARG_SRC, dst}, {DNNL_ARG_DST, dst}};
+    calls_.push_back(std::move(c));
   }
 
   /*! \brief a @ b over equal batch dims, both computed (attention's scores and context), plain. */
@@ -1184,6 +1325,9 @@ class RegionExec {
           continue;
         }
         g_weight_reorders.fetch_add(1, std::memory_order_relaxed);
+      } else if (c.own >= 0) {
+        ExecuteOwn(own_steps_[c.own], args);
+        continue;
       } else if (c.copy_from >= 0) {
         void* from = Arg(args, c.copy_from)->data;
         void* to = Arg(args, c.copy_to)->data;
@@ -1220,6 +1364,8 @@ class RegionExec {
   std::vector<std::pair<memory, int>> bindings_;
   /*! \brief What every call runs, in order. */
   std::vector<Call> calls_;
+  /*! \brief The matmuls among them that our own kernels run. */
+  std::vector<OwnStep> own_steps_;
   /*! \brief Offset of each placed memory in the arena, its size, and the scratch it points into. */
   std::vector<size_t> offsets_;
   size_t arena_bytes_ = 0;

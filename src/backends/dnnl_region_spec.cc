@@ -56,7 +56,7 @@ double FloatOr(const json::Object& obj, const char* key, double fallback) {
 const char* const kOps[] = {"conv2d",          "matmul",  "max_pool2d", "avg_pool2d",
                             "channel_shuffle", "softmax", "layer_norm", "concat",
                             "lrn",    "scale_shift", "batch_matmul", "quantize",
-                            "dequantize", "add"};
+                            "dequantize", "add", "int8_weight_matmul"};
 const char* const kQuantTypes[] = {"u8", "s8", "f32"};
 const char* const kActivations[] = {"clip", "sigmoid", "hardswish", "gelu", "gelu_tanh", "silu"};
 
@@ -118,6 +118,8 @@ StepSpec ParseStep(const json::Object& obj, const std::vector<int64_t>& args, in
   s.weight = value(IntOr(obj, "weight", -1, where), "weight");
   s.bias = value(IntOr(obj, "bias", -1, where), "bias");
   s.residual = value(IntOr(obj, "residual", -1, where), "residual");
+  s.scale = value(IntOr(obj, "scale", -1, where), "scale");
+  s.zero_point = value(IntOr(obj, "zero_point", -1, where), "zero_point");
   for (int64_t local : IntList(obj, "inputs", where)) s.inputs.push_back(value(local, "inputs"));
   s.shape = IntList(obj, "shape", where);
   s.relu = BoolOr(obj, "relu", false, where);
@@ -153,6 +155,10 @@ StepSpec ParseStep(const json::Object& obj, const std::vector<int64_t>& args, in
   }
   if (s.op == "lrn") s.beta = static_cast<float>(FloatOr(obj, "beta", 0.75));
   if (s.op == "scale_shift" && (s.weight < 0 || s.bias < 0)) kReader.Fail(where, "scale_shift needs a weight and a bias");
+  if (s.op == "int8_weight_matmul" &&
+      (s.weight < 0 || s.scale < 0 || s.zero_point < 0 || s.residual >= 0 || s.relu || !s.activation.empty() || s.quant.on)) {
+    kReader.Fail(where, "int8_weight_matmul needs a weight, a scale and a zero point, and takes no residual, activation or quant");
+  }
   if (s.op == "batch_matmul" && s.inputs.size() != 2) kReader.Fail(where, "batch_matmul needs two inputs");
   if (s.op == "concat" && s.inputs.size() < 2) kReader.Fail(where, "concat needs at least two inputs");
   return s;

@@ -142,11 +142,32 @@ void LanguageModel::ReadManifest(const std::string& manifest_text) {
   if (!has_decode) reader.Fail("graphs", "no decode graph (chunk size 1)");
 }
 
+namespace {
+
+/*!
+ * \brief A parameter blob naming `owner`'s parameters, each with a one-element value: ShareParams
+ *        reads only the names. Giving it params.bin would decode every weight again for each graph
+ *        (a transient copy of all of them, whose memory the allocator then keeps).
+ */
+std::string NamesOnlyBlob(const GraphRuntime& owner) {
+  ffi::Map<ffi::String, ffi::Tensor> params;
+  for (int i = 0; i < owner.NumInputs(); ++i) {
+    if (owner.InputIsParam(i)) {
+      params.Set(owner.GetInputName(i), support::AllocTensor(ffi::Shape({1}), DLDataType{kDLFloat, 32, 1},
+                                                             DLDevice{kDLCPU, 0}));
+    }
+  }
+  return std::string(ffi::Function::GetGlobalRequired("runtime.SaveParams")(params).cast<ffi::Bytes>());
+}
+
+}  // namespace
+
 void LanguageModel::CreateRuntimes() {
   std::string params_path = directory_ + "/" + kParamsFile;
   std::string params = ReadWholeFile(params_path);
   device_ = files_[0].devices[0];
   const GraphRuntime* owner = nullptr;
+  std::string names_only;
   for (size_t i = 0; i < graphs_.size(); ++i) {
     std::string graph_path = directory_ + "/" + files_[i].graph;
     if (!support::IsHost(files_[i].devices[0]) || !support::SameDevice(files_[i].devices[0], device_)) {
@@ -160,8 +181,10 @@ void LanguageModel::CreateRuntimes() {
     if (owner == nullptr) {
       runtime->LoadParams(params, params_path);
       owner = runtime.get();
+      names_only = NamesOnlyBlob(*owner);
+      std::string().swap(params);  // params.bin is in the weights now: its bytes go
     } else {
-      runtime->ShareParams(*owner, params);
+      runtime->ShareParams(*owner, names_only);
     }
     for (int input = 0; input < runtime->NumInputs(); ++input) {
       const std::string& name = runtime->GetInputName(input);

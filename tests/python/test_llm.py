@@ -122,6 +122,19 @@ def test_the_graphs_share_one_copy_of_the_weights(llama):
     assert len(llama.graphs) == 4  # decode and the three prefill chunk sizes
 
 
+def test_no_graph_keeps_a_reordered_copy_of_the_weights(llama):
+    """Decode's one-row matmuls read the stored weights (one_row_matmul.h) and prefill's matmuls read
+    them as stored too: running both reorders no weight, so the weights are held once."""
+    import tvm
+
+    reorders = tvm.get_global_func("tvm_hetero.dnnl.weight_reorders")
+    session = llama.session()
+    before = reorders()
+    session.prefill(prompt_of(100, 256))  # the 64 and 16 (padded) chunk graphs
+    session.decode(3)
+    assert reorders() == before
+
+
 def test_a_decode_step_writes_only_the_new_rows_and_padding_is_never_written(llama):
     cfg = llama.config
     session = llama.session()

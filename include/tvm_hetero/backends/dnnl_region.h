@@ -73,12 +73,16 @@ struct StepSpec {
    *         of an NCHW tensor, then the activations) or "batch_matmul" (`inputs` a @ b, rank 3-4,
    *         equal batch dims), or "quantize" / "dequantize" (a reorder with `quant`'s scale and
    *         zero points, in the layout its input has), or "add" (`inputs` a + b, quantized:
-   *         ResNet's residual). */
+   *         ResNet's residual), or "int8_weight_matmul" (data @ dequantize(weight)ᵀ + bias: the weight
+   *         (N, K) uint8 less the uint8 `zero_point`, times `scale`, one float per output; our VNNI kernel,
+   *         backends/int8_matmul.h). */
   std::string op;
   /*! \brief conv2d / matmul in integers, and the parameters of quantize / dequantize. */
   QuantSpec quant;
   /*! \brief Value id of the data, the weight, the bias and the residual (-1: none). */
   int data = 0, weight = -1, bias = -1, residual = -1;
+  /*! \brief int8_weight_matmul: value ids of the per-output weight scales and of the zero point (-1: none). */
+  int scale = -1, zero_point = -1;
   /*! \brief concat: the value ids joined, in order; batch_matmul: its two operands. */
   std::vector<int> inputs;
   /*! \brief Shape of the step's output (empty: the call's output tensor's, last step only). */

@@ -57,6 +57,8 @@ from .dnnl_int8 import (
     unshare_qdq,
 )
 from .dnnl_int8_rewrites import fold_quantized_affine, simplify_qdq
+from .dnnl_int8_weights import PATTERN as INT8_WEIGHT_PATTERN
+from .dnnl_int8_weights import describe_int8_weight_matmul, int8_weight_matmul_patterns
 
 _FORMAT = "tvm-hetero-dnnl/1"
 _F32_MAX = float(np.finfo(np.float32).max)
@@ -83,6 +85,7 @@ class DnnlBackend(Backend):
 
     def patterns(self, is_weight: WeightPredicate) -> list[FusionPattern]:
         out = int8_patterns()  # QDQ units first: they take their dequantizes and quantize
+        out += int8_weight_matmul_patterns(is_weight)  # float data, 8-bit weights (tvm_hetero.llm)
         for bias in (True, False):
             # The residual's two operand orders are separate patterns: when one order's match is
             # rejected (e.g. it would swallow a value read outside), the other is still tried.
@@ -129,6 +132,8 @@ class DnnlBackend(Backend):
         return unshare_qdq(entry)(mod)  # last: the rewrites above merge equal bindings
 
     def describe(self, composite: relax.Function, pattern: str) -> dict:
+        if pattern.startswith(INT8_WEIGHT_PATTERN):
+            return describe_int8_weight_matmul(composite)
         if pattern.startswith(INT8_PATTERNS) or pattern in ("dnnl.quantize", "dnnl.dequantize"):
             return describe_int8(composite, pattern)
         return _describe(composite, pattern)

@@ -26,6 +26,7 @@ from .graph_io import (
     key_cache,
     value_cache,
 )
+from .int8_weights import ZERO_POINT_WEIGHT, quantized_names, scale_name
 
 op = relax.op
 
@@ -42,8 +43,11 @@ class GraphBuilder:
         self.inputs: dict[str, relax.Var] = {}
         for name, shape, dtype in data_inputs(cfg, capacity, self.n):
             self.inputs[name] = relax.Var(name, relax.TensorType(list(shape), dtype))
+        #: Weights stored in 8 bits (int8_weights.py): (out, in) uint8, their scales beside them.
+        self.int8 = quantized_names(weight_shapes)
         for name, shape in weight_shapes.items():
-            self.inputs[name] = relax.Var(name, relax.TensorType(list(shape), "float32"))
+            dtype = "uint8" if name in self.int8 or name == ZERO_POINT_WEIGHT else "float32"
+            self.inputs[name] = relax.Var(name, relax.TensorType(list(shape), dtype))
 
     def __getitem__(self, name: str) -> relax.Var:
         return self.inputs[name]
@@ -52,17 +56,29 @@ class GraphBuilder:
         return self.builder.emit(expr)
 
     def linear(self, x: relax.Expr, weight: str, bias: str | None = None) -> relax.Var:
-        """``x @ W (+ b)`` for an (in, out) weight (family.py: the graphs' layout); one oneDNN region."""
-        y = self.emit(op.matmul(x, self[weight]))
+        """``x @ W (+ b)`` for an (in, out) weight (family.py: the graphs' layout), or ``x @
+        dequantize(W)ᵀ (+ b)`` for an 8-bit (out, in) one; one oneDNN region either way."""
+        if weight in self.int8:
+            y = self.emit(op.matmul(x, op.permute_dims(self.dequantized(weight))))
+        else:
+            y = self.emit(op.matmul(x, self[weight]))
         return self.emit(op.add(y, self[bias])) if bias else y
 
     def embed(self, table: str, transposed: bool) -> relax.Var:
         """The chunk's token embeddings [1, n, hidden] from a (vocab, hidden) table, or from the
         (hidden, vocab) LM head it is tied to (``transposed``: columns gathered)."""
         tokens = self[TOKENS]
+        if table in self.int8:  # (vocab, hidden) bytes: the rows gathered, then dequantized
+            rows = self.emit(op.take(self[table], tokens, axis=0))  # [1, n, hidden] uint8
+            scales = self.emit(op.reshape(op.take(self[scale_name(table)], tokens, axis=0), [self.n]))
+            return self.emit(op.dequantize(rows, scales, self[ZERO_POINT_WEIGHT], axis=1))
         if not transposed:
             return self.emit(op.take(self[table], tokens, axis=0))
         return self.emit(op.permute_dims(op.take(self[table], tokens, axis=1), [1, 2, 0]))
+
+    def dequantized(self, weight: str) -> relax.Var:
+        """An 8-bit (out, in) weight as float32: (W - zero point) * scale per output row."""
+        return self.emit(op.dequantize(self[weight], self[scale_name(weight)], self[ZERO_POINT_WEIGHT], axis=0))
 
     def rms_norm(self, x: relax.Expr, weight: str) -> relax.Var:
         return self.emit(op.nn.rms_norm(x, self[weight], axes=[-1], epsilon=self.cfg.norm_eps))

@@ -22,14 +22,15 @@ from ..artifact import (
     graph_inputs,
     manifest_digest,
     read_json,
-    read_params,
     read_text,
     seal,
     verify_files,
 )
 from .config import DecoderConfig
-from .entry_graphs import EntryGraph, create_runtimes
+from .entry_graphs import EntryGraph, create_runtimes, release_freed_memory
 from .graph_io import data_inputs
+from .int8_agreement import Agreement
+from .int8_weights import check_weight_format
 
 FORMAT = "tvm-hetero-llm/1"
 MANIFEST_FILE, PARAMS_FILE, TOKENIZER_FILE = "manifest.json", "params.bin", "tokenizer.json"
@@ -44,6 +45,9 @@ class ExportedModel:
     graphs: list[EntryGraph]
     weight_bytes: int
     tokenizer_file: Path | None
+    #: "float32" or "int8", and for int8 the agreement measured when it was built (None: not measured).
+    weights: str = "float32"
+    agreement: Agreement | None = None
 
 
 def export(model: Any, out: Path) -> Path:
@@ -74,6 +78,8 @@ def export(model: Any, out: Path) -> Path:
         "params": [{"name": name, "shape": [int(d) for d in t.shape], "dtype": str(t.dtype)}
                    for name, t in sorted(weights.items())],
         "weight_bytes": model.weight_bytes,
+        "weights": model.weights,
+        "int8_agreement": model.agreement.to_dict() if model.agreement is not None else None,
     }
     seal(manifest, out, files)
     (out / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1))
@@ -101,12 +107,11 @@ def read_exported(path: str | Path, device_options: dict[str, Any] | None = None
         entries = list(manifest["graphs"])
         table = {row["name"]: (list(row["shape"]), row["dtype"]) for row in manifest["params"]}
         weight_bytes = int(manifest["weight_bytes"])
+        weights = check_weight_format(manifest.get("weights", "float32"))
+        agreement = manifest.get("int8_agreement")
+        agreement = Agreement.from_dict(agreement) if agreement is not None else None
     except (KeyError, TypeError, ValueError) as err:
         raise ValueError(f"{manifest_path}: malformed ({type(err).__name__}: {err})") from None
-    params = read_params(blob, str(src / PARAMS_FILE))
-    if {name: (list(v.shape), str(v.dtype)) for name, v in params.items()} != table:
-        raise ValueError(f"{src / PARAMS_FILE}: the weights differ from the manifest's table")
-    del params
     data_names = {name for name, _, _ in data_inputs(cfg, capacity, 1)}
     graphs = []
     for entry in entries:
@@ -119,6 +124,15 @@ def read_exported(path: str | Path, device_options: dict[str, Any] | None = None
         graphs.append(EntryGraph(int(entry["size"]), str(entry["phase"]), graph_json,
                                  tvm.runtime.load_module(str(src / entry["lib"])), devices))
     create_runtimes(graphs, blob, str(src / PARAMS_FILE), device_options)
+    del blob
+    # params.bin against the table, as the first runtime loaded it (decoding it here would make a
+    # transient copy of every weight, whose memory the allocator keeps)
+    owner = graphs[0].runtime
+    loaded = {name: owner.get_input(name) for name in owner.param_names}
+    if {name: (list(t.shape), str(t.dtype)) for name, t in loaded.items()} != table:
+        raise ValueError(f"{src / PARAMS_FILE}: the weights differ from the manifest's table")
+    release_freed_memory()
     tokenizer = src / TOKENIZER_FILE
-    return ExportedModel(cfg, capacity, graphs, weight_bytes, tokenizer if tokenizer.is_file() else None)
+    return ExportedModel(cfg, capacity, graphs, weight_bytes, tokenizer if tokenizer.is_file() else None, weights,
+                         agreement)
 

@@ -23,13 +23,16 @@ class Family(NamedTuple):
     """A family's graph builder: the checkpoint tensors it reads (Hugging Face name -> shape), which
     of them the graphs take transposed to (in, out), which are fused (graph name -> the checkpoint
     names concatenated along their last axis, after transposing), the weights it derives from the
-    configuration, and its entry function (symbolic chunk length) given the graph's weight shapes."""
+    configuration, its entry function (symbolic chunk length) given the graph's weight shapes, and
+    the graph weights its matmuls read (every projection and the LM head: what ``weights="int8"``
+    stores in 8 bits)."""
 
     weight_shapes: Callable[[DecoderConfig], dict[str, tuple[int, ...]]]
     transposed: Callable[[DecoderConfig], set[str]]
     fused: Callable[[DecoderConfig], dict[str, list[str]]]
     derived_weights: Callable[[DecoderConfig, int], dict[str, np.ndarray]]
     entry_function: Callable[[DecoderConfig, int, dict[str, tuple[int, ...]]], relax.Function]
+    matmul_weights: Callable[[DecoderConfig], set[str]]
 
 
 def graph_weights(family: Family, cfg: DecoderConfig, checkpoint_weights: dict[str, np.ndarray],

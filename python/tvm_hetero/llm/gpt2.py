@@ -81,4 +81,13 @@ def _body(g: GraphBuilder, cfg: DecoderConfig) -> relax.Var:
     return g.finish(hidden, norm, "transformer.wte.weight", new_rows)
 
 
-FAMILY = Family(weight_shapes, transposed, fused, derived_weights, entry_function)
+def matmul_weights(cfg: DecoderConfig) -> set[str]:
+    """Graph names of the weights ``linear`` reads: the four Conv1D weights per layer and the LM head."""
+    names = {"transformer.wte.weight"}
+    for i in range(cfg.num_layers):
+        p = f"transformer.h.{i}."
+        names |= {p + "attn.c_attn.weight", p + "attn.c_proj.weight", p + "mlp.c_fc.weight", p + "mlp.c_proj.weight"}
+    return names
+
+
+FAMILY = Family(weight_shapes, transposed, fused, derived_weights, entry_function, matmul_weights)

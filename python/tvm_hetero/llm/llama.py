@@ -104,4 +104,14 @@ def _body(g: GraphBuilder, cfg: DecoderConfig) -> relax.Var:
     return g.finish(hidden, lambda x: g.rms_norm(x, "model.norm.weight"), lm_head, new_rows)
 
 
-FAMILY = Family(weight_shapes, transposed, fused, derived_weights, entry_function)
+def matmul_weights(cfg: DecoderConfig) -> set[str]:
+    """Graph names of the weights ``linear`` reads: the fused and plain projections and the LM head."""
+    names = {"model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"}
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}."
+        names |= {p + "self_attn.qkv_proj.weight", p + "self_attn.o_proj.weight", p + "mlp.gate_up_proj.weight",
+                  p + "mlp.down_proj.weight"}
+    return names
+
+
+FAMILY = Family(weight_shapes, transposed, fused, derived_weights, entry_function, matmul_weights)

@@ -16,6 +16,7 @@ import numpy as np
 
 from .config import DecoderConfig
 from .entry_graphs import EntryGraph
+from .int8_agreement import Agreement
 from .sampling import Sampler
 from .session import GenerationSession, checked_prompt
 
@@ -24,12 +25,16 @@ class LanguageModel:
     """Entry graphs of one decoder (a decode graph and prefill chunk graphs) sharing one set of weights."""
 
     def __init__(self, cfg: DecoderConfig, capacity: int, graphs: Sequence[EntryGraph], weight_bytes: int,
-                 tokenizer_file: Path | None = None, source: str = ""):
+                 tokenizer_file: Path | None = None, source: str = "", weights: str = "float32"):
         self.config = cfg
         #: Tokens the KV cache holds: prompt plus generated tokens (less the last) must fit.
         self.capacity = capacity
         self.graphs = sorted(graphs, key=lambda g: g.size)
         self.weight_bytes = weight_bytes
+        #: How the matmul weights are stored: "float32" or "int8" (int8_weights.py).
+        self.weights = weights
+        #: For 8-bit weights: how its greedy tokens and logits follow float32 (int8_agreement.py).
+        self.agreement: Agreement | None = None
         self.tokenizer_file = tokenizer_file
         self.source = source
         self._tokenizer: Any = None

@@ -19,6 +19,13 @@ def kv_cache_bytes(model: Any) -> int:
     return 4 * cfg.num_layers * sum(int(np.prod(shape)) for shape in rows)
 
 
+def _weight_format(model: Any) -> str:
+    if model.weights != "int8":
+        return "float32"
+    text = "8-bit (uint8, zero point 128, a float32 scale per output channel; rows quantized per call)"
+    return text + (f"; {model.agreement.describe()}" if model.agreement is not None else "")
+
+
 def describe(model: Any) -> str:
     cfg = model.config
     holders = ", ".join(device_name(d) for d in weight_devices(model.graphs))
@@ -28,6 +35,7 @@ def describe(model: Any) -> str:
         f"  source: {model.source or '-'}",
         f"  prefill chunks {list(model.prefill_chunks)} (last chunk padded), decode 1; capacity {model.capacity} tokens",
         f"  weights: {format_size(model.weight_bytes)} once per device holding them ({holders}); every graph shares them",
+        f"  matmul weights: {_weight_format(model)}",
         (f"  KV cache: {format_size(kv_cache_bytes(model))} per generation session "
         f"({format_size(kv_cache_bytes(model) // model.capacity)} per token, written in place)"),
         "  graphs:",

@@ -1,0 +1,94 @@
+/*!
+ * \file one_row_matmul.cc
+ * \brief The one-row float32 matmul of one_row_matmul.h: AVX-512 where the CPU has it, else a plain
+ *        loop with the same order of operations.
+ */
+#include "backends/one_row_matmul.h"
+
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+
+namespace tvm_hetero {
+namespace one_row_matmul {
+
+namespace {
+
+/*! \brief Outputs [n0, n1) with the plain loop: y starts at the bias, then four rows per pass. */
+void ColumnsPortable(const float* x, const float* w, const float* bias, float* y, int64_t k, int64_t n,
+                     int64_t n0, int64_t n1) {
+  for (int64_t c = n0; c < n1; ++c) y[c] = bias ? bias[c] : 0.f;
+  for (int64_t r = 0; r < k; ++r) {
+    const float* row = w + r * n;
+    for (int64_t c = n0; c < n1; ++c) y[c] += x[r] * row[c];
+  }
+}
+
+/*! \brief Outputs [n0, n1) with AVX-512: rows four at a time, 16 outputs per vector, a masked tail. */
+__attribute__((target("avx512f"))) void ColumnsAvx512(const float* x, const float* w, const float* bias, float* y,
+                                                      int64_t k, int64_t n, int64_t n0, int64_t n1) {
+  int64_t full = n0 + (n1 - n0) / 16 * 16;
+  __mmask16 tail = static_cast<__mmask16>((1u << (n1 - full)) - 1u);
+  for (int64_t c = n0; c < full; c += 16) _mm512_storeu_ps(y + c, bias ? _mm512_loadu_ps(bias + c) : _mm512_setzero_ps());
+  if (tail) _mm512_mask_storeu_ps(y + full, tail, bias ? _mm512_maskz_loadu_ps(tail, bias + full) : _mm512_setzero_ps());
+  int64_t r = 0;
+  for (; r + 4 <= k; r += 4) {
+    __m512 a = _mm512_set1_ps(x[r]), b = _mm512_set1_ps(x[r + 1]), c4 = _mm512_set1_ps(x[r + 2]),
+           d = _mm512_set1_ps(x[r + 3]);
+    const float *r0 = w + r * n, *r1 = r0 + n, *r2 = r1 + n, *r3 = r2 + n;
+    for (int64_t c = n0; c < full; c += 16) {
+      __m512 v = _mm512_loadu_ps(y + c);
+      v = _mm512_fmadd_ps(a, _mm512_loadu_ps(r0 + c), v);
+      v = _mm512_fmadd_ps(b, _mm512_loadu_ps(r1 + c), v);
+      v = _mm512_fmadd_ps(c4, _mm512_loadu_ps(r2 + c), v);
+      v = _mm512_fmadd_ps(d, _mm512_loadu_ps(r3 + c), v);
+      _mm512_storeu_ps(y + c, v);
+    }
+    if (tail) {
+      __m512 v = _mm512_maskz_loadu_ps(tail, y + full);
+      v = _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(tail, r0 + full), v);
+      v = _mm512_fmadd_ps(b, _mm512_maskz_loadu_ps(tail, r1 + full), v);
+      v = _mm512_fmadd_ps(c4, _mm512_maskz_loadu_ps(tail, r2 + full), v);
+      v = _mm512_fmadd_ps(d, _mm512_maskz_loadu_ps(tail, r3 + full), v);
+      _mm512_mask_storeu_ps(y + full, tail, v);
+    }
+  }
+  for (; r < k; ++r) {
+    __m512 a = _mm512_set1_ps(x[r]);
+    const float* row = w + r * n;
+    for (int64_t c = n0; c < full; c += 16) {
+      _mm512_storeu_ps(y + c, _mm512_fmadd_ps(a, _mm512_loadu_ps(row + c), _mm512_loadu_ps(y + c)));
+    }
+    if (tail) {
+      __m512 v = _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(tail, row + full), _mm512_maskz_loadu_ps(tail, y + full));
+      _mm512_mask_storeu_ps(y + full, tail, v);
+    }
+  }
+}
+
+bool HasAvx512() {
+  static const bool yes = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") != 0;
+  }();
+  return yes;
+}
+
+}  // namespace
+
+void Multiply(const float* x, const float* w, const float* bias, float* y, int64_t k, int64_t n) {
+  int64_t blocks = (n + 15) / 16;
+  int team = std::max(1, std::min<int>(omp_get_max_threads(), static_cast<int>(blocks)));
+  auto columns = HasAvx512() ? ColumnsAvx512 : ColumnsPortable;
+  auto share = [&](int me, int threads) {
+    int64_t n0 = std::min(n, blocks * me / threads * 16), n1 = std::min(n, blocks * (me + 1) / threads * 16);
+    if (n0 < n1) columns(x, w, bias, y, k, n, n0, n1);
+  };
+  if (team == 1) return share(0, 1);  // no parallel region: libgomp allocates a team for each
+#pragma omp parallel num_threads(team)
+  share(omp_get_thread_num(), omp_get_num_threads());
+}
+
+}  // namespace one_row_matmul
+}  // namespace tvm_hetero
