@@ -26,7 +26,7 @@ from tvm.relax.backend.utils import has_leaking_intermediate_variables
 from tvm.relax.dpl import is_op, wildcard
 from tvm.relax.transform import FusionPattern
 
-from ..compiler.relax_helpers import static_shape
+from ..ir.relax_helpers import expr_shape
 from .base import WeightPredicate
 
 #: The pattern names (with and without the bias add).
@@ -57,21 +57,21 @@ def _check(ctx: Any, is_weight: WeightPredicate) -> bool:
         return False
     ann = ctx.annotated_expr
     dq = ann["dequantize"]
-    w, scale = _shape(ann["weight"]), _shape(ann["scale"])
-    data = _shape(ann["matmul"].args[0])
+    w, scale = expr_shape(ann["weight"]), expr_shape(ann["scale"])
+    data = expr_shape(ann["matmul"].args[0])
     if w is None or scale is None or data is None or len(w) != 2 or not 2 <= len(data) <= 5:
         return False
     if _dtype(ann["weight"]) != "uint8" or _dtype(ann["scale"]) != "float32" or _dtype(ann["matmul"]) != "float32":
         return False
     if int(dq.attrs.axis) != 0 or str(dq.attrs.out_dtype) != "float32" or scale != (w[0],) or data[-1] != w[1]:
         return False
-    zero_point = _shape(ann["zero_point"])
+    zero_point = expr_shape(ann["zero_point"])
     if zero_point is None or int(np.prod(zero_point)) != 1 or _dtype(ann["zero_point"]) != "uint8":
         return False
     if not all(is_weight(ann[role]) for role in ("weight", "scale", "zero_point")):
         return False
     if "bias" in ann:
-        bias = _shape(ann["bias"])
+        bias = expr_shape(ann["bias"])
         if not is_weight(ann["bias"]) or _dtype(ann["bias"]) != "float32" or bias is None:
             return False
         if int(np.prod(bias)) != w[0] or bias[-1] != w[0]:
@@ -94,11 +94,6 @@ def describe_int8_weight_matmul(composite: relax.Function) -> dict:
             elif name == "relax.add":
                 spec["bias"] = index[value.args[1]]
     return spec
-
-
-def _shape(expr: Any) -> tuple[int, ...] | None:
-    ty = getattr(expr, "ty", None)
-    return static_shape(ty) if isinstance(ty, relax.TensorType) else None
 
 
 def _dtype(expr: Any) -> str:
