@@ -9,8 +9,10 @@ static build (``tvm_hetero.build``, oneDNN for the matmuls). The weights are fun
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -25,6 +27,7 @@ from .entry_graphs import EntryGraph, create_runtimes
 from .export import read_exported
 from .family import graph_weight_shapes, graph_weights
 from .model import LanguageModel
+from .phase_check import LOGITS_TOLERANCE, teacher_forced
 
 PHASES = ("prefill", "decode")
 DEFAULT_PREFILL_CHUNKS = (16, 64, 256)
@@ -32,7 +35,8 @@ DEFAULT_PREFILL_CHUNKS = (16, 64, 256)
 
 def build(model: Any, targets: Any = None, *, capacity: int = 512,
           prefill_chunks: Sequence[int] = DEFAULT_PREFILL_CHUNKS, backends: Any = None,
-          device_options: Any = None, progress: Callable[[str], None] | None = None) -> LanguageModel:
+          device_options: Any = None, progress: Callable[[str], None] | None = None, check_tokens: int = 16,
+          phase_tolerance: float | None = None, **build_options: Any) -> LanguageModel:
     """Compile a decoder-only model for generation.
 
     model : a Hugging Face checkpoint directory (config.json + safetensors) or a ``transformers``
@@ -44,6 +48,12 @@ def build(model: Any, targets: Any = None, *, capacity: int = 512,
     backends : as for :func:`tvm_hetero.build` (None: oneDNN on CPUs).
     device_options : the runtimes' executor settings, one entry per device (``[{"cores": [0],
         "num_threads": 1}]``: one thread pinned to core 0), for both phases or per phase as ``targets``.
+    check_tokens : when a graph runs on an accelerator, the decode steps of the whole-path check
+        against the same graphs built for the host alone (phase_check.py; 0 skips it). A graph that
+        fails it runs on the host instead, with a warning; ``lm.report()`` gives the result.
+    phase_tolerance : that check's tolerance (logits' error relative to the largest reference logit).
+    build_options : passed to :func:`tvm_hetero.build` for every graph (``offload_tolerance``,
+        ``verify_offload``, ``offload_min_group_flops``, ...).
     """
     say = progress or (lambda _msg: None)
     if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
@@ -61,15 +71,69 @@ def build(model: Any, targets: Any = None, *, capacity: int = 512,
     for size in sorted(set(sizes) | {1}):
         phase = "decode" if size == 1 else "prefill"
         say(f"building the {phase} graph of {size} row(s)")
-        start = time.perf_counter()
-        static = relax.transform.BindSymbolicVars({"n": size})(symbolic)
-        artifact = build_graph(static, phase_targets[phase], params=weights, backends=backends)
-        graphs.append(EntryGraph(size, phase, artifact.graph_json, artifact.lib, list(artifact.devices),
-                                 artifact.build_report, time.perf_counter() - start))
+        graphs.append(_entry_graph(symbolic, size, phase, phase_targets[phase], weights, backends, build_options))
     blob = bytes(tvm.runtime.save_param_dict({k: tvm.runtime.tensor(v) for k, v in weights.items()}))
     create_runtimes(graphs, blob, "weights", phase_options)
     weight_bytes = sum(v.nbytes for v in weights.values())
-    return LanguageModel(cfg, capacity, graphs, weight_bytes, checkpoint.tokenizer_file, checkpoint.source)
+    lm = LanguageModel(cfg, capacity, graphs, weight_bytes, checkpoint.tokenizer_file, checkpoint.source)
+    if check_tokens and any(g.accelerator_executions for g in graphs):
+        _check_whole_path(lm, symbolic, phase_targets, weights, blob, backends, phase_options, check_tokens,
+                          phase_tolerance, say)
+    return lm
+
+
+def _entry_graph(symbolic: tvm.IRModule, size: int, phase: str, targets: Any, weights: dict, backends: Any,
+                 build_options: dict) -> EntryGraph:
+    """The static graph of ``size`` rows, built for ``targets``."""
+    start = time.perf_counter()
+    static = relax.transform.BindSymbolicVars({"n": size})(symbolic)
+    artifact = build_graph(static, targets, params=weights, backends=backends, **build_options)
+    return EntryGraph(size, phase, artifact.graph_json, artifact.lib, list(artifact.devices), artifact.build_report,
+                      time.perf_counter() - start)
+
+
+def _host_targets(targets: Any) -> list:
+    """The entries of ``targets`` that run TVM kernels (an accelerator's entries left out)."""
+    from ..devices import parse_spec, runs_tvm_kernels
+
+    host = [t for t in targets if runs_tvm_kernels(parse_spec(t).device)]
+    if not host:
+        raise ValueError("a phase with an accelerator needs a host device that runs TVM kernels in its targets "
+                         "(the graph's other ops, and the reference of the whole-path check)")
+    return host
+
+
+def _check_whole_path(lm: LanguageModel, symbolic: tvm.IRModule, phase_targets: dict, weights: dict, blob: bytes,
+                      backends: Any, phase_options: dict, tokens: int, tolerance: float | None,
+                      say: Callable[[str], None]) -> None:
+    """Build every accelerator graph again for the host alone, run the teacher-forced check
+    (phase_check.py) and move each graph that fails it to its host build, with a warning."""
+    reference_graphs = []
+    for graph in lm.graphs:
+        if not graph.accelerator_executions:
+            reference_graphs.append(dataclasses.replace(graph, runtime=None))
+            continue
+        say(f"building the {graph.phase} graph of {graph.size} row(s) for the host alone (the whole-path check's reference)")
+        reference_graphs.append(_entry_graph(symbolic, graph.size, graph.phase, _host_targets(phase_targets[graph.phase]),
+                                             weights, backends, {}))
+    create_runtimes(reference_graphs, blob, "weights")
+    reference = LanguageModel(lm.config, lm.capacity, reference_graphs, lm.weight_bytes)
+    say(f"whole-path check: each prefill bucket, then {tokens} teacher-forced decode steps, against the host's fp32 graphs")
+    check = teacher_forced(lm, reference, tokens, LOGITS_TOLERANCE if tolerance is None else tolerance)
+    lm.phase_check = check
+    if not check["failed"]:
+        return
+    for size in check["failed"]:
+        index = next(i for i, g in enumerate(lm.graphs) if g.size == size)
+        graph = lm.graphs[index]
+        error = check["buckets"][size] if size in check["buckets"] else max(check["decode"]["errors"][1:])
+        reason = (f"whole-path check: logits error {error:.2e} > {check['tolerance']:g} (relative to the largest "
+                  "logit of the host's fp32 graph)")
+        warnings.warn(f"tvm_hetero.llm: the {graph.phase} graph of {size} row(s) runs on the host: {reason}",
+                      RuntimeWarning, stacklevel=3)
+        say(f"the {graph.phase} graph of {size} row(s) moves to the host ({reason})")
+        lm.graphs[index] = dataclasses.replace(reference_graphs[index], runtime=None, moved_to_host=reason)
+    create_runtimes(lm.graphs, blob, "weights", phase_options)
 
 
 def _per_phase(value: Any, what: str) -> dict[str, Any]:

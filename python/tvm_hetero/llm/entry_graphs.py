@@ -34,6 +34,21 @@ class EntryGraph:
     build_seconds: float = 0.0
     #: The runtime holding (or sharing) the weights; set by :func:`create_runtimes`.
     runtime: GraphModule | None = field(default=None, repr=False)
+    #: Why this graph runs on the host although its phase's targets hold an accelerator (the
+    #: whole-path check failed it, phase_check.py); "" otherwise.
+    moved_to_host: str = ""
+
+    @property
+    def offload(self) -> dict | None:
+        """The build report's accelerator section (None: no accelerator, or loaded from disk)."""
+        offload = getattr(self.build_report, "offload", None) if self.build_report is not None else None
+        return offload or None
+
+    @property
+    def accelerator_executions(self) -> int:
+        """Accelerator graph executions per call of this graph (0 when it runs on the host alone)."""
+        offload = self.offload
+        return int(offload["graph_executions"]) if offload and offload.get("regions") else 0
 
 
 def create_runtimes(graphs: Sequence[EntryGraph], params_blob: bytes, what: str,

@@ -111,6 +111,22 @@ class GenerationSession:
         self.sizes = tuple(sorted(self.runners))
         #: Graph calls made, by chunk size.
         self.calls = dict.fromkeys(self.sizes, 0)
+        #: Accelerator graph executions per call, by chunk size (0: the graph runs on the host alone).
+        self.executions_per_call = {g.size: g.accelerator_executions for g in graphs}
+
+    def stats(self) -> dict:
+        """Calls per phase, the accelerator graph executions they made, and the bytes written into the
+        KV cache (new rows only) since the session began."""
+        out: dict = {"kv_cache_bytes_written": self.cache.bytes_written}
+        for phase, sizes in (("prefill", [s for s in self.sizes if s > 1]), ("decode", [1])):
+            calls = sum(self.calls.get(s, 0) for s in sizes)
+            out[phase] = {"calls": calls,
+                          "accelerator_graph_executions": sum(self.calls.get(s, 0) * self.executions_per_call.get(s, 0)
+                                                              for s in sizes),
+                          "per_call": {s: self.executions_per_call.get(s, 0) for s in sizes}}
+        out["accelerator_graph_executions"] = (out["prefill"]["accelerator_graph_executions"]
+                                               + out["decode"]["accelerator_graph_executions"])
+        return out
 
     def prefill(self, token_ids: Iterable[int]) -> np.ndarray:
         """Start over with ``token_ids`` (checked: :func:`checked_prompt`) in chunks; the last row's logits."""
