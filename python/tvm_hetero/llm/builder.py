@@ -88,8 +88,9 @@ def _entry_graph(symbolic: tvm.IRModule, size: int, phase: str, targets: Any, we
     start = time.perf_counter()
     static = relax.transform.BindSymbolicVars({"n": size})(symbolic)
     artifact = build_graph(static, targets, params=weights, backends=backends, **build_options)
+    constants = {name: value for name, value in (artifact.params or {}).items() if name not in weights}
     return EntryGraph(size, phase, artifact.graph_json, artifact.lib, list(artifact.devices), artifact.build_report,
-                      time.perf_counter() - start)
+                      time.perf_counter() - start, constants=constants)
 
 
 def _host_targets(targets: Any) -> list:

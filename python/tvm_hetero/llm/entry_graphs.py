@@ -37,6 +37,9 @@ class EntryGraph:
     #: Why this graph runs on the host although its phase's targets hold an accelerator (the
     #: whole-path check failed it, phase_check.py); "" otherwise.
     moved_to_host: str = ""
+    #: Parameters of this graph alone besides the weights (constants its build lifted out of the
+    #: graph, e.g. those an accelerator's preparation folded), set on its runtime.
+    constants: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def offload(self) -> dict | None:
@@ -66,6 +69,8 @@ def create_runtimes(graphs: Sequence[EntryGraph], params_blob: bytes, what: str,
         else:
             runtime.load_params(params_blob, what)
             owners[key] = runtime
+        if graph.constants:
+            runtime.set_params(graph.constants)
         graph.runtime = runtime
 
 
