@@ -7,6 +7,8 @@ emulator's runs stay short."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 import tvm
@@ -124,3 +126,42 @@ def test_both_phases_on_the_htp_match_the_cpu_tokens_with_one_set_of_executions_
     stats = lm.stats()
     per_token = stats["decode"]["per_call"][1]
     assert per_token >= 1 and stats["decode"]["accelerator_graph_executions"] == 7 * per_token
+
+
+def test_a_session_prefilling_on_the_htp_beside_one_decoding_on_the_cpu_matches_serial(prefill_on_htp):
+    """Two sessions of one model on two threads at once: one prefills prompts (HTP graphs), the other
+    decodes (CPU graph); each gets what it gets alone."""
+    vocab = prefill_on_htp.config.vocab_size
+    prompts = [prompt_of(length, vocab, seed=7) for length in (9, 16, 24, 31)]
+    start = prompt_of(6, vocab, seed=8)
+
+    def prefill_all(session):
+        return [session.prefill(p).copy() for p in prompts]
+
+    def decode_all(session):
+        logits = session.prefill(start)
+        out = []
+        for _ in range(24):
+            token = int(np.argmax(logits))
+            out.append(token)
+            logits = session.decode(token)
+        return out
+
+    serial = (prefill_all(prefill_on_htp.session()), decode_all(prefill_on_htp.session()))
+    barrier = threading.Barrier(2)
+    results: dict[str, object] = {}
+
+    def worker(name, job):
+        session = prefill_on_htp.session()
+        barrier.wait()
+        results[name] = job(session)
+
+    threads = [threading.Thread(target=worker, args=("prefill", prefill_all)),
+               threading.Thread(target=worker, args=("decode", decode_all))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results["decode"] == serial[1]
+    for got, expected in zip(results["prefill"], serial[0]):
+        np.testing.assert_array_equal(got, expected)

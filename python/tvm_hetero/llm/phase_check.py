@@ -12,8 +12,8 @@ itself:
    ``tokens`` steps; the logits are compared at every step, and the greedy tokens the model would
    have chosen are counted where they agree with the reference's.
 
-An error is ``max |logits - reference| / max |reference|`` per step. A graph whose worst error
-exceeds the tolerance fails; the builder then moves that bucket (or the decode graph) to the host
+An error is ``max |logits - reference| / max |reference|`` per step. A graph on the accelerator
+whose worst error exceeds the tolerance fails; the builder then moves that bucket (or the decode graph) to the host
 graph it built for the reference, with a warning (builder.py).
 """
 
