@@ -26,7 +26,9 @@ from .checkpoint import load_weights, read_checkpoint
 from .entry_graphs import EntryGraph, create_runtimes
 from .export import read_exported
 from .family import graph_weight_shapes, graph_weights
+from .graph_io import sample_inputs
 from .model import LanguageModel
+from .packed_outputs import pack_outputs
 from .phase_check import LOGITS_TOLERANCE, teacher_forced
 
 PHASES = ("prefill", "decode")
@@ -71,7 +73,8 @@ def build(model: Any, targets: Any = None, *, capacity: int = 512,
     for size in sorted(set(sizes) | {1}):
         phase = "decode" if size == 1 else "prefill"
         say(f"building the {phase} graph of {size} row(s)")
-        graphs.append(_entry_graph(symbolic, size, phase, phase_targets[phase], weights, backends, build_options))
+        graphs.append(_entry_graph(symbolic, size, phase, phase_targets[phase], weights, backends, build_options, cfg,
+                                   capacity))
     blob = bytes(tvm.runtime.save_param_dict({k: tvm.runtime.tensor(v) for k, v in weights.items()}))
     create_runtimes(graphs, blob, "weights", phase_options)
     weight_bytes = sum(v.nbytes for v in weights.values())
@@ -83,14 +86,21 @@ def build(model: Any, targets: Any = None, *, capacity: int = 512,
 
 
 def _entry_graph(symbolic: tvm.IRModule, size: int, phase: str, targets: Any, weights: dict, backends: Any,
-                 build_options: dict) -> EntryGraph:
+                 build_options: dict, cfg: Any, capacity: int) -> EntryGraph:
     """The static graph of ``size`` rows, built for ``targets``."""
+    from ..devices import parse_spec, runs_tvm_kernels
+
     start = time.perf_counter()
     static = relax.transform.BindSymbolicVars({"n": size})(symbolic)
+    packed = any(not runs_tvm_kernels(parse_spec(t).device) for t in targets)  # one graph output for an accelerator
+    if packed:
+        static = pack_outputs(static)
+        # the accelerator's graphs are verified on the inputs of a real call (ids in the vocabulary, ...)
+        build_options = {"calibration": [sample_inputs(cfg, capacity, size)], **build_options}
     artifact = build_graph(static, targets, params=weights, backends=backends, **build_options)
     constants = {name: value for name, value in (artifact.params or {}).items() if name not in weights}
     return EntryGraph(size, phase, artifact.graph_json, artifact.lib, list(artifact.devices), artifact.build_report,
-                      time.perf_counter() - start, constants=constants)
+                      time.perf_counter() - start, constants=constants, packed=packed)
 
 
 def _host_targets(targets: Any) -> list:
@@ -116,7 +126,7 @@ def _check_whole_path(lm: LanguageModel, symbolic: tvm.IRModule, phase_targets: 
             continue
         say(f"building the {graph.phase} graph of {graph.size} row(s) for the host alone (the whole-path check's reference)")
         reference_graphs.append(_entry_graph(symbolic, graph.size, graph.phase, _host_targets(phase_targets[graph.phase]),
-                                             weights, backends, {}))
+                                             weights, backends, {}, lm.config, lm.capacity))
     create_runtimes(reference_graphs, blob, "weights")
     reference = LanguageModel(lm.config, lm.capacity, reference_graphs, lm.weight_bytes)
     say(f"whole-path check: each prefill bucket, then {tokens} teacher-forced decode steps, against the host's fp32 graphs")

@@ -40,6 +40,8 @@ class EntryGraph:
     #: Parameters of this graph alone besides the weights (constants its build lifted out of the
     #: graph, e.g. those an accelerator's preparation folded), set on its runtime.
     constants: dict[str, Any] = field(default_factory=dict, repr=False)
+    #: Its outputs packed into one tensor (packed_outputs.py: a graph with an accelerator's regions).
+    packed: bool = False
 
     @property
     def offload(self) -> dict | None:

@@ -60,8 +60,9 @@ def teacher_forced(model: Any, reference: Any, tokens: int, tolerance: float = L
 def _one_chunk(session: Any, size: int, ids: np.ndarray) -> np.ndarray:
     """The logits of ``ids`` run as one call of the ``size`` bucket on an empty cache."""
     session.cache.reset()
-    session.runners[size].run(ids, session.cache)
-    return session.logits.copy()
+    runner = session.runners[size]
+    runner.run(ids, session.cache)
+    return runner.logits.copy()
 
 
 def _decode_steps(session: Any, ref_session: Any, prompt: Sequence[int], tokens: int) -> dict:
