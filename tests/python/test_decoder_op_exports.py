@@ -46,6 +46,7 @@ def _onnx_value(func: relax.Function, *values: np.ndarray) -> np.ndarray:
 CASES = {
     "rms_norm": lambda x, w: relax.op.nn.rms_norm(x, w, axes=[-1], epsilon=1e-5),
     "silu": lambda x, w: relax.op.multiply(relax.op.nn.silu(x), w),
+    "gelu_tanh": lambda x, w: relax.op.nn.gelu_tanh(x),
     "strided_slice": lambda x, w: relax.op.strided_slice(x, axes=[2], begin=[2], end=[6]),
     "strided_slice_strides": lambda x, w: relax.op.strided_slice(x, axes=[1, 2], begin=[0, 1], end=[3, 8],
                                                                  strides=[2, 3]),

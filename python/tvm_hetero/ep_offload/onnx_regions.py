@@ -356,6 +356,18 @@ def _gelu(n: _Nodes, call: relax.Call, args: list, _s: dict) -> list:
     return n.add("Gelu", [args[0]], domain="com.microsoft")
 
 
+def _gelu_tanh(n: _Nodes, call: relax.Call, args: list, _s: dict) -> list:
+    """GELU's tanh approximation, 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), in ops every
+    opset has (ONNX's Gelu takes ``approximate`` only from opset 20)."""
+    dtype = _tensor_info(call.ty)["dtype"]
+    x = args[0]
+    cube = n.add("Mul", [n.add("Mul", [x, x]), x])
+    inner = n.add("Add", [x, n.add("Mul", [cube, n.const(np.array(0.044715, dtype))])])
+    tanh = n.add("Tanh", [n.add("Mul", [inner, n.const(np.array(np.sqrt(2.0 / np.pi), dtype))])])
+    half = n.add("Mul", [x, n.const(np.array(0.5, dtype))])
+    return n.add("Mul", [half, n.add("Add", [tanh, n.const(np.array(1.0, dtype))])])
+
+
 def _astype(n: _Nodes, call: relax.Call, args: list, _s: dict) -> list:
     from onnx import helper
 
@@ -439,6 +451,7 @@ EXPORTERS: dict[str, Callable] = {
     "relax.asin": _unary("Asin"),
     "relax.negative": _unary("Neg"),
     "relax.nn.gelu": _gelu,
+    "relax.nn.gelu_tanh": _gelu_tanh,
     "relax.clip": _clip,
     "relax.nn.pad": _pad,
     "relax.reshape": _reshape_like_output,
