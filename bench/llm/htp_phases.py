@@ -11,7 +11,10 @@ of matmul FLOPs on the HTP, the ops on the HTP, the build's wall time, the load 
 The emulator's wall time is not an HTP's (hundreds of times slower): no speed is reported. Run it
 confined to one core so that it disturbs the rest of the machine less:
 
-    PYTHONPATH=python taskset -c 1 python bench/llm/htp_phases.py [--tokens 64] [--capacity 128] [--chunks 8,32]
+    PYTHONPATH=python taskset -c 1 python bench/llm/htp_phases.py [--tokens 64] [--capacity 128] [--chunks 8,32] [--peer]
+
+``--peer`` also hands each ONNX model our build gave QNN to ONNX Runtime with the QNN EP (the peer,
+qnn/peer.py) and prints its partitions, node split and error against the CPU EP.
 """
 
 from __future__ import annotations
@@ -28,7 +31,27 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "python"))
 
 
-def measure(arch: str, placement: str, tokens: int, capacity: int, chunks: tuple[int, ...]) -> dict:
+def peer_side_by_side(lm) -> list[dict]:
+    """ONNX Runtime + QNN EP (qnn/peer.py, in a child process) on each ONNX model our build handed to
+    QNN, on random inputs drawn as the capability probe draws them: its partitions, its node split
+    and its error against ONNX Runtime's CPU EP in fp32."""
+    from tvm_hetero.ep_offload.capability_probe import sample_feeds
+    from tvm_hetero.qnn import peer
+
+    rows = []
+    for graph in lm.graphs:
+        for region, model in graph.accelerator_models.items():
+            feeds = sample_feeds(model)
+            result = peer.run_peer(model, feeds, repeat=1, warmup=0, isolated=True, timeout=900)
+            error = peer.relative_error(result.outputs, peer.cpu_reference(model, feeds)) if result.ran else float("nan")
+            rows.append({"size": graph.size, "region": region, "ran": result.ran, "partitions": result.partitions,
+                         "nodes_qnn": result.nodes_qnn, "nodes_cpu": result.nodes_cpu, "cpu_ops": result.cpu_ops,
+                         "relative_error": error, "error": result.error})
+    return rows
+
+
+def measure(arch: str, placement: str, tokens: int, capacity: int, chunks: tuple[int, ...],
+            with_peer: bool = False) -> dict:
     import tvm
     from test_llm import prompt_of, reference_tokens, tiny_model  # the test models
     from tvm_hetero import llm
@@ -55,7 +78,8 @@ def measure(arch: str, placement: str, tokens: int, capacity: int, chunks: tuple
             "refused": sorted({f"{r['op']}: {r['reason']}" for r in offload.get("refused", [])}),
             "moved_to_host": graph.moved_to_host,
         }
-    return {"arch": arch, "placement": placement, "buckets": check["buckets"], "decode": check["decode"],
+    peer_rows = peer_side_by_side(lm) if with_peer and placement == "htp" else []
+    return {"peer": peer_rows, "arch": arch, "placement": placement, "buckets": check["buckets"], "decode": check["decode"],
             "failed": check["failed"], "tolerance": check["tolerance"], "graphs": graphs,
             "generate_matches_transformers": same, "new_tokens": new, "build_seconds": build_seconds,
             "load": [load_before, os.getloadavg()[0]]}
@@ -83,6 +107,8 @@ def main() -> None:
     parser.add_argument("--capacity", type=int, default=128)
     parser.add_argument("--chunks", default="8,32")
     parser.add_argument("--out", help="write every result as JSON here")
+    parser.add_argument("--peer", action="store_true",
+                        help="also run ONNX Runtime + QNN EP on the ONNX graphs handed to QNN (placement htp)")
     args = parser.parse_args()
     chunks = tuple(int(c) for c in args.chunks.split(","))
     results = []
@@ -92,12 +118,17 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for arch in args.archs.split(","):
         for placement in args.placements.split(","):
-            result = measure(arch, placement, args.tokens, args.capacity, chunks)
+            result = measure(arch, placement, args.tokens, args.capacity, chunks, args.peer)
             results.append(result)
             print(row(result), flush=True)
             for size, graph in result["graphs"].items():
                 for refused in graph["refused"]:
                     print(f"    graph of {size} row(s): refused: {refused}")
+            for peer in result["peer"]:
+                print(f"    peer (ONNX Runtime + QNN EP) on the graph of {peer['size']} row(s): "
+                      + (f"{peer['partitions']} QNN partition(s), {peer['nodes_qnn']} nodes on QNN, {peer['nodes_cpu']} "
+                         f"on the CPU {peer['cpu_ops'] or ''}, error {peer['relative_error']:.1e}" if peer["ran"]
+                         else f"did not run: {peer['error']}"))
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1, default=lambda v: float(np.asarray(v))))
 

@@ -165,3 +165,8 @@ def test_a_session_prefilling_on_the_htp_beside_one_decoding_on_the_cpu_matches_
     assert results["decode"] == serial[1]
     for got, expected in zip(results["prefill"], serial[0]):
         np.testing.assert_array_equal(got, expected)
+
+
+def test_exporting_a_model_with_htp_graphs_is_a_clear_error(prefill_on_htp, tmp_path):
+    with pytest.raises(ValueError, match=r"graphs of \[8\] row\(s\) were built for an accelerator"):
+        prefill_on_htp.export(tmp_path / "out")

@@ -124,6 +124,14 @@ def _inputs(session, rng: np.random.Generator, index_bounds: dict[str, int] | No
     return {name: np.asarray(value) for name, value in feeds.items()}  # a 0-d draw is a numpy scalar
 
 
+def sample_feeds(model: bytes, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random inputs of an ONNX model as the probe draws them (floats of both signs away from zero,
+    a Gather's indices within the axis it indexes)."""
+    from tvm_hetero.ep_offload import sdk as vendor_sdk
+
+    return _inputs(vendor_sdk.cpu_session(model), np.random.default_rng(seed), _index_bounds(model))
+
+
 def answer(model: bytes, options: dict, sdk: str, vendor: str = "the vendor") -> tuple[bool, str]:
     """One model's answer, in this process (the child's job)."""
     from tvm_hetero.ep_offload import sdk as vendor_sdk

@@ -100,7 +100,8 @@ def _entry_graph(symbolic: tvm.IRModule, size: int, phase: str, targets: Any, we
     artifact = build_graph(static, targets, params=weights, backends=backends, **build_options)
     constants = {name: value for name, value in (artifact.params or {}).items() if name not in weights}
     return EntryGraph(size, phase, artifact.graph_json, artifact.lib, list(artifact.devices), artifact.build_report,
-                      time.perf_counter() - start, constants=constants, packed=packed)
+                      time.perf_counter() - start, constants=constants, packed=packed,
+                      accelerator_models=dict(getattr(artifact, "offload_references", None) or {}))
 
 
 def _host_targets(targets: Any) -> list:

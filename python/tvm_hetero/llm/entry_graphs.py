@@ -42,6 +42,8 @@ class EntryGraph:
     constants: dict[str, Any] = field(default_factory=dict, repr=False)
     #: Its outputs packed into one tensor (packed_outputs.py: a graph with an accelerator's regions).
     packed: bool = False
+    #: Per accelerator graph (region name): the ONNX model handed to the vendor (empty when loaded).
+    accelerator_models: dict[str, bytes] = field(default_factory=dict, repr=False)
 
     @property
     def offload(self) -> dict | None:
