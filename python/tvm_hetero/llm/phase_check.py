@@ -25,7 +25,10 @@ from typing import Any
 import numpy as np
 
 #: Logits' error relative to the largest reference logit that a phase on an fp16 accelerator may have.
-LOGITS_TOLERANCE = 2e-2
+#: fp16 keeps 11 bits: over a whole decoder (every layer in one graph, then 64 decode steps reading
+#: rows it wrote) the tiny test models reach 1-4e-2 with every greedy token but a few agreeing
+#: (docs/performance.md, "Phases on the emulated HTP"); a wrong op is off by the logits' own size.
+LOGITS_TOLERANCE = 5e-2
 
 
 def relative_error(got: np.ndarray, expected: np.ndarray) -> float:
