@@ -96,3 +96,24 @@ def test_a_split_returned_whole_stays_a_split() -> None:
     func = _one_op_function(lambda x, w: relax.op.split(x, 2, axis=2))
     mod = tvm.IRModule({"main": func})
     assert SplitAsSlices("main")(mod).same_as(mod)
+
+
+def test_random_inputs_index_a_gather_within_its_axis_even_of_a_value_the_graph_makes() -> None:
+    """A decode graph gathers its one logit row from a value it computes ([1, 1, hidden]): the
+    capability probe's random indices must stay in [0, 1) there, and in a graph input's axis."""
+    from onnx import TensorProto, helper
+    from tvm_hetero.ep_offload.capability_probe import sample_feeds
+
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Gather", ["r", "row"], ["y"], axis=1),
+             helper.make_node("Gather", ["table", "ids"], ["z"], axis=0)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 4]),
+                                           helper.make_tensor_value_info("row", TensorProto.INT32, [1]),
+                                           helper.make_tensor_value_info("table", TensorProto.FLOAT, [3, 4]),
+                                           helper.make_tensor_value_info("ids", TensorProto.INT32, [64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+                               helper.make_tensor_value_info("z", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9).SerializeToString()
+    for seed in range(4):
+        feeds = sample_feeds(model, seed)
+        assert feeds["row"].tolist() == [0]
+        assert 0 <= feeds["ids"].min() and feeds["ids"].max() < 3

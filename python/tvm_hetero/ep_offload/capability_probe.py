@@ -88,8 +88,9 @@ def _index_bounds(model: bytes) -> dict[str, int]:
     indices beyond it would ask the vendor about an error, not the op)."""
     import onnx
 
-    proto = onnx.load_from_string(model)
-    dims = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in proto.graph.input}
+    proto = onnx.shape_inference.infer_shapes(onnx.load_from_string(model))
+    values = [*proto.graph.input, *proto.graph.value_info]  # a Gather may index a value the graph makes
+    dims = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in values}
     dims.update({i.name: list(i.dims) for i in proto.graph.initializer})
     bounds = {}
     for node in proto.graph.node:
