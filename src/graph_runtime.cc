@@ -251,14 +251,18 @@ void GraphRuntime::ShareParams(const GraphRuntime& other, const std::string& par
     const ffi::Tensor& shared = other.GetInput(other_index);
     CheckInputValue(index, shared.GetDLTensorPtr(), "share_params '" + name + "'");
     DLDevice have = shared.device(), need = default_frame_->tensor(eid).device();
-    if (!support::SameDevice(have, need)) {
+    if (!support::SameDevice(have, need) && !support::SharesMemory(have, need)) {
       TVM_FFI_THROW(ValueError) << "share_params '" << name << "': the other runtime holds it on "
                                 << DeviceName(have) << ", this one needs it on " << DeviceName(need);
     }
     if (!other.default_frame_->input_set(other_index)) {
       TVM_FFI_THROW(ValueError) << "share_params '" << name << "': the other runtime never set it";
     }
-    shares.emplace_back(index, shared);
+    // Two devices of host memory (a CPU and an accelerator reading host buffers) read the same bytes:
+    // the tensor is aliased as a view naming this runtime's device.
+    shares.emplace_back(index, support::SameDevice(have, need)
+                                   ? shared
+                                   : support::ViewOf(shared, 0, shared.shape(), shared.dtype(), need));
   }
   for (const auto& [index, shared] : shares) {
     default_frame_->ShareInput(index, shared);

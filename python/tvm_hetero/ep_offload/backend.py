@@ -63,6 +63,7 @@ from .onnx_regions import (
     spec_text,
     step_of_node,
 )
+from .split_as_slices import SplitAsSlices
 from .vendor_process import VendorProcessDied, vendor_call
 
 _FORMAT = "tvm-hetero-ep-regions/1"
@@ -70,13 +71,14 @@ _FORMAT = "tvm-hetero-ep-regions/1"
 _ARITY = {"relax.nn.conv2d": 2, "relax.add": 2, "relax.subtract": 2, "relax.multiply": 2, "relax.divide": 2,
           "relax.power": 2, "relax.matmul": 2, "relax.nn.layer_norm": 3, "relax.take": 2,
           "relax.quantize": 3, "relax.dequantize": 3, "relax.reshape": 2, "relax.broadcast_to": 2,
-          "relax.call_tir": 2, "relax.clip": 3, "relax.less": 2, "relax.greater": 2, "relax.equal": 2, "relax.where": 3}
+          "relax.call_tir": 2, "relax.clip": 3, "relax.less": 2, "relax.greater": 2, "relax.equal": 2, "relax.where": 3,
+          "relax.strided_slice": 4, "relax.nn.rms_norm": 2}
 _TUPLE_OPS = ("relax.concat", "relax.stack")
 _MAX_TUPLE = 64
 #: Attribute of a composite: the keys of the entry's bindings it took (comma-separated).
 _BINDINGS_ATTR = "tvm_hetero.bindings"
 #: What a cached answer means (bumped when the probe asks more of a vendor).
-PROBE_VERSION = 11
+PROBE_VERSION = 12
 #: The answer for an op of constants only: the build folds it, it runs on no device.
 FOLDED = "constant inputs only: folded at build"
 #: The note on a unit the vendor refuses alone but accepts together with the unit reading it.
@@ -187,6 +189,7 @@ class EpOffloadBackend(Backend):
         mod = FoldConstantChains(entry)(mod)  # as ONNX Runtime does before an EP sees a graph
         mod = self.vendor_passes(mod, entry)
         mod = SimplifyStackSum(entry)(mod)
+        mod = SplitAsSlices(entry)(mod)  # a split's items as slices: single-output ops a region can hold
         mod = DropNoOps(entry)(mod)
         mod = DropIdentityRequantize(entry)(mod)  # after DropNoOps: it leaves the pairs behind
         mod = CopyPerReader(entry)(mod)  # each QDQ unit whole, a shared small mask in each graph

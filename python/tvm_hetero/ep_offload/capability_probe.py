@@ -85,7 +85,27 @@ def probe(models: list[bytes], options: dict, sdk: str, vendor: str = "the vendo
     return [a if a is not None else (False, "not probed") for a in answers]
 
 
-def _inputs(session, rng: np.random.Generator) -> dict[str, np.ndarray]:
+def _index_bounds(model: bytes) -> dict[str, int]:
+    """Per graph input that a Gather takes as its indices: the length of the axis it indexes (random
+    indices beyond it would ask the vendor about an error, not the op)."""
+    import onnx
+
+    proto = onnx.shape_inference.infer_shapes(onnx.load_from_string(model))
+    values = [*proto.graph.input, *proto.graph.value_info]  # a Gather may index a value the graph makes
+    dims = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in values}
+    dims.update({i.name: list(i.dims) for i in proto.graph.initializer})
+    bounds = {}
+    for node in proto.graph.node:
+        if node.op_type != "Gather" or len(node.input) < 2 or node.input[0] not in dims:
+            continue
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        shape = dims[node.input[0]]
+        if shape and shape[axis % len(shape)] > 0:
+            bounds[node.input[1]] = min(bounds.get(node.input[1], 1 << 30), shape[axis % len(shape)])
+    return bounds
+
+
+def _inputs(session, rng: np.random.Generator, index_bounds: dict[str, int] | None = None) -> dict[str, np.ndarray]:
     feeds = {}
     for spec in session.get_inputs():
         shape = [d if isinstance(d, int) else 1 for d in spec.shape]
@@ -102,8 +122,17 @@ def _inputs(session, rng: np.random.Generator) -> dict[str, np.ndarray]:
         elif "int8" in kind:
             feeds[spec.name] = rng.integers(-128, 128, shape).astype("int8")
         else:
-            feeds[spec.name] = rng.integers(0, 4, shape).astype("int64" if "int64" in kind else "int32")
+            high = min(4, (index_bounds or {}).get(spec.name, 4))
+            feeds[spec.name] = rng.integers(0, high, shape).astype("int64" if "int64" in kind else "int32")
     return {name: np.asarray(value) for name, value in feeds.items()}  # a 0-d draw is a numpy scalar
+
+
+def sample_feeds(model: bytes, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random inputs of an ONNX model as the probe draws them (floats of both signs away from zero,
+    a Gather's indices within the axis it indexes)."""
+    from tvm_hetero.ep_offload import sdk as vendor_sdk
+
+    return _inputs(vendor_sdk.cpu_session(model), np.random.default_rng(seed), _index_bounds(model))
 
 
 def answer(model: bytes, options: dict, sdk: str, vendor: str = "the vendor") -> tuple[bool, str]:
@@ -115,7 +144,7 @@ def answer(model: bytes, options: dict, sdk: str, vendor: str = "the vendor") ->
     if not ok:
         return False, reason
     reference = vendor_sdk.cpu_session(model)
-    feeds = _inputs(reference, np.random.default_rng(0))
+    feeds = _inputs(reference, np.random.default_rng(0), _index_bounds(model))
     expected = reference.run(None, feeds)
     got = functions.accelerator_session(model, options).run(None, feeds)
     for e, g in zip(expected, got):

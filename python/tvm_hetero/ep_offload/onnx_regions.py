@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 import tvm
-from tvm import relax
+from tvm import relax, tirx
 from tvm.relax.dpl import is_const, is_op, wildcard
 
 from ..ir.constant_values import is_tensor_constant, scalar_value, tensor_value
@@ -29,6 +29,9 @@ from ..ir.constant_values import is_tensor_constant, scalar_value, tensor_value
 IR_VERSION = 9
 #: The ONNX opset of exported regions (LayerNormalization is 17).
 OPSET = 17
+#: Ops ONNX Runtime registers in the ONNX domain beyond the standard (its transformer exports write
+#: RMSNorm so): ONNX's checker has no schema for them.
+RUNTIME_ONNX_OPS = frozenset({"SimplifiedLayerNormalization"})
 
 
 def node_name(step: int, k: int) -> str:
@@ -111,7 +114,7 @@ def describe(composite: relax.Function, scalars: dict[str, float] | None = None)
                 raise Unexportable(f"{name} has no ONNX form here")
             args = []
             for arg in value.args:
-                if isinstance(arg, relax.Tuple):
+                if isinstance(arg, relax.Tuple) and not any(isinstance(f, tirx.IntImm) for f in arg.fields):
                     args.append(["t", [ref(f) for f in arg.fields]])
                 elif isinstance(arg, relax.Var) or is_tensor_constant(arg):
                     args.append(ref(arg))
@@ -353,6 +356,18 @@ def _gelu(n: _Nodes, call: relax.Call, args: list, _s: dict) -> list:
     return n.add("Gelu", [args[0]], domain="com.microsoft")
 
 
+def _gelu_tanh(n: _Nodes, call: relax.Call, args: list, _s: dict) -> list:
+    """GELU's tanh approximation, 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), in ops every
+    opset has (ONNX's Gelu takes ``approximate`` only from opset 20)."""
+    dtype = _tensor_info(call.ty)["dtype"]
+    x = args[0]
+    cube = n.add("Mul", [n.add("Mul", [x, x]), x])
+    inner = n.add("Add", [x, n.add("Mul", [cube, n.const(np.array(0.044715, dtype))])])
+    tanh = n.add("Tanh", [n.add("Mul", [inner, n.const(np.array(np.sqrt(2.0 / np.pi), dtype))])])
+    half = n.add("Mul", [x, n.const(np.array(0.5, dtype))])
+    return n.add("Mul", [half, n.add("Add", [tanh, n.const(np.array(1.0, dtype))])])
+
+
 def _astype(n: _Nodes, call: relax.Call, args: list, _s: dict) -> list:
     from onnx import helper
 
@@ -382,6 +397,40 @@ def _take(n: _Nodes, call: relax.Call, args: list, _s: dict) -> list:
     return n.add("Gather", [args[0], args[1]], {"axis": int(call.attrs.axis or 0)})
 
 
+def _strided_slice(n: _Nodes, call: relax.Call, args: list, _s: dict) -> list:
+    """Slice with constant bounds (Relax keeps them as prim values: axes, begin, end, strides)."""
+    def ints(expr: Any) -> list[int] | None:
+        fields = list(getattr(expr, "fields", [None]))
+        if not all(isinstance(f, tirx.IntImm) for f in fields):
+            return None
+        return [int(f.value) for f in fields]
+
+    axes, begin, end = (ints(call.args[i]) for i in (1, 2, 3))
+    strides = ints(call.args[4]) if len(call.args) > 4 else None
+    if axes is None or begin is None or end is None or (len(call.args) > 4 and strides is None):
+        raise Unexportable("strided_slice with bounds that are not constant integers")
+    inputs = [args[0], *(n.const(np.array(v, "int64")) for v in (begin, end, axes))]
+    if strides is not None:
+        inputs.append(n.const(np.array(strides, "int64")))
+    return n.add("Slice", inputs)
+
+
+def _silu(n: _Nodes, call: relax.Call, args: list, _s: dict) -> list:
+    """x * sigmoid(x): ONNX before opset 22 has no Swish, and this is the form vendors fuse."""
+    return n.add("Mul", [args[0], n.add("Sigmoid", [args[0]])])
+
+
+def _rms_norm(n: _Nodes, call: relax.Call, args: list, _s: dict) -> list:
+    """ONNX Runtime's SimplifiedLayerNormalization (registered in the ONNX domain): x / sqrt(mean(x^2)
+    + eps) * weight over the last axes, the form ONNX Runtime's transformer exports write RMSNorm in."""
+    rank = len(_tensor_info(call.args[0].ty)["shape"])
+    axes = sorted(int(x) % rank for x in call.attrs.axes)
+    if axes != list(range(axes[0], rank)):
+        raise Unexportable("rms_norm over axes that do not end the shape")
+    return n.add("SimplifiedLayerNormalization", [args[0], args[1]],
+                 {"axis": axes[0], "epsilon": float(call.attrs.epsilon)})
+
+
 #: Relax op -> ``exporter(nodes, call, args, scalars) -> ref``.
 EXPORTERS: dict[str, Callable] = {
     "relax.nn.conv2d": _conv2d,
@@ -402,6 +451,7 @@ EXPORTERS: dict[str, Callable] = {
     "relax.asin": _unary("Asin"),
     "relax.negative": _unary("Neg"),
     "relax.nn.gelu": _gelu,
+    "relax.nn.gelu_tanh": _gelu_tanh,
     "relax.clip": _clip,
     "relax.nn.pad": _pad,
     "relax.reshape": _reshape_like_output,
@@ -421,6 +471,9 @@ EXPORTERS: dict[str, Callable] = {
     "relax.quantize": _qdq("QuantizeLinear"),
     "relax.dequantize": _qdq("DequantizeLinear"),
     "relax.take": _take,
+    "relax.strided_slice": _strided_slice,
+    "relax.nn.silu": _silu,
+    "relax.nn.rms_norm": _rms_norm,
     "relax.call_tir": _call_tir,
     "relax.less": _binary("Less"),
     "relax.greater": _binary("Greater"),
@@ -492,7 +545,8 @@ def assemble(spec: dict, weights: dict[int, np.ndarray], name: str) -> tuple[byt
     graph = helper.make_graph(graph_nodes, name, graph_inputs, [output], initializers)
     opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)]
     model = helper.make_model(graph, opset_imports=opsets, ir_version=IR_VERSION, producer_name="tvm-hetero")
-    onnx.checker.check_model(model)
+    if not any(node.op_type in RUNTIME_ONNX_OPS and not node.domain for node in graph_nodes):
+        onnx.checker.check_model(model)  # ONNX's checker does not know ONNX Runtime's own ops (the runtime checks them)
     return model.SerializeToString(), bound, step_out[-1]
 
 

@@ -8,13 +8,16 @@ static build (``tvm_hetero.build``, oneDNN for the matmuls). The weights are fun
 
 ``weights="int8"`` stores the matmul weights in 8 bits (int8_weights.py) and measures, once, how
 closely the result follows float32 (int8_agreement.py): a float32 decode graph is built beside it
-for that and dropped afterwards.
+for that and dropped afterwards. A graph with an accelerator among its devices is checked along the
+whole path against the same graphs built for the host (phase_check.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -28,9 +31,12 @@ from .checkpoint import load_weights, read_checkpoint
 from .entry_graphs import EntryGraph, create_runtimes
 from .export import read_exported
 from .family import graph_weight_shapes, graph_weights
+from .graph_io import sample_inputs
 from .int8_agreement import measure_agreement
 from .int8_weights import check_weight_format, quantize_weights, quantized_shapes
 from .model import LanguageModel
+from .packed_outputs import pack_outputs
+from .phase_check import LOGITS_TOLERANCE, teacher_forced
 
 PHASES = ("prefill", "decode")
 DEFAULT_PREFILL_CHUNKS = (16, 64, 256)
@@ -39,7 +45,8 @@ DEFAULT_PREFILL_CHUNKS = (16, 64, 256)
 def build(model: Any, targets: Any = None, *, capacity: int = 512,
           prefill_chunks: Sequence[int] = DEFAULT_PREFILL_CHUNKS, backends: Any = None,
           device_options: Any = None, progress: Callable[[str], None] | None = None,
-          weights: str = "float32", agreement_tokens: int = 64) -> LanguageModel:
+          weights: str = "float32", agreement_tokens: int = 64, check_tokens: int = 16,
+          phase_tolerance: float | None = None, **build_options: Any) -> LanguageModel:
     """Compile a decoder-only model for generation.
 
     model : a Hugging Face checkpoint directory (config.json + safetensors) or a ``transformers``
@@ -54,6 +61,12 @@ def build(model: Any, targets: Any = None, *, capacity: int = 512,
     weights : how the matmul weights are stored: ``"float32"`` (the checkpoint's values) or
         ``"int8"`` (8 bits per weight, a scale per output channel; docs/llm.md).
     agreement_tokens : with ``weights="int8"``, greedy tokens compared with float32 (0: none).
+    check_tokens : when a graph runs on an accelerator, the decode steps of the whole-path check
+        against the same graphs built for the host alone (phase_check.py; 0 skips it). A graph that
+        fails it runs on the host instead, with a warning; ``lm.report()`` gives the result.
+    phase_tolerance : that check's tolerance (logits' error relative to the largest reference logit).
+    build_options : passed to :func:`tvm_hetero.build` for every graph (``offload_tolerance``,
+        ``verify_offload``, ``offload_min_group_flops``, ...).
     """
     say = progress or (lambda _msg: None)
     if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
@@ -71,40 +84,100 @@ def build(model: Any, targets: Any = None, *, capacity: int = 512,
     if weights == "int8":
         names = family.matmul_weights(cfg)
         params, shapes = quantize_weights(dict(params), names), quantized_shapes(shapes, names)
-    graphs = _compile(family, cfg, capacity, shapes, params, sorted(set(sizes) | {1}), phase_targets, backends, say)
+    symbolic = tvm.IRModule({"main": family.entry_function(cfg, capacity, shapes)})
+    graphs = []
+    for size in sorted(set(sizes) | {1}):
+        phase = "decode" if size == 1 else "prefill"
+        say(f"building the {phase} graph of {size} row(s)")
+        graphs.append(_entry_graph(symbolic, size, phase, phase_targets[phase], params, backends, build_options, cfg,
+                                   capacity))
     blob = _params_blob(params)
     create_runtimes(graphs, blob, "weights", phase_options)
     weight_bytes = sum(v.nbytes for v in params.values())
-    del params, blob
     lm = LanguageModel(cfg, capacity, graphs, weight_bytes, checkpoint.tokenizer_file, checkpoint.source, weights)
+    if check_tokens and any(g.accelerator_executions for g in graphs):
+        _check_whole_path(lm, symbolic, phase_targets, params, blob, backends, phase_options, check_tokens,
+                          phase_tolerance, say)
+    del params, blob  # the runtimes hold the weights now, once
     if reference is not None:
         say("comparing the 8-bit model with float32")
         float_shapes, float_params = reference
-        float_graphs = _compile(family, cfg, capacity, float_shapes, float_params, [1], phase_targets, backends, say)
+        float_symbolic = tvm.IRModule({"main": family.entry_function(cfg, capacity, float_shapes)})
+        float_graphs = [_entry_graph(float_symbolic, 1, "decode", _host_targets(phase_targets["decode"]), float_params,
+                                     backends, {}, cfg, capacity)]
         create_runtimes(float_graphs, _params_blob(float_params), "float32 weights", phase_options)
-        float_lm = LanguageModel(cfg, capacity, float_graphs, 0)
-        lm.agreement = measure_agreement(lm, float_lm, agreement_tokens)
+        lm.agreement = measure_agreement(lm, LanguageModel(cfg, capacity, float_graphs, 0), agreement_tokens)
     return lm
-
-
-def _compile(family: Any, cfg: Any, capacity: int, shapes: dict, params: dict, sizes: list[int],
-             phase_targets: dict, backends: Any, say: Callable[[str], None]) -> list[EntryGraph]:
-    """One static graph per chunk size, bound from the family's symbolic entry function."""
-    symbolic = tvm.IRModule({"main": family.entry_function(cfg, capacity, shapes)})
-    graphs = []
-    for size in sizes:
-        phase = "decode" if size == 1 else "prefill"
-        say(f"building the {phase} graph of {size} row(s)")
-        start = time.perf_counter()
-        static = relax.transform.BindSymbolicVars({"n": size})(symbolic)
-        artifact = build_graph(static, phase_targets[phase], params=params, backends=backends)
-        graphs.append(EntryGraph(size, phase, artifact.graph_json, artifact.lib, list(artifact.devices),
-                                 artifact.build_report, time.perf_counter() - start))
-    return graphs
 
 
 def _params_blob(params: dict) -> bytes:
     return bytes(tvm.runtime.save_param_dict({k: tvm.runtime.tensor(v) for k, v in params.items()}))
+
+
+def _entry_graph(symbolic: tvm.IRModule, size: int, phase: str, targets: Any, weights: dict, backends: Any,
+                 build_options: dict, cfg: Any, capacity: int) -> EntryGraph:
+    """The static graph of ``size`` rows, built for ``targets``."""
+    from ..devices import parse_spec, runs_tvm_kernels
+
+    start = time.perf_counter()
+    static = relax.transform.BindSymbolicVars({"n": size})(symbolic)
+    packed = any(not runs_tvm_kernels(parse_spec(t).device) for t in targets)  # one graph output for an accelerator
+    if packed:
+        static = pack_outputs(static)
+        # the accelerator's graphs are verified on the inputs of a real call (ids in the vocabulary, ...);
+        # one graph holds most of the decoder, so its error compounds over its layers as the whole path's
+        # does: the same tolerance
+        build_options = {"calibration": [sample_inputs(cfg, capacity, size)], "offload_tolerance": LOGITS_TOLERANCE,
+                         **build_options}
+    artifact = build_graph(static, targets, params=weights, backends=backends, **build_options)
+    constants = {name: value for name, value in (artifact.params or {}).items() if name not in weights}
+    return EntryGraph(size, phase, artifact.graph_json, artifact.lib, list(artifact.devices), artifact.build_report,
+                      time.perf_counter() - start, constants=constants, packed=packed,
+                      accelerator_models=dict(getattr(artifact, "offload_references", None) or {}))
+
+
+def _host_targets(targets: Any) -> list:
+    """The entries of ``targets`` that run TVM kernels (an accelerator's entries left out)."""
+    from ..devices import parse_spec, runs_tvm_kernels
+
+    host = [t for t in targets if runs_tvm_kernels(parse_spec(t).device)]
+    if not host:
+        raise ValueError("a phase with an accelerator needs a host device that runs TVM kernels in its targets "
+                         "(the graph's other ops, and the reference of the whole-path check)")
+    return host
+
+
+def _check_whole_path(lm: LanguageModel, symbolic: tvm.IRModule, phase_targets: dict, weights: dict, blob: bytes,
+                      backends: Any, phase_options: dict, tokens: int, tolerance: float | None,
+                      say: Callable[[str], None]) -> None:
+    """Build every accelerator graph again for the host alone, run the teacher-forced check
+    (phase_check.py) and move each graph that fails it to its host build, with a warning."""
+    reference_graphs = []
+    for graph in lm.graphs:
+        if not graph.accelerator_executions:
+            reference_graphs.append(dataclasses.replace(graph, runtime=None))
+            continue
+        say(f"building the {graph.phase} graph of {graph.size} row(s) for the host alone (the whole-path check's reference)")
+        reference_graphs.append(_entry_graph(symbolic, graph.size, graph.phase, _host_targets(phase_targets[graph.phase]),
+                                             weights, backends, {}, lm.config, lm.capacity))
+    create_runtimes(reference_graphs, blob, "weights")
+    reference = LanguageModel(lm.config, lm.capacity, reference_graphs, lm.weight_bytes)
+    say(f"whole-path check: each prefill bucket, then {tokens} teacher-forced decode steps, against the host's fp32 graphs")
+    check = teacher_forced(lm, reference, tokens, LOGITS_TOLERANCE if tolerance is None else tolerance)
+    lm.phase_check = check
+    if not check["failed"]:
+        return
+    for size in check["failed"]:
+        index = next(i for i, g in enumerate(lm.graphs) if g.size == size)
+        graph = lm.graphs[index]
+        error = check["buckets"][size] if size in check["buckets"] else max(check["decode"]["errors"][1:])
+        reason = (f"whole-path check: logits error {error:.2e} > {check['tolerance']:g} (relative to the largest "
+                  "logit of the host's fp32 graph)")
+        warnings.warn(f"tvm_hetero.llm: the {graph.phase} graph of {size} row(s) runs on the host: {reason}",
+                      RuntimeWarning, stacklevel=3)
+        say(f"the {graph.phase} graph of {size} row(s) moves to the host ({reason})")
+        lm.graphs[index] = dataclasses.replace(reference_graphs[index], runtime=None, moved_to_host=reason)
+    create_runtimes(lm.graphs, blob, "weights", phase_options)
 
 
 def _per_phase(value: Any, what: str) -> dict[str, Any]:

@@ -36,6 +36,28 @@ class EntryGraph:
     build_seconds: float = 0.0
     #: The runtime holding (or sharing) the weights; set by :func:`create_runtimes`.
     runtime: GraphModule | None = field(default=None, repr=False)
+    #: Why this graph runs on the host although its phase's targets hold an accelerator (the
+    #: whole-path check failed it, phase_check.py); "" otherwise.
+    moved_to_host: str = ""
+    #: Parameters of this graph alone besides the weights (constants its build lifted out of the
+    #: graph, e.g. those an accelerator's preparation folded), set on its runtime.
+    constants: dict[str, Any] = field(default_factory=dict, repr=False)
+    #: Its outputs packed into one tensor (packed_outputs.py: a graph with an accelerator's regions).
+    packed: bool = False
+    #: Per accelerator graph (region name): the ONNX model handed to the vendor (empty when loaded).
+    accelerator_models: dict[str, bytes] = field(default_factory=dict, repr=False)
+
+    @property
+    def offload(self) -> dict | None:
+        """The build report's accelerator section (None: no accelerator, or loaded from disk)."""
+        offload = getattr(self.build_report, "offload", None) if self.build_report is not None else None
+        return offload or None
+
+    @property
+    def accelerator_executions(self) -> int:
+        """Accelerator graph executions per call of this graph (0 when it runs on the host alone)."""
+        offload = self.offload
+        return int(offload["graph_executions"]) if offload and offload.get("regions") else 0
 
 
 def create_runtimes(graphs: Sequence[EntryGraph], params_blob: bytes, what: str,
@@ -56,6 +78,8 @@ def create_runtimes(graphs: Sequence[EntryGraph], params_blob: bytes, what: str,
         else:
             runtime.load_params(params_blob, what)
             owners[key] = runtime
+        if graph.constants:
+            runtime.set_params(graph.constants)
         graph.runtime = runtime
 
 

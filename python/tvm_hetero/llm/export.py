@@ -52,6 +52,10 @@ class ExportedModel:
 
 def export(model: Any, out: Path) -> Path:
     """Write ``model`` into the directory ``out`` (module docstring)."""
+    private = [g.size for g in model.graphs if g.constants or g.packed]
+    if private:
+        raise ValueError(f"export: the graphs of {private} row(s) were built for an accelerator (packed outputs, "
+                         "constants of their own beside the weights); exporting them is not supported yet")
     out.mkdir(parents=True, exist_ok=True)
     data_names = {name for name, _, _ in data_inputs(model.config, model.capacity, 1)}
     owner = model.graphs[0].runtime

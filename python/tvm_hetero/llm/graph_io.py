@@ -21,6 +21,8 @@ outputs
 
 from __future__ import annotations
 
+import numpy as np
+
 from .config import DecoderConfig
 
 TOKENS = "tokens"
@@ -69,3 +71,24 @@ def new_key_output(layer: int) -> int:
 
 def new_value_output(layer: int) -> int:
     return 2 + 2 * layer
+
+
+def sample_inputs(cfg: DecoderConfig, capacity: int, n: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Data inputs of a real call of the ``n``-row graph (what an accelerator graph is verified on at
+    build): a chunk of random token ids after a random prefix filling about half the cache, its
+    positions and masks, and that prefix's cache rows (random, zero beyond it)."""
+    rng = np.random.default_rng(seed)
+    filled = min(capacity - n, capacity // 2)
+    cache_mask = np.full((1, 1, 1, capacity), MASKED, np.float32)
+    cache_mask[..., :filled] = 0.0
+    out = {TOKENS: rng.integers(0, cfg.vocab_size, (1, n)).astype(np.int32),
+           POSITIONS: (filled + np.arange(n)).astype(np.int32),
+           LOGIT_ROW: np.array([n - 1], np.int32), CACHE_MASK: cache_mask,
+           CHUNK_MASK: np.triu(np.full((n, n), MASKED, np.float32), k=1)}
+    for layer in range(cfg.num_layers):
+        keys = np.zeros(key_cache_shape(cfg, capacity), np.float32)
+        values = np.zeros(value_cache_shape(cfg, capacity), np.float32)
+        keys[..., :filled] = rng.standard_normal(keys[..., :filled].shape)
+        values[:, :, :filled] = rng.standard_normal(values[:, :, :filled].shape)
+        out[key_cache(layer)], out[value_cache(layer)] = keys, values
+    return out

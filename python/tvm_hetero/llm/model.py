@@ -39,7 +39,10 @@ class LanguageModel:
         self.source = source
         self._tokenizer: Any = None
         self._idle: list[GenerationSession] = []  # sessions set up and not in use
+        self._made: list[GenerationSession] = []  # every session generate/stream made (for stats)
         self._lock = threading.Lock()
+        #: The whole-path check against the host's fp32 graphs (phase_check.py), when the build ran it.
+        self.phase_check: dict | None = None
 
     @property
     def prefill_chunks(self) -> tuple[int, ...]:
@@ -114,7 +117,34 @@ class LanguageModel:
         with self._lock:
             if self._idle:
                 return self._idle.pop()
-        return self.session()
+        session = self.session()
+        with self._lock:
+            self._made.append(session)
+        return session
+
+    def stats(self) -> dict:
+        """What ``generate``/``stream`` ran, summed over their sessions (:meth:`GenerationSession.stats`):
+        graph calls per phase, accelerator graph executions in all and per call (per prefill chunk
+        of each size, per decode token), KV cache bytes written."""
+        with self._lock:
+            made = list(self._made)
+        template = self.session_stats_template()
+        for session in made:
+            one = session.stats()
+            template["kv_cache_bytes_written"] += one["kv_cache_bytes_written"]
+            template["accelerator_graph_executions"] += one["accelerator_graph_executions"]
+            for phase in ("prefill", "decode"):
+                for key in ("calls", "accelerator_graph_executions"):
+                    template[phase][key] += one[phase][key]
+        return template
+
+    def session_stats_template(self) -> dict:
+        """Zero counts in the shape of :meth:`GenerationSession.stats`, with each graph's executions per call."""
+        per_call = {g.size: g.accelerator_executions for g in self.graphs}
+        return {"kv_cache_bytes_written": 0, "accelerator_graph_executions": 0,
+                "prefill": {"calls": 0, "accelerator_graph_executions": 0,
+                            "per_call": {s: n for s, n in per_call.items() if s > 1}},
+                "decode": {"calls": 0, "accelerator_graph_executions": 0, "per_call": {1: per_call.get(1, 0)}}}
 
     # ---- description and files ----------------------------------------------------------------
     def report(self) -> str:

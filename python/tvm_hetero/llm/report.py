@@ -52,4 +52,39 @@ def describe(model: Any) -> str:
                          f"activations {format_size(planned)}; built in {graph.build_seconds:.1f} s")
         else:
             lines.append(f"    {graph.phase:<7} {graph.size:>4} rows  on {where}")
+        lines.extend(_accelerator_lines(graph))
+    lines.extend(_check_lines(model.phase_check))
     return "\n".join(lines)
+
+
+def _accelerator_lines(graph: Any) -> list[str]:
+    """What of one graph runs on an accelerator: its graph executions per call, its share of the
+    matmul FLOPs, the ops its vendor refused (with the reason), the verification's worst error."""
+    if graph.moved_to_host:
+        return [f"             MOVED TO THE HOST: {graph.moved_to_host}"]
+    offload = graph.offload
+    if not offload or not offload.get("regions"):
+        return []
+    device = offload.get("device", "accelerator")
+    share = offload["flops_on_device"] / offload["flops"] if offload.get("flops") else 0.0
+    verification = offload.get("verification") or {}
+    worst = max((r["relative_error"] for r in verification.get("regions", [])), default=float("nan"))
+    lines = [(f"             {device}: {offload['graph_executions']} graph execution(s) per call, {share:.1%} of the "
+             f"matmul FLOPs; verified per graph: worst relative error {worst:.2e} (tolerance "
+             f"{verification.get('tolerance', float('nan')):g})")]
+    refused = [r for r in offload["refused"] if not r["reason"].startswith("constant inputs only")]
+    for op, reason in sorted({(r["op"], r["reason"]) for r in refused}):
+        lines.append(f"             refused by {offload.get('vendor', 'the vendor')}, on the host: {op}: {reason}")
+    return lines
+
+
+def _check_lines(check: dict | None) -> list[str]:
+    if not check:
+        return []
+    decode = check["decode"]
+    buckets = ", ".join(f"{size} rows {error:.2e}" for size, error in sorted(check["buckets"].items()))
+    failed = f"; FAILED: {check['failed']} (moved to the host)" if check["failed"] else ""
+    return [(f"  whole-path check against the host's fp32 graphs (logits error relative to the largest logit, "
+            f"tolerance {check['tolerance']:g}): prefill buckets {buckets}; decode teacher-forced over "
+            f"{decode['steps']} tokens after a {decode['prompt']}-token prompt: max error {decode['max_error']:.2e}, "
+            f"greedy agreement {decode['agreement']}/{decode['steps']}{failed}")]

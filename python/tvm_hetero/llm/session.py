@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 import numpy as np
+import tvm
 
 from .buckets import plan_chunks
 from .config import DecoderConfig
@@ -29,6 +30,7 @@ from .graph_io import (
     value_cache,
 )
 from .kv_cache import KVCache, host_tensor
+from .packed_outputs import packed_layout, packed_size
 
 
 def checked_prompt(prompt_ids: Iterable[int], vocab_size: int, capacity: int) -> np.ndarray:
@@ -55,7 +57,8 @@ def checked_prompt(prompt_ids: Iterable[int], vocab_size: int, capacity: int) ->
 class ChunkRunner:
     """One entry graph's frame with its inputs and outputs bound (zero copy) to this session."""
 
-    def __init__(self, graph: EntryGraph, cfg: DecoderConfig, cache: KVCache, logits: object):
+    def __init__(self, graph: EntryGraph, cfg: DecoderConfig, cache: KVCache,
+                 logits: tuple[tvm.runtime.Tensor, np.ndarray]):
         n, device = graph.size, cache.mask.device
         self.size = n
         self.capacity = cache.capacity
@@ -74,9 +77,20 @@ class ChunkRunner:
             bound[value_cache(layer)] = values
         for name, tensor in bound.items():
             self.frame.set_input(name, tensor, copy=False)
-        self.frame.bind_output(0, logits)
         self._new_tensors = []  # kept alive: the frame writes into them
         self.new_rows: list[tuple[np.ndarray, np.ndarray]] = []
+        if graph.packed:  # one output: views of it (packed_outputs.py)
+            packed, flat = host_tensor((1, packed_size(cfg, n)), "float32", device)
+            self.frame.bind_output(0, packed)
+            self._new_tensors.append(packed)
+            views = [flat[0, offset:offset + int(np.prod(shape))].reshape(shape)
+                     for offset, shape in packed_layout(cfg, n)]
+            #: The logits of this graph's last run (a view).
+            self.logits = views[0][0, 0]
+            self.new_rows = [(views[1 + 2 * layer], views[2 + 2 * layer]) for layer in range(cfg.num_layers)]
+            return
+        self.frame.bind_output(0, logits[0])
+        self.logits = logits[1][0, 0]
         for layer in range(cfg.num_layers):
             keys, key_view = host_tensor((1, cfg.num_kv_heads, cfg.head_dim, n), "float32", device)
             values, value_view = host_tensor((1, cfg.num_kv_heads, n, cfg.head_dim), "float32", device)
@@ -104,13 +118,29 @@ class GenerationSession:
         self.cfg = cfg
         device = graphs[0].devices[0]
         self.cache = KVCache(cfg, capacity, device)
-        self._logits_tensor, logits = host_tensor((1, 1, cfg.vocab_size), "float32", device)
-        #: The logits of the last processed row (a view, overwritten by the next step).
-        self.logits = logits[0, 0]
-        self.runners = {g.size: ChunkRunner(g, cfg, self.cache, self._logits_tensor) for g in graphs}
+        self._logits = host_tensor((1, 1, cfg.vocab_size), "float32", device)
+        self.runners = {g.size: ChunkRunner(g, cfg, self.cache, self._logits) for g in graphs}
+        #: The logits of the last processed row (a view, overwritten by a later step).
+        self.logits = self.runners[1].logits
         self.sizes = tuple(sorted(self.runners))
         #: Graph calls made, by chunk size.
         self.calls = dict.fromkeys(self.sizes, 0)
+        #: Accelerator graph executions per call, by chunk size (0: the graph runs on the host alone).
+        self.executions_per_call = {g.size: g.accelerator_executions for g in graphs}
+
+    def stats(self) -> dict:
+        """Calls per phase, the accelerator graph executions they made, and the bytes written into the
+        KV cache (new rows only) since the session began."""
+        out: dict = {"kv_cache_bytes_written": self.cache.bytes_written}
+        for phase, sizes in (("prefill", [s for s in self.sizes if s > 1]), ("decode", [1])):
+            calls = sum(self.calls.get(s, 0) for s in sizes)
+            out[phase] = {"calls": calls,
+                          "accelerator_graph_executions": sum(self.calls.get(s, 0) * self.executions_per_call.get(s, 0)
+                                                              for s in sizes),
+                          "per_call": {s: self.executions_per_call.get(s, 0) for s in sizes}}
+        out["accelerator_graph_executions"] = (out["prefill"]["accelerator_graph_executions"]
+                                               + out["decode"]["accelerator_graph_executions"])
+        return out
 
     def prefill(self, token_ids: Iterable[int]) -> np.ndarray:
         """Start over with ``token_ids`` (checked: :func:`checked_prompt`) in chunks; the last row's logits."""
@@ -118,9 +148,11 @@ class GenerationSession:
         self.cache.reset()
         start = 0
         for size, rows in plan_chunks(len(token_ids), self.sizes):
-            self.runners[size].run(token_ids[start:start + rows], self.cache)
+            runner = self.runners[size]
+            runner.run(token_ids[start:start + rows], self.cache)
             self.calls[size] += 1
             start += rows
+        self.logits = runner.logits
         return self.logits
 
     def decode(self, token_id: int) -> np.ndarray:
@@ -137,4 +169,5 @@ class GenerationSession:
         runner.frame.run()
         self.cache.append(runner.new_rows, 1)
         self.calls[1] += 1
+        self.logits = runner.logits
         return self.logits
