@@ -219,12 +219,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _latencies(runtime, repeat: int) -> list[float]:
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        runtime.run()
-        times.append(time.perf_counter() - t)
-    return times
+    from tvm_hetero.runtime.measure import wall_times
+
+    return wall_times(runtime.run, repeat)
 
 
 def _placement_verdict(artifact) -> str:
@@ -452,11 +449,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     folder = _save_dir(args)
     _artifact, runtime = _runtime_with_inputs(args)
     runtime.run()
-    times = []
-    for _ in range(args.repeat):
-        t = time.perf_counter()
-        runtime.run()
-        times.append(time.perf_counter() - t)
+    times = _latencies(runtime, args.repeat)
     outputs = runtime.get_outputs()
     print(f"latency {np.median(times) * 1e3:.2f} ms (median of {args.repeat}); stats {json.dumps(runtime.stats())}")
     if args.trace:  # before the outputs are saved: a failure there must not lose the trace

@@ -209,14 +209,8 @@ def test_graph_with_copies_is_rejected() -> None:
 
 def test_random_graphs_after_reorder() -> None:
     for seed in range(150):
-        graph = random_dag(
-            4000 + seed,
-            2 + seed % 25,
-            1 + seed % 3,
-            num_inputs=1 + seed % 4,
-            max_outputs=2,
-            extra_heads=seed % 3,
-        )
+        graph = random_dag(4000 + seed, 2 + seed % 25, 1 + seed % 3, num_inputs=1 + seed % 4, max_outputs=2,
+                           extra_heads=seed % 3)
         ordered = reorder_for_devices(graph)
         for output_device in (0, None):
             check_copies(ordered, insert_copies(ordered, output_device), output_device)

@@ -110,10 +110,7 @@ def test_unit_within_one_step_of_onnxruntime(unit, per_channel):
     model = qdq_model(UNITS[unit](), per_channel=per_channel)
     inputs = models.model_inputs(model)
     expected = models.onnxruntime_outputs(model, inputs)[0]
-    art = tvm_hetero.build(models.relax_module(model), [(tvm.cpu(0), "llvm")])
-    runtime = art.create()
-    runtime.run(**inputs)
-    got = runtime.get_output(0).numpy()
+    art, got = models.build_and_run(model, inputs)
     step = quantization_step(model)
     assert step > 0
     assert np.abs(got - expected).max() <= step * 1.001

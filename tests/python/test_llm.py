@@ -14,6 +14,7 @@ import transformers as hf
 from tvm_hetero import llm
 from tvm_hetero.artifact import graph_inputs
 from tvm_hetero.llm import graph_io
+from tvm_hetero.testing.threads import run_at_once
 
 CAPACITY = 512
 NEW_TOKENS = 64
@@ -190,11 +191,7 @@ def test_two_generations_on_two_threads_match_serial(llama):
                 logits = session.decode(tokens[-1])
             results[i] = tokens
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_at_once(worker, [(0,), (1,)])
     assert results == serial
 
 

@@ -5,7 +5,6 @@ buckets.py's; streaming, seeds and stop tokens; bad input and damaged files refu
 from __future__ import annotations
 
 import shutil
-import threading
 
 import pytest
 from test_llm import prompt_of, reference_tokens, tiny_model
@@ -13,6 +12,7 @@ from tvm_hetero import llm
 from tvm_hetero.llm.buckets import plan_chunks
 from tvm_hetero.llm.native import NativeGenerator
 from tvm_hetero.llm.native import plan_chunks as native_plan_chunks
+from tvm_hetero.testing.threads import run_at_once
 
 CAPACITY = 128
 NEW_TOKENS = 32
@@ -79,11 +79,7 @@ def test_two_generations_on_two_threads_match_serial(llama_export):
     def run(i):
         results[i] = native.generate(prompts[i], 16)
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_at_once(run, [(0,), (1,)])
     assert results == serial
 
 

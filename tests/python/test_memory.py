@@ -120,14 +120,8 @@ def chain(sizes: list[int]) -> Graph:
 
 def test_random_graphs_are_safe_and_bounded() -> None:
     for seed in range(200):
-        graph = random_dag(
-            6000 + seed,
-            1 + seed % 30,
-            1 + seed % 3,
-            num_inputs=1 + seed % 3,
-            max_outputs=3,
-            extra_heads=seed % 2,
-        )
+        graph = random_dag(6000 + seed, 1 + seed % 30, 1 + seed % 3, num_inputs=1 + seed % 3, max_outputs=3,
+                           extra_heads=seed % 2)
         check_plan(graph, slot_plan(graph))
 
 

@@ -37,10 +37,7 @@ out_dir = sys.argv[1]
 model = models.light_model({model!r})
 inputs = models.model_inputs(model)
 expected = models.onnxruntime_outputs(model, inputs)[0]
-art = tvm_hetero.build(models.relax_module(model), [(tvm.cpu(0), "llvm")])
-runtime = art.create()
-runtime.run(**inputs)
-built = runtime.get_output(0).numpy()
+art, built = models.build_and_run(model, inputs)
 art.export(out_dir)
 loaded = tvm_hetero.load(out_dir).create()
 loaded.run(**inputs)

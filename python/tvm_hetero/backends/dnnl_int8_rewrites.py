@@ -27,7 +27,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..ir.relax_helpers import replace_body, same_kind_block, use_counts
+from ..ir.relax_helpers import map_bindings, use_counts
 from .qdq import DEQUANTIZE, QUANTIZE
 from .qdq_identity import DropIdentityRequantize
 from .qdq_identity import _same_quantization as same_quantization  # one rule for "undoes exactly"
@@ -79,17 +79,8 @@ def fold_quantized_affine(entry: str = "main") -> tvm.transform.Pass:
                     plans[var] = plan
         if not plans:
             return mod
-        blocks = []
-        for block in func.body.blocks:
-            bindings = []
-            for b in block.bindings:
-                if b.var in plans:
-                    bindings.extend(_affine_bindings(b.var, plans[b.var]))
-                else:
-                    bindings.append(b)
-            blocks.append(same_kind_block(block, bindings))
         mod = mod.clone()
-        mod[entry] = replace_body(func, blocks)
+        mod[entry] = map_bindings(func, lambda b: _affine_bindings(b.var, plans[b.var]) if b.var in plans else b)
         return relax.transform.DeadCodeElimination([entry])(mod)
 
     return tvm.transform.module_pass(run, opt_level=0, name="FoldQuantizedAffine")

@@ -32,7 +32,7 @@ import tvm
 from tvm import relax
 from tvm.relax.transform import FusionPattern
 
-from ..ir.relax_helpers import replace_body, same_kind_block
+from ..ir.relax_helpers import same_kind_block, with_entry_body
 from .base import Backend, MovedOp, Region
 from .merge_regions import merge_regions
 from .region_check import check_partitioned
@@ -132,11 +132,7 @@ def _unshare_region_calls(mod: tvm.IRModule, entry: str, backend: str) -> tvm.IR
                     seen.add(name)
             bindings.append(binding)
         blocks.append(same_kind_block(block, bindings))
-    if not changed:
-        return mod
-    mod = builder.get()
-    mod[entry] = replace_body(func, blocks)
-    return mod
+    return with_entry_body(builder.get(), entry, func, blocks) if changed else mod
 
 
 def region_calls(func: relax.Function, regions: dict[str, Region]) -> list[tuple[relax.Var, Region]]:

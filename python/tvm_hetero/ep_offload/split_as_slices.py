@@ -22,7 +22,7 @@ from typing import Any
 import tvm
 from tvm import relax
 
-from ..ir.relax_helpers import entry_pass, replace_body, same_kind_block, static_shape
+from ..ir.relax_helpers import entry_pass, map_bindings, static_shape
 
 
 def SplitAsSlices(entry: str = "main") -> tvm.transform.Pass:
@@ -35,19 +35,16 @@ def split_as_slices(func: relax.Function) -> relax.Function:
     splits = _item_read_splits(func)
     if not splits:
         return func
-    blocks = []
-    for block in func.body.blocks:
-        bindings = []
-        for binding in block.bindings:
-            value = binding.value
-            if isinstance(value, relax.TupleGetItem) and value.tuple_value in splits:
-                data, axis, bounds = splits[value.tuple_value]
-                begin, end = bounds[int(value.index)]
-                value = relax.op.strided_slice(data, axes=[axis], begin=[begin], end=[end])
-                binding = relax.VarBinding(binding.var, value)
-            bindings.append(binding)
-        blocks.append(same_kind_block(block, bindings))
-    return replace_body(func, blocks)
+
+    def as_slice(binding: Any) -> Any:
+        value = binding.value
+        if not (isinstance(value, relax.TupleGetItem) and value.tuple_value in splits):
+            return binding
+        data, axis, bounds = splits[value.tuple_value]
+        begin, end = bounds[int(value.index)]
+        return relax.VarBinding(binding.var, relax.op.strided_slice(data, axes=[axis], begin=[begin], end=[end]))
+
+    return map_bindings(func, as_slice)
 
 
 def _item_read_splits(func: relax.Function) -> dict[relax.Var, tuple[Any, int, list[tuple[int, int]]]]:

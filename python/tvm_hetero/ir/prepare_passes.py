@@ -17,7 +17,7 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, is_tuple, is_tuple_get_item, rewrite_call, wildcard
 
-from .relax_helpers import all_float32, expr_shape, replace_body, same_kind_block, use_counts
+from .relax_helpers import all_float32, expr_shape, same_kind_block, use_counts, with_entry_body
 
 
 def DropNoOps(entry: str = "main") -> tvm.transform.Pass:
@@ -265,10 +265,6 @@ def UnshareConstantReshapes(entry: str = "main") -> tvm.transform.Pass:
                     value = relax.Call(value.op, args, value.attrs, value.ty_args)
                 bindings.append(relax.VarBinding(b.var, value) if isinstance(b, relax.VarBinding) else b)
             blocks.append(same_kind_block(block, bindings))
-        if not changed:
-            return mod
-        mod = mod.clone()
-        mod[entry] = replace_body(func, blocks)
-        return mod
+        return with_entry_body(mod.clone(), entry, func, blocks) if changed else mod
 
     return tvm.transform.module_pass(unshare, opt_level=0, name="UnshareConstantReshapes")

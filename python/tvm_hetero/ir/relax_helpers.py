@@ -45,6 +45,25 @@ def static_shape(ty: relax.TensorType) -> tuple[int, ...] | None:
     return tuple(dims)
 
 
+def map_bindings(func: relax.Function, rewrite: Any) -> relax.Function:
+    """``func`` with each binding ``b`` of its body replaced by ``rewrite(b)``: a binding, or a list
+    of bindings that take its place (blocks keep their kind)."""
+    blocks = []
+    for block in func.body.blocks:
+        bindings = []
+        for binding in block.bindings:
+            out = rewrite(binding)
+            bindings.extend(out if isinstance(out, list) else [out])
+        blocks.append(same_kind_block(block, bindings))
+    return replace_body(func, blocks)
+
+
+def with_entry_body(mod: tvm.IRModule, entry: str, func: relax.Function, blocks: list) -> tvm.IRModule:
+    """``mod`` (a module the caller may change) with ``entry`` given ``blocks`` as its body."""
+    mod[entry] = replace_body(func, blocks)
+    return mod
+
+
 def expr_shape(expr: Any) -> tuple[int, ...] | None:
     """The static shape of an expression's tensor type, or None (not a tensor, or symbolic)."""
     ty = getattr(expr, "ty", None)

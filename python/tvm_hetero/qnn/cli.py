@@ -42,6 +42,7 @@ def cmd_demo_htp(args: argparse.Namespace) -> int:
     from tvm_hetero.importers import from_onnx, load_onnx
     from tvm_hetero.progress import Progress
     from tvm_hetero.qnn import peer
+    from tvm_hetero.runtime.measure import wall_times
     from tvm_hetero.testing import models
 
     say = Progress(start=time.perf_counter())
@@ -59,11 +60,7 @@ def cmd_demo_htp(args: argparse.Namespace) -> int:
     for name, value in inputs.items():
         rt.set_input(name, value)
     rt.run()
-    times = []
-    for _ in range(args.repeat):
-        t = time.perf_counter()
-        rt.run()
-        times.append(time.perf_counter() - t)
+    times = wall_times(rt.run, args.repeat)
     ours = rt.get_output(0).numpy()
     reference = peer.cpu_reference(model, inputs)[0]
     scale = float(np.abs(reference).max())

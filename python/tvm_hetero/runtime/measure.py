@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -43,6 +44,16 @@ def run_in_thread(fn: Callable[[], Any], cores: Sequence[int] = (), num_threads:
         raise result["error"]
     return result["value"]
 
+
+
+def wall_times(fn: Callable[[], Any], repeat: int) -> list[float]:
+    """Seconds of each of ``repeat`` calls of ``fn`` (the caller warms up first)."""
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times
 
 
 def sample_inputs(graph_json: str, names: Sequence[str], seed: int = 0) -> dict[str, np.ndarray]:

@@ -204,6 +204,19 @@ def onnxruntime_outputs(model, inputs: dict[str, np.ndarray], threads: int = 1) 
     return onnxruntime_session(model, threads).run(None, inputs)
 
 
+def build_and_run(model, inputs: dict[str, np.ndarray], targets=None):
+    """The ONNX model built by the product (one CPU unless ``targets``), run once on ``inputs``:
+    ``(artifact, its first output)``."""
+    import tvm
+
+    from ..build_driver import build
+
+    art = build(relax_module(model), targets or [(tvm.cpu(0), "llvm")])
+    runtime = art.create()
+    runtime.run(**inputs)
+    return art, runtime.get_output(0).numpy()
+
+
 def relax_module(model):
     """The ONNX model as a Relax IRModule with weights bound as constants (the product's importer)."""
     from ..importers import from_onnx
