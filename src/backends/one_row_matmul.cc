@@ -25,7 +25,13 @@ void ColumnsPortable(const float* x, const float* w, const float* bias, float* y
   }
 }
 
-/*! \brief Outputs [n0, n1) with AVX-512: rows four at a time, 16 outputs per vector, a masked tail. */
+/*! \brief Weight rows streamed together per pass over the outputs: 8 read the decode shapes from
+ *         DRAM 15-20% faster than 4 (fewer passes over y per weight byte; a standalone loop over
+ *         the decode shapes with cold caches: 1536 x 576 15.5 against 13.0 GB/s, 576 x 3072 22.1
+ *         against 19.1). */
+constexpr int kRowsPerPass = 8;
+
+/*! \brief Outputs [n0, n1) with AVX-512: rows eight at a time, 16 outputs per vector, a masked tail. */
 __attribute__((target("avx512f"))) void ColumnsAvx512(const float* x, const float* w, const float* bias, float* y,
                                                       int64_t k, int64_t n, int64_t n0, int64_t n1) {
   int64_t full = n0 + (n1 - n0) / 16 * 16;
@@ -33,24 +39,21 @@ __attribute__((target("avx512f"))) void ColumnsAvx512(const float* x, const floa
   for (int64_t c = n0; c < full; c += 16) _mm512_storeu_ps(y + c, bias ? _mm512_loadu_ps(bias + c) : _mm512_setzero_ps());
   if (tail) _mm512_mask_storeu_ps(y + full, tail, bias ? _mm512_maskz_loadu_ps(tail, bias + full) : _mm512_setzero_ps());
   int64_t r = 0;
-  for (; r + 4 <= k; r += 4) {
-    __m512 a = _mm512_set1_ps(x[r]), b = _mm512_set1_ps(x[r + 1]), c4 = _mm512_set1_ps(x[r + 2]),
-           d = _mm512_set1_ps(x[r + 3]);
-    const float *r0 = w + r * n, *r1 = r0 + n, *r2 = r1 + n, *r3 = r2 + n;
+  for (; r + kRowsPerPass <= k; r += kRowsPerPass) {
+    __m512 xs[kRowsPerPass];
+    const float* rows[kRowsPerPass];
+    for (int i = 0; i < kRowsPerPass; ++i) {
+      xs[i] = _mm512_set1_ps(x[r + i]);
+      rows[i] = w + (r + i) * n;
+    }
     for (int64_t c = n0; c < full; c += 16) {
       __m512 v = _mm512_loadu_ps(y + c);
-      v = _mm512_fmadd_ps(a, _mm512_loadu_ps(r0 + c), v);
-      v = _mm512_fmadd_ps(b, _mm512_loadu_ps(r1 + c), v);
-      v = _mm512_fmadd_ps(c4, _mm512_loadu_ps(r2 + c), v);
-      v = _mm512_fmadd_ps(d, _mm512_loadu_ps(r3 + c), v);
+      for (int i = 0; i < kRowsPerPass; ++i) v = _mm512_fmadd_ps(xs[i], _mm512_loadu_ps(rows[i] + c), v);
       _mm512_storeu_ps(y + c, v);
     }
     if (tail) {
       __m512 v = _mm512_maskz_loadu_ps(tail, y + full);
-      v = _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(tail, r0 + full), v);
-      v = _mm512_fmadd_ps(b, _mm512_maskz_loadu_ps(tail, r1 + full), v);
-      v = _mm512_fmadd_ps(c4, _mm512_maskz_loadu_ps(tail, r2 + full), v);
-      v = _mm512_fmadd_ps(d, _mm512_maskz_loadu_ps(tail, r3 + full), v);
+      for (int i = 0; i < kRowsPerPass; ++i) v = _mm512_fmadd_ps(xs[i], _mm512_maskz_loadu_ps(tail, rows[i] + full), v);
       _mm512_mask_storeu_ps(y + full, tail, v);
     }
   }

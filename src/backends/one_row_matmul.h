@@ -3,8 +3,8 @@
  * \brief y = x · W (+ bias) for one float32 row x and a float32 weight stored (K, N) row-major, read
  *        once, in place: a decode step's projections and LM head without a reordered copy.
  *
- * The row's K weights rows are streamed in order, four at a time: y[n] += x[k]·W[k][n] + ... +
- * x[k+3]·W[k+3][n] over the outputs, so memory is read front to back (what the prefetchers follow
+ * The row's K weight rows are streamed in order, eight at a time: y[n] += x[k]·W[k][n] + ... +
+ * x[k+7]·W[k+7][n] over the outputs, so memory is read front to back (what the prefetchers follow
  * best) and y (N floats) stays in the caches. Guarantee: every weight is read exactly once per call;
  * each output is summed in float32 in order of k (its rounding differs from oneDNN's by the order
  * of the sums only).
