@@ -38,6 +38,8 @@ class LanguageModel:
         self._lock = threading.Lock()
         #: The whole-path check against the host's fp32 graphs (phase_check.py), when the build ran it.
         self.phase_check: dict | None = None
+        #: The decode's placement by cost (decode_placement.py), when the build was asked for it.
+        self.decode_choice: dict | None = None
 
     @property
     def prefill_chunks(self) -> tuple[int, ...]:

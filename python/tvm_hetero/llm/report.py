@@ -46,6 +46,11 @@ def describe(model: Any) -> str:
             lines.append(f"    {graph.phase:<7} {graph.size:>4} rows  on {where}")
         lines.extend(_accelerator_lines(graph))
     lines.extend(_check_lines(model.phase_check))
+    choice = model.decode_choice
+    if choice:
+        lines.append(f"  decode placed by cost: one step on the {choice['device']} {choice['device_seconds'] * 1e3:.3f} ms "
+                     f"({choice['device_source']}), on the host {choice['host_seconds'] * 1e3:.3f} ms "
+                     f"({choice['host_source']}): runs on the {choice['device'] if choice['on_device'] else 'host'}")
     return "\n".join(lines)
 
 
