@@ -173,7 +173,7 @@ def _move_failed_graphs(lm: LanguageModel, reference: LanguageModel, tokens: int
         reason = (f"whole-path check: logits error {error:.2e} > {check['tolerance']:g} (relative to the largest "
                   "logit of the host's fp32 graph)")
         warnings.warn(f"tvm_hetero.llm: the {graph.phase} graph of {size} row(s) runs on the host: {reason}",
-                      RuntimeWarning, stacklevel=3)
+                      RuntimeWarning, stacklevel=4)  # the caller of llm.build
         say(f"the {graph.phase} graph of {size} row(s) moves to the host ({reason})")
         lm.graphs[index] = dataclasses.replace(reference.graphs[index], runtime=None, moved_to_host=reason)
     return bool(check["failed"])

@@ -125,7 +125,7 @@ class LanguageModel:
         of each size, per decode token), KV cache bytes written."""
         with self._lock:
             made = list(self._made)
-        template = self.session_stats_template()
+        template = self._zero_stats()
         for session in made:
             one = session.stats()
             template["kv_cache_bytes_written"] += one["kv_cache_bytes_written"]
@@ -135,7 +135,7 @@ class LanguageModel:
                     template[phase][key] += one[phase][key]
         return template
 
-    def session_stats_template(self) -> dict:
+    def _zero_stats(self) -> dict:
         """Zero counts in the shape of :meth:`GenerationSession.stats`, with each graph's executions per call."""
         per_call = {g.size: g.accelerator_executions for g in self.graphs}
         return {"kv_cache_bytes_written": 0, "accelerator_graph_executions": 0,

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..compiler.build import device_name, format_size
+from ..ep_offload.backend import FOLDED
 from .entry_graphs import weight_devices
 from .graph_io import key_cache_shape, value_cache_shape
 
@@ -69,7 +70,7 @@ def _accelerator_lines(graph: Any) -> list[str]:
     lines = [(f"             {device}: {offload['graph_executions']} graph execution(s) per call, {share:.1%} of the "
              f"matmul FLOPs; verified per graph: worst relative error {worst:.2e} (tolerance "
              f"{verification.get('tolerance', float('nan')):g})")]
-    refused = [r for r in offload["refused"] if not r["reason"].startswith("constant inputs only")]
+    refused = [r for r in offload["refused"] if r["reason"] != FOLDED]
     for op, reason in sorted({(r["op"], r["reason"]) for r in refused}):
         lines.append(f"             refused by {offload.get('vendor', 'the vendor')}, on the host: {op}: {reason}")
     return lines
