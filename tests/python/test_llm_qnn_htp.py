@@ -170,3 +170,24 @@ def test_a_session_prefilling_on_the_htp_beside_one_decoding_on_the_cpu_matches_
 def test_exporting_a_model_with_htp_graphs_is_a_clear_error(prefill_on_htp, tmp_path):
     with pytest.raises(ValueError, match=r"graphs of \[8\] row\(s\) were built for an accelerator"):
         prefill_on_htp.export(tmp_path / "out")
+
+
+def test_decode_placed_by_cost_compares_labelled_figures_and_runs_on_the_cheaper_side(llama_model):
+    lm = llm.build(llama_model, [CPU, "qnn-htp"], capacity=CAPACITY, prefill_chunks=CHUNKS, check_tokens=0,
+                   decode_placement="cost")
+    choice = lm.decode_choice
+    assert choice["device_source"].startswith(("modeled", "measured on a device"))  # never the emulator's time
+    assert choice["host_source"].startswith("measured here") and choice["host_seconds"] > 0
+    assert choice["on_device"] == (choice["device_seconds"] < choice["host_seconds"])
+    (decode,) = [g for g in lm.graphs if g.phase == "decode"]
+    (prefill,) = [g for g in lm.graphs if g.phase == "prefill"]
+    assert (decode.accelerator_executions == 1) == choice["on_device"]
+    assert prefill.accelerator_executions == 1  # prefill stays on the HTP
+    assert "decode placed by cost" in lm.report()
+    prompt = prompt_of(13, lm.config.vocab_size)
+    assert lm.generate(prompt, 8) == reference_tokens(llama_model, prompt, 8)
+
+
+def test_an_unknown_decode_placement_is_a_clear_error(llama_model):
+    with pytest.raises(ValueError, match="decode_placement must be 'targets' or 'cost'"):
+        llm.build(llama_model, [CPU], capacity=CAPACITY, prefill_chunks=CHUNKS, decode_placement="fastest")

@@ -96,12 +96,13 @@ def _index_bounds(model: bytes) -> dict[str, int]:
     dims.update({i.name: list(i.dims) for i in proto.graph.initializer})
     bounds = {}
     for node in proto.graph.node:
-        if node.op_type != "Gather" or len(node.input) < 2 or node.input[0] not in dims:
+        if node.op_type != "Gather" or len(node.input) < 2:
             continue
         axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
-        shape = dims[node.input[0]]
-        if shape and shape[axis % len(shape)] > 0:
-            bounds[node.input[1]] = min(bounds.get(node.input[1], 1 << 30), shape[axis % len(shape)])
+        shape = dims.get(node.input[0])
+        # a length ONNX's shape inference cannot tell (after an op it has no schema for): index 0 only
+        length = shape[axis % len(shape)] if shape and shape[axis % len(shape)] > 0 else 1
+        bounds[node.input[1]] = min(bounds.get(node.input[1], 1 << 30), length)
     return bounds
 
 

@@ -28,6 +28,7 @@ from ..build_driver import build as build_graph
 from .architectures import family_builder
 from .buckets import check_sizes
 from .checkpoint import load_weights, read_checkpoint
+from .decode_placement import choose
 from .entry_graphs import EntryGraph, create_runtimes
 from .export import read_exported
 from .family import graph_weight_shapes, graph_weights
@@ -46,7 +47,8 @@ def build(model: Any, targets: Any = None, *, capacity: int = 512,
           prefill_chunks: Sequence[int] = DEFAULT_PREFILL_CHUNKS, backends: Any = None,
           device_options: Any = None, progress: Callable[[str], None] | None = None,
           weights: str = "float32", agreement_tokens: int = 64, check_tokens: int = 16,
-          phase_tolerance: float | None = None, **build_options: Any) -> LanguageModel:
+          phase_tolerance: float | None = None, decode_placement: str = "targets",
+          **build_options: Any) -> LanguageModel:
     """Compile a decoder-only model for generation.
 
     model : a Hugging Face checkpoint directory (config.json + safetensors) or a ``transformers``
@@ -65,6 +67,9 @@ def build(model: Any, targets: Any = None, *, capacity: int = 512,
         against the same graphs built for the host alone (phase_check.py; 0 skips it). A graph that
         fails it runs on the host instead, with a warning; ``lm.report()`` gives the result.
     phase_tolerance : that check's tolerance (logits' error relative to the largest reference logit).
+    decode_placement : "targets" (the decode phase runs where its targets put it) or "cost": when the
+        decode's targets hold an accelerator, it runs there only if one step costs less there (the
+        device's measured or modeled figure) than on the host (measured here); decode_placement.py.
     build_options : passed to :func:`tvm_hetero.build` for every graph (``offload_tolerance``,
         ``verify_offload``, ``offload_min_group_flops``, ...).
     """
@@ -72,6 +77,8 @@ def build(model: Any, targets: Any = None, *, capacity: int = 512,
     if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
         raise ValueError(f"capacity must be a positive integer, got {capacity!r}")
     check_weight_format(weights)
+    if decode_placement not in ("targets", "cost"):
+        raise ValueError(f"decode_placement must be 'targets' or 'cost', got {decode_placement!r}")
     phase_targets = _per_phase(targets if targets is not None else [(tvm.cpu(0), "llvm")], "targets")
     phase_options = _per_phase(device_options, "device_options")
     sizes = check_sizes(prefill_chunks, capacity)
@@ -95,9 +102,9 @@ def build(model: Any, targets: Any = None, *, capacity: int = 512,
     create_runtimes(graphs, blob, "weights", phase_options)
     weight_bytes = sum(v.nbytes for v in params.values())
     lm = LanguageModel(cfg, capacity, graphs, weight_bytes, checkpoint.tokenizer_file, checkpoint.source, weights)
-    if check_tokens and any(g.accelerator_executions for g in graphs):
+    if (check_tokens or decode_placement == "cost") and any(g.accelerator_executions for g in graphs):
         _check_whole_path(lm, symbolic, phase_targets, params, blob, backends, phase_options, check_tokens,
-                          phase_tolerance, say)
+                          phase_tolerance, decode_placement == "cost", say)
     del params, blob  # the runtimes hold the weights now, once
     if reference is not None:
         say("comparing the 8-bit model with float32")
@@ -148,10 +155,11 @@ def _host_targets(targets: Any) -> list:
 
 
 def _check_whole_path(lm: LanguageModel, symbolic: tvm.IRModule, phase_targets: dict, weights: dict, blob: bytes,
-                      backends: Any, phase_options: dict, tokens: int, tolerance: float | None,
+                      backends: Any, phase_options: dict, tokens: int, tolerance: float | None, by_cost: bool,
                       say: Callable[[str], None]) -> None:
-    """Build every accelerator graph again for the host alone, run the teacher-forced check
-    (phase_check.py) and move each graph that fails it to its host build, with a warning."""
+    """Build every accelerator graph again for the host alone; run the teacher-forced check
+    (phase_check.py) and move each graph that fails it to its host build, with a warning; with
+    ``by_cost``, place the decode graph on the cheaper side (decode_placement.py)."""
     reference_graphs = []
     for graph in lm.graphs:
         if not graph.accelerator_executions:
@@ -162,11 +170,31 @@ def _check_whole_path(lm: LanguageModel, symbolic: tvm.IRModule, phase_targets: 
                                              weights, backends, {}, lm.config, lm.capacity))
     create_runtimes(reference_graphs, blob, "weights")
     reference = LanguageModel(lm.config, lm.capacity, reference_graphs, lm.weight_bytes)
+    moved = False
+    if tokens:
+        moved = _move_failed_graphs(lm, reference, tokens, tolerance, say)
+    decode = next(g for g in lm.graphs if g.size == 1)
+    if by_cost and decode.accelerator_executions:
+        choice = lm.decode_choice = choose(decode, reference.session())
+        figures = (f"{choice['device']} {choice['device_seconds'] * 1e3:.3f} ms ({choice['device_source']}), host "
+                   f"{choice['host_seconds'] * 1e3:.3f} ms ({choice['host_source']})")
+        say(f"decode placed by cost: {figures}")
+        if not choice["on_device"]:
+            index = lm.graphs.index(decode)
+            lm.graphs[index] = dataclasses.replace(reference_graphs[index], runtime=None,
+                                                   moved_to_host=f"placed by cost: {figures}")
+            moved = True
+    if moved:
+        create_runtimes(lm.graphs, blob, "weights", phase_options)
+
+
+def _move_failed_graphs(lm: LanguageModel, reference: LanguageModel, tokens: int, tolerance: float | None,
+                        say: Callable[[str], None]) -> bool:
+    """The teacher-forced check (phase_check.py); each graph that fails it moves to its host build
+    (``reference``'s), with a warning. Whether any moved."""
     say(f"whole-path check: each prefill bucket, then {tokens} teacher-forced decode steps, against the host's fp32 graphs")
     check = teacher_forced(lm, reference, tokens, LOGITS_TOLERANCE if tolerance is None else tolerance)
     lm.phase_check = check
-    if not check["failed"]:
-        return
     for size in check["failed"]:
         index = next(i for i, g in enumerate(lm.graphs) if g.size == size)
         graph = lm.graphs[index]
@@ -174,10 +202,10 @@ def _check_whole_path(lm: LanguageModel, symbolic: tvm.IRModule, phase_targets: 
         reason = (f"whole-path check: logits error {error:.2e} > {check['tolerance']:g} (relative to the largest "
                   "logit of the host's fp32 graph)")
         warnings.warn(f"tvm_hetero.llm: the {graph.phase} graph of {size} row(s) runs on the host: {reason}",
-                      RuntimeWarning, stacklevel=3)
+                      RuntimeWarning, stacklevel=4)  # the caller of llm.build
         say(f"the {graph.phase} graph of {size} row(s) moves to the host ({reason})")
-        lm.graphs[index] = dataclasses.replace(reference_graphs[index], runtime=None, moved_to_host=reason)
-    create_runtimes(lm.graphs, blob, "weights", phase_options)
+        lm.graphs[index] = dataclasses.replace(reference.graphs[index], runtime=None, moved_to_host=reason)
+    return bool(check["failed"])
 
 
 def _per_phase(value: Any, what: str) -> dict[str, Any]:

@@ -43,6 +43,8 @@ class LanguageModel:
         self._lock = threading.Lock()
         #: The whole-path check against the host's fp32 graphs (phase_check.py), when the build ran it.
         self.phase_check: dict | None = None
+        #: The decode's placement by cost (decode_placement.py), when the build was asked for it.
+        self.decode_choice: dict | None = None
 
     @property
     def prefill_chunks(self) -> tuple[int, ...]:
@@ -128,7 +130,7 @@ class LanguageModel:
         of each size, per decode token), KV cache bytes written."""
         with self._lock:
             made = list(self._made)
-        template = self.session_stats_template()
+        template = self._zero_stats()
         for session in made:
             one = session.stats()
             template["kv_cache_bytes_written"] += one["kv_cache_bytes_written"]
@@ -138,7 +140,7 @@ class LanguageModel:
                     template[phase][key] += one[phase][key]
         return template
 
-    def session_stats_template(self) -> dict:
+    def _zero_stats(self) -> dict:
         """Zero counts in the shape of :meth:`GenerationSession.stats`, with each graph's executions per call."""
         per_call = {g.size: g.accelerator_executions for g in self.graphs}
         return {"kv_cache_bytes_written": 0, "accelerator_graph_executions": 0,

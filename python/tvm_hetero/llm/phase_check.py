@@ -27,8 +27,7 @@ import numpy as np
 #: Logits' error relative to the largest reference logit that a phase on an fp16 accelerator may have.
 #: fp16 keeps 11 bits: over a whole decoder (every layer in one graph, then 64 decode steps reading
 #: rows it wrote) the tiny test models reach 1-4e-2 with every greedy token but a few agreeing
-#: (docs/performance.md, the decoders section: the phases on an emulated accelerator); a wrong op is
-#: off by the logits' own size.
+#: (docs/performance.md, the decoders section); a wrong op is off by the logits' own size.
 LOGITS_TOLERANCE = 5e-2
 
 

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..compiler.build import device_name, format_size
+from ..ep_offload.backend import FOLDED
 from .entry_graphs import weight_devices
 from .graph_io import key_cache_shape, value_cache_shape
 
@@ -54,6 +55,11 @@ def describe(model: Any) -> str:
             lines.append(f"    {graph.phase:<7} {graph.size:>4} rows  on {where}")
         lines.extend(_accelerator_lines(graph))
     lines.extend(_check_lines(model.phase_check))
+    choice = model.decode_choice
+    if choice:
+        lines.append(f"  decode placed by cost: one step on the {choice['device']} {choice['device_seconds'] * 1e3:.3f} ms "
+                     f"({choice['device_source']}), on the host {choice['host_seconds'] * 1e3:.3f} ms "
+                     f"({choice['host_source']}): runs on the {choice['device'] if choice['on_device'] else 'host'}")
     return "\n".join(lines)
 
 
@@ -72,7 +78,7 @@ def _accelerator_lines(graph: Any) -> list[str]:
     lines = [(f"             {device}: {offload['graph_executions']} graph execution(s) per call, {share:.1%} of the "
              f"matmul FLOPs; verified per graph: worst relative error {worst:.2e} (tolerance "
              f"{verification.get('tolerance', float('nan')):g})")]
-    refused = [r for r in offload["refused"] if not r["reason"].startswith("constant inputs only")]
+    refused = [r for r in offload["refused"] if r["reason"] != FOLDED]
     for op, reason in sorted({(r["op"], r["reason"]) for r in refused}):
         lines.append(f"             refused by {offload.get('vendor', 'the vendor')}, on the host: {op}: {reason}")
     return lines
