@@ -165,7 +165,8 @@ TVM_HETERO_VNNI void QuantizeRowAvx512(const float* x, int64_t in, int8_t* q, in
  */
 TVM_HETERO_VNNI void OneRowVnni(const QuantizedRows& rows, const Weights& w, float* y, int64_t n0, int64_t n1) {
   int64_t full = w.in / kLane * kLane, pairs = w.in / (2 * kLane) * (2 * kLane);
-  __mmask64 mask = (~0ULL) >> (kLane - (w.in - full));
+  // The tail's mask (no tail: no mask; a shift by the full 64 bits would be undefined).
+  __mmask64 mask = full < w.in ? (~0ULL) >> (kLane - (w.in - full)) : 0;
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* wrow = w.data + n * w.in;
     __m512i a = _mm512_setzero_si512(), b = _mm512_setzero_si512();

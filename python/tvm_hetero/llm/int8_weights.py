@@ -3,7 +3,7 @@
 Each matmul weight (every projection and the LM head; :attr:`.Family.matmul_weights`) is stored
 once, as the kernel reads it: (out, in) ``uint8`` with zero point 128 (one uint8 parameter,
 ``int8.zero_point``, for all), and one float32 scale per output channel under ``<name>_scale``. Per output row n: ``scale[n] = max|W[n]| / 127`` (1 for a
-zero row), ``q = round(W[n] / scale[n])`` clipped to [-127, 127], stored as ``q + 128``. Guarantee:
+zero row), ``q = round(W[n] / scale[n])`` clipped to [-127, 127], stored as ``q`` plus 128. Guarantee:
 every dequantized weight is within ``scale[n] / 2`` of the float one (half a step), and the
 largest one of each row is exact up to float rounding. The float32 tensors are dropped as each one
 is quantized, so no float copy stays resident.
