@@ -231,21 +231,22 @@ def test_compile_imports_an_onnx_model_through_the_product_not_the_fixtures(tmp_
 
 # ---- one home per vendor, and the parts of the package --------------------------------------
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGE = ROOT / "python" / "tvm_hetero"
+#: The product's source (the installed package may live elsewhere).
+SOURCE = ROOT / "python" / "tvm_hetero"
 #: A word naming the first vendor (Qualcomm's QNN, its HTP), in code or comments: not inside another
 #: word ("WeightPredicate" is no HTP), in any of its spellings.
 VENDOR_WORD = re.compile(r"(?<![A-Za-z])(qnn|QNN|Qnn|htp|HTP|Htp|hexagon|Hexagon)")
 #: The vendor's home: its Python package and (none today) its C++ folder.
-VENDOR_HOMES = (PACKAGE / "qnn", ROOT / "src" / "backends" / "qnn")
+VENDOR_HOMES = (SOURCE / "qnn", ROOT / "src" / "backends" / "qnn")
 #: Outside its home, a vendor may be named by the registry line and the kind records only.
 ALLOWED_OUTSIDE = {
-    PACKAGE / "devices.py": ["VENDOR_PACKAGES = "],  # the registry line
+    SOURCE / "devices.py": ["VENDOR_PACKAGES = "],  # the registry line
     ROOT / "src" / "support" / "device_kinds.cc": [],  # the C++ kind record (the whole file may name it)
 }
 
 
 def product_files() -> list[Path]:
-    files = [p for p in PACKAGE.rglob("*.py")]
+    files = [p for p in SOURCE.rglob("*.py")]
     for folder in (ROOT / "src", ROOT / "include"):
         files += [p for p in folder.rglob("*") if p.suffix in (".cc", ".h")]
     files += [ROOT / "CMakeLists.txt", *(ROOT / "cmake").glob("*")]
@@ -269,9 +270,9 @@ def test_only_the_vendor_package_names_the_vendor() -> None:
     assert len(outside) <= 3, outside
 
 
-def _imports(path: Path) -> set[str]:
+def _absolute_imports(path: Path) -> set[str]:
     """The tvm_hetero modules ``path`` imports (absolute names), at any depth of the file."""
-    module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    module = ".".join(path.relative_to(SOURCE.parent).with_suffix("").parts)
     package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
     if path.name == "__init__.py":
         module = package
@@ -293,8 +294,8 @@ def _imports(path: Path) -> set[str]:
 
 
 def test_the_runtime_does_not_import_the_compiler() -> None:
-    for path in sorted((PACKAGE / "runtime").rglob("*.py")):
-        bad = sorted(m for m in _imports(path) if m.startswith("tvm_hetero.compiler"))
+    for path in sorted((SOURCE / "runtime").rglob("*.py")):
+        bad = sorted(m for m in _absolute_imports(path) if m.startswith("tvm_hetero.compiler"))
         assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
 
 
@@ -309,11 +310,11 @@ def test_no_import_cycle_among_the_top_level_parts() -> None:
         return pieces[1] if len(pieces) > 1 and pieces[1] in parts else None
 
     edges: dict[str, set[str]] = {p: set() for p in parts}
-    for path in PACKAGE.rglob("*.py"):
-        source = part(".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts))
+    for path in SOURCE.rglob("*.py"):
+        source = part(".".join(path.relative_to(SOURCE.parent).with_suffix("").parts))
         if source is None:
             continue
-        for target in map(part, _imports(path)):
+        for target in map(part, _absolute_imports(path)):
             if target is not None and target != source:
                 edges[source].add(target)
 
