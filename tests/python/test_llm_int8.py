@@ -160,3 +160,16 @@ def test_an_int8_export_loads_with_the_same_tokens_in_python_and_cpp(tmp_path):
 def test_an_unknown_weights_value_is_refused_naming_the_choices(bad):
     with pytest.raises(ValueError, match=r"weights must be one of \['float32', 'int8'\]"):
         llm.build(tiny_model("llama"), capacity=CAPACITY, weights=bad)
+
+
+
+def test_a_token_id_outside_the_vocabulary_is_refused_by_an_int8_model(built):
+    """The 8-bit token table is read with the ids as indices: an id outside it is an error naming
+    it, never a read outside the table, and the model generates as before afterwards."""
+    _model, lm = built
+    before = lm.generate([1, 2], max_new_tokens=3)
+    vocab = lm.config.vocab_size
+    for bad in (vocab, -1, vocab + 2**32):
+        with pytest.raises(ValueError, match="outside the vocabulary"):
+            lm.generate([1, bad], max_new_tokens=2)
+    assert lm.generate([1, 2], max_new_tokens=3) == before
