@@ -220,3 +220,29 @@ def test_a_sessions_graphs_hold_their_intermediate_values_in_one_scratch(lm):
     with_scratch = session.scratch_bytes + sum(r.frame.allocated_bytes for r in session.runners.values())
     own = sum(g.runtime.frame().allocated_bytes for g in lm.graphs)
     assert with_scratch <= own - min(needs)  # the smaller graph's values no longer have memory of their own
+
+
+@pytest.mark.parametrize("position", [5, 0, CAPACITY - 1, CAPACITY, 10**9, -7])
+def test_the_decode_attention_reads_only_the_filled_rows_and_clamps_the_position(lm, position):
+    """Rows at and beyond the position hold NaN: a kernel reading any of them would return NaN. A
+    position beyond the cache is refused by the gathers' index checks before the attention runs."""
+    from tvm_hetero.llm import graph_io
+
+    decode = next(g for g in lm.graphs if g.size == 1)
+    inputs = graph_io.sample_inputs(lm.config, CAPACITY, 1)
+    filled = min(max(position, 0), CAPACITY)
+    inputs["positions"][:] = position
+    inputs["cache_mask"][...] = graph_io.MASKED
+    inputs["cache_mask"][..., :filled] = 0.0
+    for name, value in inputs.items():
+        if name.endswith(".k"):
+            value[..., filled:] = np.nan  # keys [1, KV, D, C]
+        elif name.endswith(".v"):
+            value[:, :, filled:] = np.nan  # values [1, KV, C, D]
+        decode.runtime.set_input(name, value)
+    if position >= CAPACITY:
+        with pytest.raises(IndexError, match=f"index {position} at positions\\[0\\] is outside"):
+            decode.runtime.run()
+        return
+    decode.runtime.run()
+    assert np.isfinite(decode.runtime.get_output(0).numpy()).all()
