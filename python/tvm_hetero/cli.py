@@ -726,6 +726,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-p", type=float, default=None, metavar="P",
                      help="with --temperature: the likeliest tokens holding probability P")
     gen.add_argument("--seed", type=int, default=None, help="with --temperature: the sampler's seed")
+    gen.add_argument("--threads", type=int, default=None, metavar="N",
+                     help="threads the kernels run on (default: the runtime's, one per core)")
     debug_flag(gen)
     gen.set_defaults(fn=cmd_generate)
 
@@ -770,6 +772,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"{args.model}: no such directory")
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be at least 1, got {args.threads}")
     exported = (directory / MANIFEST_FILE).is_file()
     if exported and (args.device or args.capacity is not None or args.prefill_chunks is not None or args.weights):
         raise ValueError(f"{args.model} is an exported model: its devices, capacity, chunks and weights were fixed at "
@@ -791,7 +795,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         from .llm.native import NativeGenerator
 
         say(f"loading {directory} (exported; the C++ generation loop)")
-        model = NativeGenerator(directory)
+        model = NativeGenerator(directory, args.threads)
     else:
         from . import llm
         from .llm.builder import DEFAULT_PREFILL_CHUNKS
@@ -804,7 +808,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
             chunks = [c for c in DEFAULT_PREFILL_CHUNKS if c <= capacity] or [capacity]
         say(f"compiling {directory}")
         model = llm.build(str(directory), targets, capacity=capacity, prefill_chunks=chunks, progress=say,
-                          weights=args.weights or "float32")
+                          weights=args.weights or "float32",
+                          device_options=[{"num_threads": args.threads}] if args.threads else None)
     say(f"generating up to {args.max_new_tokens} tokens after a prompt of {len(prompt_ids)}")
     began = time.perf_counter()
     tokens, first_at = [], began

@@ -69,7 +69,10 @@ std::string ReadWholeFile(const std::string& path) {
   return buffer.str();
 }
 
-std::shared_ptr<const LanguageModel> LanguageModel::Load(const std::string& directory) {
+std::shared_ptr<const LanguageModel> LanguageModel::Load(const std::string& directory, int num_threads) {
+  if (num_threads < 0) {
+    TVM_FFI_THROW(ValueError) << directory << ": num_threads must be positive (0: the defaults), got " << num_threads;
+  }
   std::shared_ptr<LanguageModel> model(new LanguageModel());
   model->directory_ = directory;
   std::ifstream probe(directory + "/" + kManifestFile);
@@ -77,7 +80,7 @@ std::shared_ptr<const LanguageModel> LanguageModel::Load(const std::string& dire
     TVM_FFI_THROW(ValueError) << directory << ": not an exported language model (no " << kManifestFile << ")";
   }
   model->ReadManifest(ReadWholeFile(directory + "/" + kManifestFile));
-  model->CreateRuntimes();
+  model->CreateRuntimes(num_threads);
   model->planner_ = std::make_unique<ChunkPlanner>(
       [&] {
         std::vector<int64_t> sizes;
@@ -162,7 +165,7 @@ std::string NamesOnlyBlob(const GraphRuntime& owner) {
 
 }  // namespace
 
-void LanguageModel::CreateRuntimes() {
+void LanguageModel::CreateRuntimes(int num_threads) {
   std::string params_path = directory_ + "/" + kParamsFile;
   std::string params = ReadWholeFile(params_path);
   device_ = files_[0].devices[0];
@@ -178,6 +181,11 @@ void LanguageModel::CreateRuntimes() {
     auto runtime = std::make_unique<GraphRuntime>();
     runtime->Init(ReadWholeFile(graph_path), ffi::Module::LoadFromFile(directory_ + "/" + files_[i].lib),
                   files_[i].devices);
+    if (num_threads > 0) {
+      ExecutorOptions threads;
+      threads.num_threads = num_threads;
+      runtime->SetExecution(ExecutionMode::kSerial, std::vector<ExecutorOptions>(files_[i].devices.size(), threads));
+    }
     if (owner == nullptr) {
       runtime->LoadParams(params, params_path);
       owner = runtime.get();

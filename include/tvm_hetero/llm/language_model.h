@@ -55,8 +55,9 @@ struct EntryGraph {
 /*! \brief An exported language model, loaded (see the file comment). */
 class LanguageModel {
  public:
-  /*! \brief Load and check the directory `directory` (errors name the file). */
-  static std::shared_ptr<const LanguageModel> Load(const std::string& directory);
+  /*! \brief Load and check the directory `directory` (errors name the file); `num_threads` > 0: the
+   *         threads every graph's kernels run on (TVM's pool and oneDNN's OpenMP team), else the defaults. */
+  static std::shared_ptr<const LanguageModel> Load(const std::string& directory, int num_threads = 0);
 
   const DecoderShape& shape() const { return shape_; }
   /*! \brief Tokens the KV cache holds: the prompt plus the new tokens but the last. */
@@ -77,7 +78,7 @@ class LanguageModel {
   /*! \brief Read the configuration, capacity and graph list of the checked manifest. */
   void ReadManifest(const std::string& manifest_text);
   /*! \brief Create every graph's runtime and load the weights once, sharing them. */
-  void CreateRuntimes();
+  void CreateRuntimes(int num_threads);
 
   /*! \brief The directory it was loaded from. */
   std::string directory_;
