@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .errors import last_line
+
 
 def _progress(start: float) -> Callable[[str], None]:
     from .progress import Progress
@@ -226,17 +228,17 @@ def _latencies(runtime, repeat: int) -> list[float]:
 
 def _placement_verdict(artifact) -> str:
     """One line: which devices automatic placement set to work together, or why it kept one."""
-    auto = artifact.build_report.autoplace or {}
-    busy = [row["device"] for row in auto.get("per_device", []) if row["ops"]]
-    check = auto.get("one_device_check") or {}
-    if check.get("kept_one_device"):
-        return (f"choice: everything on {check['device']} -- the split measured "
-                f"{check['split_measured_seconds'] * 1e3:.1f} ms, slower than {check['device']} alone "
-                f"({check['measured_seconds'] * 1e3:.1f} ms) on this machine now")
+    auto = artifact.build_report.autoplace
+    busy = [row.device for row in auto.per_device if row.ops] if auto is not None else []
+    check = auto.one_device_check if auto is not None else None
+    if check is not None and check.kept_one_device:
+        return (f"choice: everything on {check.device} -- the split measured "
+                f"{check.split_measured_seconds * 1e3:.1f} ms, slower than {check.device} alone "
+                f"({check.measured_seconds * 1e3:.1f} ms) on this machine now")
     if len(busy) > 1:
         return f"choice: {' + '.join(busy)} working together (ops and backends per device above)"
-    why = (f"the best split found was predicted {auto['split_predicted_seconds'] * 1e3:.1f} ms, not "
-           f"{auto['min_gain']:.0%} faster" if auto.get("split_predicted_seconds") is not None
+    why = (f"the best split found was predicted {auto.split_predicted_seconds * 1e3:.1f} ms, not "
+           f"{auto.min_gain:.0%} faster" if auto is not None and auto.split_predicted_seconds is not None
            else "no split was predicted faster")
     return f"choice: everything on {busy[0] if busy else 'one device'} -- {why} than that one device alone"
 
@@ -751,8 +753,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def error_line(err: BaseException) -> str:
     """The message of ``err`` on one line: its last non-empty line (TVM errors end with the reason)."""
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    text = lines[-1] if lines else ""
+    text = last_line(err, "")
     if isinstance(err, KeyError) and text.startswith(("'", '"')) and text.endswith(("'", '"')):
         text = text[1:-1]
     return f"{type(err).__name__}: {text}" if text else type(err).__name__

@@ -24,10 +24,11 @@ def _build(model, **kwargs):
 
 @pytest.mark.slow
 def test_ops_qnn_accepts_but_the_cost_choice_moves_back_are_reported_as_accepted(monkeypatch) -> None:
+    from tvm_hetero.placement_judgement import MEASURED_ON_A_DEVICE, Cost
     from tvm_hetero.qnn import costs as htp_costs
 
     # A device cost table that makes every HTP graph call slower than the host.
-    monkeypatch.setattr(htp_costs, "graph_seconds", lambda key, cycles, options: (1.0, "measured on a device"))
+    monkeypatch.setattr(htp_costs, "graph_seconds", lambda key, cycles, options: Cost(1.0, MEASURED_ON_A_DEVICE))
     art = _build(models.conv_relu_conv(), placement="auto")
     htp = art.build_report.offload
     assert htp["graph_executions"] == 0 and not htp["regions"]

@@ -26,6 +26,7 @@ from ..devices import devices as discover_devices
 from ..graph import Graph
 from ..ir.fold_constant_ops import FoldConstantOps
 from ..kind_record import resolve
+from .autoplace.explanation import AutoplaceReport
 from .copies import copy_stats, insert_copies, shared_edges
 from .kernel_libraries import DeviceLibrary, compile_kernel_libraries
 from .lower import LoweredGraph, lower_to_graph
@@ -68,8 +69,8 @@ class BuildReport:
     backend_regions: list[tuple[str, int, int, int]] = field(default_factory=list)
     # tensors read in place on another device that shares memory (no copy)
     shared_edges: int = 0
-    # placement="auto": the choice explained (compiler/autoplace/measured.py), else None
-    autoplace: dict | None = None
+    # placement="auto": the choice explained (compiler/autoplace/explanation.py), else None
+    autoplace: AutoplaceReport | None = None
     # why a default backend did not run (e.g. the library was built without it)
     backend_notes: list[str] = field(default_factory=list)
     # an accelerator reached through a vendor's SDK among the devices: what its vendor refused and
@@ -81,8 +82,16 @@ class BuildReport:
     # a convolution or matmul no backend took because its weight is computed: one line each, why
     backend_declined: list[str] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        if isinstance(self.autoplace, dict):  # read back from an artifact's manifest
+            self.autoplace = AutoplaceReport.from_dict(self.autoplace)
+
     def to_dict(self) -> dict:
-        return dict(self.__dict__)
+        """The JSON form (the artifact's manifest)."""
+        doc = dict(self.__dict__)
+        if self.autoplace is not None:
+            doc["autoplace"] = self.autoplace.to_dict()
+        return doc
 
     def __str__(self) -> str:
         lines = ["tvm-hetero build report"]
@@ -283,8 +292,8 @@ def build(
         # A block (regions joined after the choice) counts as the regions it runs.
         formed = sum(len(region.spec["steps"]) if region.pattern == "block" else 1
                      for node in lowered.graph.nodes if (region := lowered.regions.get(node.func_name)))
-        if formed != auto.explanation["regions_chosen"]:  # the choice checked against what was built
-            report.autoplace["regions_formed"] = formed
+        if formed != auto.explanation.regions_chosen:  # the choice checked against what was built
+            report.autoplace.regions_formed = formed
     return compiled
 
 

@@ -58,9 +58,8 @@ def explain(offload: dict, devices: list[str]) -> list[str]:
     if offload.get("auto"):
         lines.append(f"  {device} automatic placement (each group: one call of its {vendor} graph against the host "
                      "computing it, measured on the host):")
-    for row in offload.get("auto") or []:
-        lines.append(f"    {row['region']} ({row['ops']} ops, key {row['key'][:12]}): {device} "
-                     f"{row['device_seconds'] * 1e3:.3f} ms ({row['device_source']}), host {row['host_seconds'] * 1e3:.3f} ms: "
+    for row in offload.get("auto") or []:  # auto_placement.GroupChoice.to_dict()
+        lines.append(f"    {row['region']} ({row['ops']} ops, key {row['key'][:12]}): {row['verdict']}: "
                      f"{f'stays on the {device}' if row['on_device'] else 'moved to the host'}")
     modeled = offload.get("modeled")
     if modeled:

@@ -13,7 +13,7 @@ A vendor package names one module (its backend's ``sdk``, a dotted module path) 
 - ``profiled_cycles(model, options, feeds) -> (cycles, microseconds)``: NaNs where it has no profile.
 
 A cost module (the backend's ``costs``; optional) has ``graph_key(model, options) -> str``,
-``graph_seconds(key, cycles, options) -> (seconds, source)`` and ``modeled(options, cycles, calls) ->
+``graph_seconds(key, cycles, options) -> placement_judgement.Cost`` (seconds, labelled) and ``modeled(options, cycles, calls) ->
 dict`` (``seconds``, ``cycles``, ``calls``, ...): the accelerator's time, never an emulator's wall time. Everything is looked up by name, so a child process can import it too.
 """
 

@@ -29,6 +29,7 @@ import numpy as np
 from ..compiler import build as compiler_build
 from ..graph import Graph
 from ..kind_record import resolve
+from ..sample_inputs import sample_values
 from .backend import RegionRefused
 from .capability_probe import FP16_SMALLEST_NORMAL, underflow_hint
 from .onnx_regions import step_of_node
@@ -78,7 +79,7 @@ def build_verified(mod: Any, targets: Any, placement: Any, args: tuple, kwargs: 
         artifact = wrap(compiled)
         offload = artifact.build_report.offload if artifact.build_report else None
         if offload and decided is not None:
-            offload["auto"] = decided
+            offload["auto"] = [choice.to_dict() for choice in decided]
         if not verify or not offload or not offload["regions"]:
             return artifact
         # The gate runs once, on the first build the vendor finalizes whole: moving a group back re-forms the
@@ -117,14 +118,13 @@ def build_verified(mod: Any, targets: Any, placement: Any, args: tuple, kwargs: 
                 from .auto_placement import decide
 
                 say(f"automatic placement: each {offload['device']} group's call against the host computing it")
-                decided = offload["auto"] = decide(artifact, offload, checks, host_target)
-                slower = [row for row in decided if not row["on_device"]]
-                for row in slower:
-                    region = next(r for r in offload["regions"] if r["name"] == row["region"])
+                decided = decide(artifact, offload, checks, host_target)
+                offload["auto"] = [choice.to_dict() for choice in decided]
+                slower = [choice for choice in decided if not choice.on_device]
+                for choice in slower:
+                    region = next(r for r in offload["regions"] if r["name"] == choice.region)
                     for key in region["bindings"]:
-                        exclude[key] = (f"auto: the host computes it in {row['host_seconds'] * 1e3:.3f} ms (measured), "
-                                        f"the {offload['device']} in {row['device_seconds'] * 1e3:.3f} ms "
-                                        f"({row['device_source']})")
+                        exclude[key] = f"auto: {choice.verdict.explain()}"
                 if slower:
                     continue
             return artifact
@@ -205,16 +205,9 @@ def _sample_inputs(artifact: Any, calibration: Any) -> dict[str, np.ndarray]:
     if calibration is not None:
         first = calibration[0] if isinstance(calibration, (list, tuple)) else calibration
         return {k: np.asarray(v) for k, v in first.items()}
-    rng = np.random.default_rng(0)
-    out = {}
-    for name, (shape, dtype) in Graph.from_json(artifact.graph_json).inputs().items():
-        if name not in artifact.input_names or name in artifact.params:
-            continue
-        if dtype.startswith("float"):
-            out[name] = rng.standard_normal(shape).astype(dtype)
-        else:
-            out[name] = rng.integers(0, 8, size=shape).astype(dtype)
-    return out
+    found = Graph.from_json(artifact.graph_json).inputs().items()
+    return sample_values({name: spec for name, spec in found
+                          if name in artifact.input_names and name not in artifact.params}, default_bound=8)
 
 
 def _verify(artifact: Any, inputs: dict[str, np.ndarray]) -> dict:

@@ -19,6 +19,7 @@ import math
 import os
 
 from ..cache_dir import cache_root
+from ..placement_judgement import MEASURED_ON_A_DEVICE, MODELED, Cost
 from .ep import CALL_SECONDS, read_profile, us_per_cycle
 
 
@@ -73,15 +74,15 @@ def import_costs(path: str, key: str | None = None) -> dict[str, dict]:
     return added
 
 
-def graph_seconds(key: str, cycles: float, options: dict) -> tuple[float, str]:
-    """One call of a graph on the device: ``(seconds, where the figure comes from)``."""
+def graph_seconds(key: str, cycles: float, options: dict) -> Cost:
+    """One call of a graph on the device, labelled with where the figure comes from."""
     entry = device_table().get(key)
     if entry is not None:
-        return float(entry["seconds"]) + CALL_SECONDS, f"measured on a device ({entry.get('source', 'table')})"
+        return Cost(float(entry["seconds"]) + CALL_SECONDS, MEASURED_ON_A_DEVICE, entry.get("source", "table"))
     if math.isnan(cycles):  # the graph was not profiled
         raise ValueError(f"HTP graph {key[:12]}: no device cost and no cycle count to model one from")
     factor, source = us_per_cycle(options)
-    return cycles * factor * 1e-6 + CALL_SECONDS, f"modeled: {cycles / 1e6:.1f} M cycles x {factor:.3g} us ({source})"
+    return Cost(cycles * factor * 1e-6 + CALL_SECONDS, MODELED, f"{cycles / 1e6:.1f} M cycles x {factor:.3g} us ({source})")
 
 
 
