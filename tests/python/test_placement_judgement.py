@@ -85,15 +85,19 @@ def test_the_offload_placement_judges_each_group_device_against_measured_host(mo
 
 
 class _EqualCosts:
-    """Every kernel 1 ms on either CPU; built graphs measure ``seconds`` whatever their placement."""
-
-    blocks_cost_their_steps = True
+    """Every kernel, and every step of a block, 1 ms on either CPU; built graphs measure ``seconds``
+    whatever their placement."""
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
 
     def kernel_seconds(self, jobs):
-        return [[1e-3 for _call in job.calls] for job in jobs]
+        return [[1e-3 * self._steps(job, call.func_name) for call in job.calls] for job in jobs]
+
+    @staticmethod
+    def _steps(job, name: str) -> int:
+        blocks = [r for _backend, regions in job.externals for r in regions if r.name == name and r.pattern == "block"]
+        return len(blocks[0].spec["steps"]) if blocks else 1
 
     def latency_seconds(self, _artifact, _device_options=None) -> float:
         return self.seconds

@@ -36,7 +36,8 @@ def accelerator_seconds(graph: Any) -> tuple[float, str]:
     if len(graph.accelerator_models) == 1:  # one graph: the device table may hold its measured cost
         (model,) = graph.accelerator_models.values()
         key = resolve(offload["costs"] + ":graph_key")(model, offload["options"])
-        return resolve(offload["costs"] + ":graph_seconds")(key, modeled["cycles"], offload["options"])
+        cost = resolve(offload["costs"] + ":graph_seconds")(key, modeled["cycles"], offload["options"])
+        return cost.seconds, cost.source + (f": {cost.detail}" if cost.detail else "")
     return modeled["seconds"], (f"modeled: {modeled['cycles'] / 1e6:.1f} M cycles x {modeled['us_per_cycle']:.3g} us "
                                 f"+ {modeled['calls']} call(s)")
 
