@@ -9,6 +9,7 @@ import tvm_hetero
 from tvm_hetero import build_driver, placement_judgement
 from tvm_hetero.compiler.autoplace import as_built
 from tvm_hetero.ep_offload import auto_placement
+from tvm_hetero.ep_offload.offload_report import OffloadRegion, OffloadReport
 from tvm_hetero.placement_judgement import MEASURED, MEASURED_ON_A_DEVICE, MODELED, Cost, Verdict, judge
 from tvm_hetero.testing import models
 
@@ -66,8 +67,11 @@ def _offload_decision(monkeypatch, host_seconds: dict[bytes, float]) -> list[aut
     monkeypatch.setattr(auto_placement, "resolve", lambda name: costs[name.rsplit(":", 1)[1]])
     monkeypatch.setattr(auto_placement, "host_time", lambda model, _target: host_seconds[model])
     monkeypatch.setattr(auto_placement, "judge", spy)
-    offload = {"costs": "vendor.costs", "device": "NPU", "options": {},
-               "regions": [{"name": "g0", "ops": 3}, {"name": "g1", "ops": 5}]}
+    offload = OffloadReport(backend="npu", vendor="Vendor", device="NPU", sdk="vendor.sdk", costs="vendor.costs",
+                            elements_per_call=0, options={}, options_text="", process="same", asked=8, accepted=8,
+                            refused=[], in_context=0, regions=[OffloadRegion("g0", 3, 1, ["a"]),
+                                                               OffloadRegion("g1", 5, 1, ["b"])],
+                            graph_executions=2, excluded={}, unplaced=[], flops=0.0, flops_on_device=0.0)
     choices = auto_placement.decide(_Artifact(), offload, {"g0": _Check(), "g1": _Check()}, TWO_CPUS[0])
     assert len(calls) == 2, "every group is judged by placement_judgement.judge"
     return choices
@@ -77,9 +81,10 @@ def test_the_offload_placement_judges_each_group_device_against_measured_host(mo
     host_wins, device_wins = _offload_decision(monkeypatch, {b"group zero": 0.4e-3, b"group one": 3e-3})
     assert not host_wins.on_device and device_wins.on_device
     assert host_wins.verdict.baseline == Cost(0.4e-3, MEASURED, f"the fastest of {auto_placement.HOST_RUNS} runs")
-    row = host_wins.to_dict()  # the report's and manifest's form
+    row = host_wins.to_dict()  # the report's and manifest's form, read back whole
     assert row["device_source"] == "modeled: 4.0 M cycles" and row["host_source"].startswith("measured")
     assert row["on_device"] is False and row["verdict"].endswith("the host kept")
+    assert auto_placement.GroupChoice.from_dict(row) == host_wins
     (tie,) = _offload_decision(monkeypatch, {b"group zero": 1e-3, b"group one": 1e-3})[:1]
     assert not tie.on_device, "a tie goes to the host"
 

@@ -49,6 +49,10 @@ def format_size(nbytes: int) -> str:
     return f"{nbytes} B"
 
 
+#: An accelerator report's type where a manifest written before reports named theirs.
+OFFLOAD_REPORT = "tvm_hetero.ep_offload.offload_report:OffloadReport"
+
+
 @dataclass
 class BuildReport:
     """What the compiler decided, for :meth:`Artifact.report`."""
@@ -74,8 +78,10 @@ class BuildReport:
     # why a default backend did not run (e.g. the library was built without it)
     backend_notes: list[str] = field(default_factory=list)
     # an accelerator reached through a vendor's SDK among the devices: what its vendor refused and
-    # why, its graphs, their verification; its "explain" names the function that writes its lines
-    offload: dict | None = None
+    # why, its graphs, their verification (its backend's report, e.g. ep_offload's OffloadReport:
+    # ``explain`` names the function writing its lines, ``to_dict()`` its JSON form, which names
+    # its type under "report_type" to be read back)
+    offload: Any | None = None
     # (op name, relax op, placed device, run device, backend) for each op a backend pinned to a
     # device took from the device the placement gave it
     moved_by_backend: list[tuple[str, str, int, int, str]] = field(default_factory=list)
@@ -85,12 +91,16 @@ class BuildReport:
     def __post_init__(self) -> None:
         if isinstance(self.autoplace, dict):  # read back from an artifact's manifest
             self.autoplace = AutoplaceReport.from_dict(self.autoplace)
+        if isinstance(self.offload, dict):
+            self.offload = resolve(self.offload.get("report_type", OFFLOAD_REPORT)).from_dict(self.offload)
 
     def to_dict(self) -> dict:
         """The JSON form (the artifact's manifest)."""
         doc = dict(self.__dict__)
         if self.autoplace is not None:
             doc["autoplace"] = self.autoplace.to_dict()
+        if self.offload is not None:
+            doc["offload"] = self.offload.to_dict()
         return doc
 
     def __str__(self) -> str:
@@ -141,7 +151,7 @@ class BuildReport:
         else:
             lines.append("  fallbacks: none")
         if self.offload:  # its backend's own section, by the explainer its summary names
-            lines.extend(resolve(self.offload["explain"])(self.offload, self.devices))
+            lines.extend(resolve(self.offload.explain)(self.offload, self.devices))
         if self.autoplace:
             from .autoplace.report import explain
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..kind_record import resolve
-from ..placement_judgement import MEASURED, Cost, Verdict, judge
+from ..placement_judgement import MEASURED, MEASURED_ON_A_DEVICE, MODELED, Cost, Verdict, judge
 from .child_process import run_once
 
 #: Timed runs of a group on the host (after one warm-up); the fastest is its cost.
@@ -52,30 +52,50 @@ class GroupChoice:
         return {"region": self.region, "ops": self.ops, "key": self.key,
                 "device_seconds": device.seconds, "device_source": _label(device),
                 "host_seconds": host.seconds, "host_source": _label(host), "on_device": self.on_device,
-                "verdict": self.verdict.explain()}
+                "verdict": self.verdict.explain(), "judgement": self.verdict.to_dict()}
+
+    @classmethod
+    def from_dict(cls, doc: dict) -> GroupChoice:
+        """The inverse of :meth:`to_dict` (an exported artifact's report; one exported before the
+        judgement was kept whole gives it back from its figures and labels)."""
+        if "judgement" in doc:
+            return cls(doc["region"], doc["ops"], doc["key"], Verdict.from_dict(doc["judgement"]))
+        device = _cost(doc["device_seconds"], doc["device_source"])
+        host = _cost(doc["host_seconds"], doc.get("host_source", MEASURED))
+        return cls(doc["region"], doc["ops"], doc["key"], Verdict("the device", device, "the host", host, 0.0,
+                                                                  bool(doc["on_device"])))
 
 
 def _label(cost: Cost) -> str:
     return cost.source + (f": {cost.detail}" if cost.detail else "")
 
 
-def decide(artifact: Any, offload: dict, checks: dict, host_target: Any) -> list[GroupChoice]:
-    """Per group its two costs and whether it stays on the device."""
-    if not offload.get("costs"):
-        raise ValueError(f"placement='auto': the {offload['device']}'s backend has no cost model to weigh its "
+def _cost(seconds: float, label: str) -> Cost:
+    """A cost from an older manifest's label (``"modeled: ..."``, ``"measured on a device (...)"``)."""
+    source = next((s for s in (MEASURED_ON_A_DEVICE, MODELED, MEASURED) if label.startswith(s)), None)
+    if source is None:
+        raise ValueError(f"automatic placement report: a cost labelled {label!r}")
+    return Cost(seconds, source, label[len(source):].strip(" :()"))
+
+
+def decide(artifact: Any, offload: Any, checks: dict, host_target: Any) -> list[GroupChoice]:
+    """Per group of ``offload`` (the build's :class:`~.offload_report.OffloadReport`) its two costs
+    and whether it stays on the device."""
+    if not offload.costs:
+        raise ValueError(f"placement='auto': the {offload.device}'s backend has no cost model to weigh its "
                          "groups with")
-    graph_key, graph_seconds = resolve(offload["costs"] + ":graph_key"), resolve(offload["costs"] + ":graph_seconds")
+    graph_key, graph_seconds = resolve(offload.costs + ":graph_key"), resolve(offload.costs + ":graph_seconds")
     choices = []
-    for region in offload["regions"]:
-        model = artifact.offload_references.get(region["name"])
+    for region in offload.regions:
+        model = artifact.offload_references.get(region.name)
         if model is None:
-            raise RuntimeError(f"automatic placement: {offload['device']} graph {region['name']} has no ONNX form to time on the host")
-        check = checks.get(region["name"])
-        key = graph_key(model, offload["options"])
-        device = graph_seconds(key, check.cycles if check else float("nan"), offload["options"])
+            raise RuntimeError(f"automatic placement: {offload.device} graph {region.name} has no ONNX form to time on the host")
+        check = checks.get(region.name)
+        key = graph_key(model, offload.options)
+        device = graph_seconds(key, check.cycles if check else float("nan"), offload.options)
         host = Cost(host_time(model, host_target), MEASURED, f"the fastest of {HOST_RUNS} runs")
-        verdict = judge(device, host, candidate_name=f"the {offload['device']}", baseline_name="the host")
-        choices.append(GroupChoice(region["name"], region["ops"], key, verdict))
+        verdict = judge(device, host, candidate_name=f"the {offload.device}", baseline_name="the host")
+        choices.append(GroupChoice(region.name, region.ops, key, verdict))
     return choices
 
 

@@ -19,6 +19,7 @@ import math
 import os
 
 from ..cache_dir import cache_root
+from ..ep_offload.sdk import ModeledLatency
 from ..placement_judgement import MEASURED_ON_A_DEVICE, MODELED, Cost
 from .ep import CALL_SECONDS, read_profile, us_per_cycle
 
@@ -86,9 +87,8 @@ def graph_seconds(key: str, cycles: float, options: dict) -> Cost:
 
 
 
-def modeled(options: dict, cycles: float, calls: int) -> dict:
+def modeled(options: dict, cycles: float, calls: int) -> ModeledLatency:
     """The HTP's modeled time per inference: its cycles (QNN's profile) times the device's us per
     cycle, plus a fixed cost per graph call. Never the emulator's wall time."""
     factor, source = us_per_cycle(options)
-    return {"cycles": cycles, "us_per_cycle": factor, "factor_source": source, "calls": calls,
-            "call_seconds": CALL_SECONDS, "seconds": cycles * factor * 1e-6 + calls * CALL_SECONDS}
+    return ModeledLatency(cycles * factor * 1e-6 + calls * CALL_SECONDS, cycles, factor, source, calls, CALL_SECONDS)
