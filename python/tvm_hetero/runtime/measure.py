@@ -1,4 +1,5 @@
-"""Measuring kernels as a pipeline stage's worker runs them: thread pinning and per-node profiles."""
+"""Measuring kernels as a pipeline stage's worker runs them (thread pinning, per-node profiles), and the
+one timing loop of repeated calls (:func:`wall_times`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import tvm
 import tvm_ffi
 
