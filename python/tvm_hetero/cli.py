@@ -629,6 +629,13 @@ def build_parser() -> argparse.ArgumentParser:
                             "(comma-separated) with THREADS threads (default: one per core), "
                             "e.g. --cluster 0=0 --cluster 1=1")
 
+    def artifact_flags(p, input_help: str):
+        """The artifact directory and its inputs' values, then the execution and debug flags."""
+        p.add_argument("artifact", help="a directory written by compile (or by PipelineArtifact.export)")
+        p.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy", help=input_help)
+        execution_flags(p)
+        debug_flag(p)
+
     def placement_flags(p):
         p.add_argument("--device", action="append", default=[], metavar="DEV=TARGET",
                        help="device and its target, primary first (default: cpu:0=llvm, then cuda:0 or cpu:1)")
@@ -681,27 +688,19 @@ def build_parser() -> argparse.ArgumentParser:
     comp.set_defaults(fn=cmd_compile)
 
     run = sub.add_parser("run", help="run an artifact or pipeline directory")
-    run.add_argument("artifact", help="a directory written by compile (or by PipelineArtifact.export)")
-    run.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
-                     help="an input's value (repeatable); inputs not given get seeded random values")
+    artifact_flags(run, "an input's value (repeatable); inputs not given get seeded random values")
     run.add_argument("--repeat", type=int, default=5, metavar="N",
                      help="timed runs after one warm-up (a pipeline: inferences streamed) (default 5)")
     run.add_argument("--save", metavar="DIR", help="save outputs as DIR/output_<i>.npy (DIR is created)")
     run.add_argument("--trace", metavar="FILE.json", help="write a Chrome trace (Perfetto) of one run")
-    execution_flags(run)
-    debug_flag(run)
     run.set_defaults(fn=cmd_run)
 
     insp = sub.add_parser("inspect", help="placement, groups, copies and memory of an artifact (or a "
                                           "pipeline's stages)")
-    insp.add_argument("artifact", help="a directory written by compile (or by PipelineArtifact.export)")
+    artifact_flags(insp, "with --timeline: an input's value (repeatable; others get seeded random values)")
     insp.add_argument("--dot", metavar="FILE", help="write a Graphviz picture coloured by device")
     insp.add_argument("--timeline", metavar="FILE.png", help="run once and draw a Gantt picture per device "
                       "(needs matplotlib)")
-    insp.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
-                      help="with --timeline: an input's value (repeatable; others get seeded random values)")
-    execution_flags(insp)
-    debug_flag(insp)
     insp.set_defaults(fn=cmd_inspect)
 
     board = sub.add_parser("board", help="how to start the offload server on an ARM board (or the emulated one)")
