@@ -65,7 +65,9 @@ def test_the_new_kind_runs_its_graph_through_the_generic_path(tmp_path, register
     report = art.report()
     assert "accepted by ORT-CPU" in report and "placed on the TESTACC" in report and "ort-cpu-test:0" in report
     art.export(tmp_path / "a")  # its graphs travel in the artifact and open without the build
-    again, _ = _run(tvm_hetero.load(tmp_path / "a"), inputs)
+    loaded = tvm_hetero.load(tmp_path / "a")
+    assert loaded.build_report.offload == offload  # the manifest's JSON form reads back to the same report
+    again, _ = _run(loaded, inputs)
     np.testing.assert_array_equal(again, out)
 
 
