@@ -235,8 +235,6 @@ def _create_and_run(model: Any, inputs: dict[str, np.ndarray], options: dict[str
     """Fill ``result``; failures (session refused, run failed) go to ``result.error``."""
     import onnxruntime as ort
 
-    from ..runtime.measure import wall_times
-
     try:
         start = time.perf_counter()
         session = accelerator_session(model, options, disable_cpu_fallback, log_severity=0, threads=threads)
@@ -247,10 +245,10 @@ def _create_and_run(model: Any, inputs: dict[str, np.ndarray], options: dict[str
         run_options = ort.RunOptions()
         for _ in range(warmup):
             session.run(None, inputs, run_options)
-        def run() -> None:
+        for _ in range(max(repeat, 1)):
+            start = time.perf_counter()
             result.outputs = session.run(None, inputs, run_options)
-
-        result.times.extend(wall_times(run, max(repeat, 1)))
+            result.times.append(time.perf_counter() - start)
         result.seconds = statistics.median(result.times)
         result.ran = True
     except Exception as exc:  # noqa: BLE001 (reported, not raised: whatever ORT or the plugin raised)
