@@ -146,7 +146,7 @@ def judge_candidates(judge: Judge, model: CostModel, split: Sequence[int],
     """Judge as built every single-device placement (each unit's fastest variant; every region the
     backends form there), the solver's ``split`` (both ways), and the split solved on the
     block-aware model (:func:`block_aware_model`, calibrated on the single-device builds); keep the
-    best split only if it is predicted ``min_gain`` faster than the best single device. Returns the
+    best split only if it is predicted more than ``min_gain`` faster than the best single device. Returns the
     decision as JSON: its label, assignment and variants, every candidate's predicted seconds and
     details, and the best split's prediction where a single device was kept."""
     num_units, num_devices = model.num_kernels, model.num_devices

@@ -22,7 +22,7 @@ Steps (:func:`choose_placement`):
    blocks: with the build's lowering at hand (``lower``), the solver's split and every
    single-device placement are lowered as built and predicted on their own kernels and blocks
    (:mod:`.as_built`), a split corrected for blocks is solved and judged too, and a split is kept
-   only if it is predicted ``min_gain`` (5%) faster than the best single device (its gain would
+   only if it is predicted more than ``min_gain`` (5%) faster than the best single device (its gain would
    otherwise be within the model's unmodelled costs and the noise). Without ``lower`` the same
    rule is applied to the unit model's predictions;
 7. every op gets its unit's device; an op folded at build time (no unit) goes with a unit that
