@@ -117,9 +117,9 @@ def _built_graph_latency(artifact: Artifact, measure_latency: Any, kwargs: dict)
 def _one_device_if_faster(artifact: Artifact, mod: Any, targets: Any, args: tuple, kwargs: dict,
                           measure_latency: Any) -> Artifact:
     """The build checks its own choice: a split over devices is kept only if it measures faster than
-    (:func:`~tvm_hetero.placement_judgement.judge`; a tie goes to the one device)
     the default build with everything on the local device predicted best (the prediction, judged
-    on kernels and blocks, can still miss what only a run shows). Otherwise that build is returned,
+    on kernels and blocks, can still miss what only a run shows), judged by
+    :func:`~tvm_hetero.placement_judgement.judge` (a tie goes to the one device). Otherwise that build is returned,
     its report saying why. The verdict is kept in the cost cache under the decision's key, so a
     rebuild makes the same choice with one build."""
     from .compiler.autoplace.cost_cache import open_cache
