@@ -43,11 +43,11 @@ def test_the_prefill_bucket_runs_its_matmuls_as_qnn_graphs(prefill_on_htp):
     (prefill,) = [g for g in prefill_on_htp.graphs if g.phase == "prefill"]
     assert decode.offload is None and decode.accelerator_executions == 0
     offload = prefill.offload
-    assert offload["device"] == "HTP" and offload["regions"]
-    assert offload["flops_on_device"] >= 0.9 * offload["flops"]  # the target: >= 90% of matmul FLOPs
-    assert all(check["ok"] for check in offload["verification"]["regions"])
+    assert offload.device == "HTP" and offload.regions
+    assert offload.flops_on_device >= 0.9 * offload.flops  # the target: >= 90% of matmul FLOPs
+    assert all(check.ok for check in offload.verification.regions)
     # every op QNN refused is reported with its reason (and runs on the CPU)
-    assert all(r["reason"] for r in offload["refused"])
+    assert all(r.reason for r in offload.refused)
 
 
 def test_prefill_on_the_htp_and_decode_on_the_cpu_give_the_all_cpu_tokens(prefill_on_htp, llama_model):
@@ -119,7 +119,7 @@ def test_both_phases_on_the_htp_match_the_cpu_tokens_with_one_htp_execution_per_
     lm = llm.build(model, [CPU, "qnn-htp"], capacity=CAPACITY, prefill_chunks=CHUNKS, check_tokens=CHECK_TOKENS)
     for graph in lm.graphs:
         offload = graph.offload
-        assert offload and offload["flops_on_device"] >= 0.9 * offload["flops"], (arch, graph.size)
+        assert offload and offload.flops_on_device >= 0.9 * offload.flops, (arch, graph.size)
     assert lm.phase_check["decode"]["agreement"] == CHECK_TOKENS
     prompt = prompt_of(13, lm.config.vocab_size)
     assert lm.generate(prompt, 8) == reference_tokens(model, prompt, 8)
