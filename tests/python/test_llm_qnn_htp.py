@@ -7,7 +7,11 @@ emulator's runs stay short."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -15,6 +19,9 @@ import tvm
 from test_llm import prompt_of, reference_tokens, tiny_model
 from tvm_hetero import llm
 from tvm_hetero.llm.graph_io import key_cache_shape
+from tvm_hetero.llm.native import NativeGenerator
+from tvm_hetero.llm.packed_outputs import packed_layout
+from tvm_hetero.native import LOADED_LIBRARY
 from tvm_hetero.qnn import ep as qnn_ep
 
 pytestmark = pytest.mark.skipif(not qnn_ep.available(),
@@ -24,6 +31,12 @@ CPU = (tvm.cpu(0), "llvm")
 CAPACITY = 64
 CHUNKS = (8,)
 CHECK_TOKENS = 8
+
+
+def qnn_device_type() -> int:
+    from tvm_hetero.qnn import KIND
+
+    return int(KIND.device_type)
 
 
 @pytest.fixture(scope="module")
@@ -167,9 +180,83 @@ def test_a_session_prefilling_on_the_htp_beside_one_decoding_on_the_cpu_matches_
         np.testing.assert_array_equal(got, expected)
 
 
-def test_exporting_a_model_with_htp_graphs_is_a_clear_error(prefill_on_htp, tmp_path):
-    with pytest.raises(ValueError, match=r"graphs of \[8\] row\(s\) were built for an accelerator"):
-        prefill_on_htp.export(tmp_path / "out")
+@pytest.fixture(scope="module")
+def htp_export(prefill_on_htp, tmp_path_factory):
+    return prefill_on_htp.export(tmp_path_factory.mktemp("htp_export") / "out")
+
+
+def test_an_export_with_htp_graphs_loads_with_the_same_tokens_report_and_stats(prefill_on_htp, htp_export):
+    manifest = json.loads((htp_export / "manifest.json").read_text())
+    (entry,) = [e for e in manifest["graphs"] if e["phase"] == "prefill"]
+    assert [t for t, _ in entry["devices"]] == [tvm.cpu(0).dlpack_device_type(), qnn_device_type()]
+    assert entry["packed_layout"] == [[o, list(s)] for o, s in packed_layout(prefill_on_htp.config, 8)]
+    assert manifest["phase_check"]["decode"]["agreement"] == CHECK_TOKENS
+    loaded = llm.load(htp_export)
+    for length in (5, 13):
+        prompt = prompt_of(length, loaded.config.vocab_size)
+        assert loaded.generate(prompt, 12) == prefill_on_htp.generate(prompt, 12)
+    (prefill,) = [g for g in loaded.graphs if g.phase == "prefill"]
+    assert prefill.packed and prefill.accelerator_executions == 1
+    assert loaded.phase_check == prefill_on_htp.phase_check
+    stats = loaded.stats()
+    assert stats["prefill"]["calls"] == 3 and stats["prefill"]["accelerator_graph_executions"] == 3  # 1 + 2 chunks
+    assert stats["decode"]["accelerator_graph_executions"] == 0
+    report = loaded.report()
+    assert "HTP: 1 graph execution(s) per call" in report and f"greedy agreement {CHECK_TOKENS}/{CHECK_TOKENS}" in report
+
+
+def test_loading_an_export_finalizes_no_htp_graph(prefill_on_htp, htp_export, monkeypatch):
+    """The exported library holds each region's finalized QNN context: a load opens it and compiles
+    nothing (QNN's finalize is never called, and every model opened is a context, never a graph)."""
+    import onnx
+
+    finalized, opened = [], []
+    open_session, finalize = qnn_ep.accelerator_session, qnn_ep.finalize
+    monkeypatch.setattr(qnn_ep, "finalize", lambda *a, **k: finalized.append(1) or finalize(*a, **k))
+    monkeypatch.setattr(qnn_ep, "accelerator_session", lambda model, *a, **k: opened.append(model) or
+                        open_session(model, *a, **k))
+    loaded = llm.load(htp_export)
+    prompt = prompt_of(13, loaded.config.vocab_size)
+    assert loaded.generate(prompt, 4) == prefill_on_htp.generate(prompt, 4)
+    assert not finalized and len(opened) == 1  # one region, opened once
+    nodes = onnx.load_from_string(opened[0]).graph.node
+    assert [n.op_type for n in nodes] == ["EPContext"]
+    assert {a.name: a.i for a in nodes[0].attribute if a.name == "embed_mode"} == {"embed_mode": 1}
+    # opening the context is faster than compiling the plain graph it came from (the build's work)
+    (prefill,) = [g for g in prefill_on_htp.graphs if g.phase == "prefill"]
+    (plain,) = prefill.accelerator_models.values()
+    options = prefill.offload["options"]
+    compile_s = min(_seconds(open_session, plain, options) for _ in range(3))
+    open_s = min(_seconds(open_session, opened[0], options) for _ in range(3))
+    assert open_s < compile_s, (open_s, compile_s)
+
+
+def _seconds(fn, *args):
+    start = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - start
+
+
+def test_the_cpp_loop_generates_from_an_export_with_packed_outputs(prefill_on_htp, htp_export):
+    """The C++ loop (src/llm/) binds the HTP graph's packed output; its regions run through the vendor
+    runner this Python process registers."""
+    native = NativeGenerator(htp_export)
+    for length in (5, 13):
+        prompt = prompt_of(length, native.vocab_size)
+        assert native.generate(prompt, 10) == prefill_on_htp.generate(prompt, 10)
+
+
+def test_the_cpp_only_loader_names_what_an_htp_region_needs(htp_export):
+    """Without Python's vendor runner (the C++-only deploy path), loading is an error naming the region
+    and what runs it, never a crash."""
+    script = ("import ctypes, sys, tvm, tvm_ffi\n"
+              "ctypes.CDLL(sys.argv[1], ctypes.RTLD_GLOBAL)\n"
+              "try:\n    tvm_ffi.get_global_func('tvm_hetero.llm.load')(sys.argv[2])\n"
+              "except Exception as err:\n    print(err); sys.exit(3)\n")
+    ran = subprocess.run([sys.executable, "-c", script, LOADED_LIBRARY, str(htp_export)], capture_output=True,
+                         text=True, timeout=300)
+    assert ran.returncode == 3, ran.stderr[-2000:]
+    assert "accelerator region" in ran.stdout and "reaches only from Python" in ran.stdout
 
 
 def test_decode_placed_by_cost_compares_labelled_figures_and_runs_on_the_cheaper_side(llama_model):
