@@ -278,3 +278,19 @@ def test_decode_placed_by_cost_compares_labelled_figures_and_runs_on_the_cheaper
 def test_an_unknown_decode_placement_is_a_clear_error(llama_model):
     with pytest.raises(ValueError, match="decode_placement must be 'targets' or 'cost'"):
         llm.build(llama_model, [CPU], capacity=CAPACITY, prefill_chunks=CHUNKS, decode_placement="fastest")
+
+
+def test_the_demo_prefills_a_decoder_on_the_htp_and_decodes_on_the_cpu_beside_the_peer(capsys):
+    """`tvm-hetero demo-htp --part decoder` (scripts/demo.sh's last part): each phase's device, HTP
+    executions per chunk and per token, errors and speed, the tokens against transformers', the peer."""
+    from tvm_hetero.cli import main
+
+    assert main(["demo-htp", "--part", "decoder"]) == 0
+    out = capsys.readouterr().out
+    assert "prefill on cpu:0 + qnn-htp:0: 2 call(s), 1 HTP graph execution(s) per chunk of 8 (2 in all)" in out
+    assert "decode  on cpu:0: 15 call(s), 0 HTP graph execution(s) per token (0 in all)" in out
+    assert "tok/s modeled on the HTP" in out and "tok/s measured here" in out
+    assert "greedy agreement 16/16" in out
+    assert "the same as transformers' fp32 greedy tokens" in out
+    peer_line = next(line for line in out.splitlines() if "ONNX Runtime + QNN EP on the same graph" in line)
+    assert "QNN partition(s)" in peer_line and "relative error" in peer_line, peer_line
