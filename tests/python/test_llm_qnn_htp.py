@@ -127,7 +127,7 @@ def test_a_bucket_failing_the_whole_path_check_moves_to_the_host_loudly(llama_mo
 
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
-def test_both_phases_on_the_htp_match_the_cpu_tokens_with_one_htp_execution_per_token(arch):
+def test_both_phases_on_the_htp_match_the_cpu_tokens_with_one_htp_execution_per_token(arch, tmp_path):
     model = tiny_model(arch)
     lm = llm.build(model, [CPU, "qnn-htp"], capacity=CAPACITY, prefill_chunks=CHUNKS, check_tokens=CHECK_TOKENS)
     for graph in lm.graphs:
@@ -139,6 +139,12 @@ def test_both_phases_on_the_htp_match_the_cpu_tokens_with_one_htp_execution_per_
     stats = lm.stats()
     per_token = stats["decode"]["per_call"][1]
     assert per_token == 1 and stats["decode"]["accelerator_graph_executions"] == 7 * per_token
+    # exported and loaded (every graph with constants of its own and weights on the HTP's side), in
+    # Python and in the C++ loop: the same tokens
+    lm.export(tmp_path / "out")
+    tokens = lm.generate(prompt, 8)
+    assert llm.load(tmp_path / "out").generate(prompt, 8) == tokens
+    assert NativeGenerator(tmp_path / "out").generate(prompt, 8) == tokens
 
 
 def test_a_session_prefilling_on_the_htp_beside_one_decoding_on_the_cpu_matches_serial(prefill_on_htp):
@@ -259,7 +265,7 @@ def test_the_cpp_only_loader_names_what_an_htp_region_needs(htp_export):
     assert "accelerator region" in ran.stdout and "reaches only from Python" in ran.stdout
 
 
-def test_decode_placed_by_cost_compares_labelled_figures_and_runs_on_the_cheaper_side(llama_model):
+def test_decode_placed_by_cost_compares_labelled_figures_and_runs_on_the_cheaper_side(llama_model, tmp_path):
     lm = llm.build(llama_model, [CPU, "qnn-htp"], capacity=CAPACITY, prefill_chunks=CHUNKS, check_tokens=0,
                    decode_placement="cost")
     choice = lm.decode_choice
@@ -273,6 +279,10 @@ def test_decode_placed_by_cost_compares_labelled_figures_and_runs_on_the_cheaper
     assert "decode placed by cost" in lm.report()
     prompt = prompt_of(13, lm.config.vocab_size)
     assert lm.generate(prompt, 8) == reference_tokens(llama_model, prompt, 8)
+    loaded = llm.load(lm.export(tmp_path / "out"))  # the placement and its figures travel with the export
+    assert loaded.decode_choice == choice and "decode placed by cost" in loaded.report()
+    assert [g.moved_to_host for g in loaded.graphs] == [g.moved_to_host for g in lm.graphs]
+    assert loaded.generate(prompt, 8) == lm.generate(prompt, 8)
 
 
 def test_an_unknown_decode_placement_is_a_clear_error(llama_model):

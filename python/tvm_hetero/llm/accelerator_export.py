@@ -25,11 +25,13 @@ listed with the other files, so their checksums are verified before they are rea
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import tvm
 
 from ..artifact import read_json, read_params
@@ -95,6 +97,20 @@ def phase_check_from_manifest(check: dict | None) -> dict | None:
             "decode": {**check["decode"], "errors": [_number(e) for e in check["decode"]["errors"]],
                        "max_error": _number(check["decode"]["max_error"])},
             "failed": [int(s) for s in check["failed"]]}
+
+
+def host_copy(tensor: tvm.runtime.Tensor) -> tvm.runtime.Tensor:
+    """``tensor`` as a CPU tensor that ``save_param_dict`` can write. A weight a graph placed on an
+    accelerator of host memory (an HTP's graph input) lies in host memory under that device's type,
+    which TVM's own device table may not know: it is read in place through its pointer, and copied."""
+    from ..devices import is_cpu, shares_memory
+
+    if is_cpu(tensor.device) or not shares_memory(tensor.device, tvm.cpu(0)):
+        return tensor
+    dtype = np.dtype(str(tensor.dtype))
+    count = int(np.prod([int(d) for d in tensor.shape], dtype=np.int64))
+    raw = (ctypes.c_char * max(count * dtype.itemsize, 1)).from_address(tensor.data_ptr())
+    return tvm.runtime.tensor(np.frombuffer(raw, dtype=dtype, count=count).reshape(tuple(tensor.shape)).copy())
 
 
 def _layout_table(cfg: DecoderConfig, rows: int) -> list[list[Any]]:

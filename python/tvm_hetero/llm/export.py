@@ -30,6 +30,7 @@ from ..artifact import (
     verify_files,
 )
 from .accelerator_export import (
+    host_copy,
     phase_check_from_manifest,
     phase_check_to_manifest,
     read_graph_extras,
@@ -69,7 +70,7 @@ def export(model: Any, out: Path) -> Path:
     owner = model.graphs[0].runtime
     names = [n for n in graph_inputs(json.loads(model.graphs[0].graph_json), "graph")
              if n not in data_names and n not in model.graphs[0].constants]
-    weights = {name: owner.get_input(name) for name in names}
+    weights = {name: host_copy(owner.get_input(name)) for name in names}
     (out / PARAMS_FILE).write_bytes(bytes(tvm.runtime.save_param_dict(weights)))
     files = [PARAMS_FILE]
     entries = []
@@ -148,7 +149,7 @@ def read_exported(path: str | Path, device_options: dict[str, Any] | None = None
     # params.bin against the table, as the first runtime loaded it (decoding it here would make a
     # transient copy of every weight, whose memory the allocator keeps)
     owner = graphs[0].runtime
-    loaded = {name: owner.get_input(name) for name in owner.param_names}
+    loaded = {name: owner.get_input(name) for name in owner.param_names if name not in graphs[0].constants}
     if {name: (list(t.shape), str(t.dtype)) for name, t in loaded.items()} != table:
         raise ValueError(f"{src / PARAMS_FILE}: the weights differ from the manifest's table")
     release_freed_memory()
