@@ -115,21 +115,8 @@ GenerationSession::BoundGraph GenerationSession::Bind(const EntryGraph& graph) {
     bind_input("cache." + std::to_string(layer) + ".k", key_cache_[layer]);
     bind_input("cache." + std::to_string(layer) + ".v", value_cache_[layer]);
   }
-  if (graph.packed) {  // one output; the logits and new rows are parts of it (packed_outputs.py)
-    if (runtime.NumOutputs() != 1) {
-      TVM_FFI_THROW(ValueError) << model_->directory() << ": the graph of chunk size " << n << " has "
-                                << runtime.NumOutputs() << " outputs; a graph with packed outputs has 1";
-    }
-    ffi::Tensor packed = ZeroedTensor({1, PackedSize(shape, n)}, kFloat32, device);
-    bound.frame->BindOutput(0, packed);
-    const float* base = DataOf<float>(packed);
-    auto layout = PackedLayout(shape, n);
-    bound.logits = base + layout[0].first;
-    for (int64_t layer = 0; layer < shape.num_layers; ++layer) {
-      bound.new_keys.push_back(base + layout[1 + 2 * layer].first);
-      bound.new_values.push_back(base + layout[2 + 2 * layer].first);
-    }
-    bound.tensors.push_back(packed);
+  if (graph.packed) {
+    BindPackedOutput(graph, &bound);
   } else {
     BindSeparateOutputs(graph, &bound);
   }
@@ -138,6 +125,25 @@ GenerationSession::BoundGraph GenerationSession::Bind(const EntryGraph& graph) {
   bound.logit_row = DataOf<int32_t>(logit_row);
   bound.tensors.insert(bound.tensors.end(), {tokens, positions, logit_row, chunk_mask});
   return bound;
+}
+
+void GenerationSession::BindPackedOutput(const EntryGraph& graph, BoundGraph* bound) {
+  const DecoderShape& shape = model_->shape();
+  int64_t n = graph.size;
+  if (graph.runtime->NumOutputs() != 1) {
+    TVM_FFI_THROW(ValueError) << model_->directory() << ": the graph of chunk size " << n << " has "
+                              << graph.runtime->NumOutputs() << " outputs; a graph with packed outputs has 1";
+  }
+  ffi::Tensor packed = ZeroedTensor({1, PackedSize(shape, n)}, kFloat32, model_->device());
+  bound->frame->BindOutput(0, packed);
+  const float* base = DataOf<float>(packed);
+  auto layout = PackedLayout(shape, n);
+  bound->logits = base + layout[0].first;
+  for (int64_t layer = 0; layer < shape.num_layers; ++layer) {
+    bound->new_keys.push_back(base + layout[1 + 2 * layer].first);
+    bound->new_values.push_back(base + layout[2 + 2 * layer].first);
+  }
+  bound->tensors.push_back(packed);
 }
 
 void GenerationSession::BindSeparateOutputs(const EntryGraph& graph, BoundGraph* bound_graph) {

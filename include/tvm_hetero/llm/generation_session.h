@@ -105,6 +105,8 @@ class GenerationSession {
 
   /*! \brief Bind every input and output of graph `graph` (set-up). */
   BoundGraph Bind(const EntryGraph& graph);
+  /*! \brief Bind a graph's one packed output (logits, then each layer's new keys and values, flattened). */
+  void BindPackedOutput(const EntryGraph& graph, BoundGraph* bound);
   /*! \brief Bind a graph's separate outputs: the session's logits, then new keys and values per layer. */
   void BindSeparateOutputs(const EntryGraph& graph, BoundGraph* bound);
   /*! \brief Run `graph` on `count` ids at the filled position, then append its new rows. */
