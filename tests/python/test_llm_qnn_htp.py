@@ -252,6 +252,15 @@ def test_the_cpp_loop_generates_from_an_export_with_packed_outputs(prefill_on_ht
         assert native.generate(prompt, 10) == prefill_on_htp.generate(prompt, 10)
 
 
+def test_the_generate_command_runs_an_export_with_htp_graphs(prefill_on_htp, htp_export, capsys):
+    from tvm_hetero.cli import main
+
+    prompt = prompt_of(13, prefill_on_htp.config.vocab_size)
+    assert main(["generate", str(htp_export), "--prompt-ids", ",".join(map(str, prompt)), "--max-new-tokens", "6"]) == 0
+    expected = " ".join(map(str, prefill_on_htp.generate(prompt, 6)))
+    assert f"new tokens: {expected}" in capsys.readouterr().out
+
+
 def test_the_cpp_only_loader_names_what_an_htp_region_needs(htp_export):
     """Without Python's vendor runner (the C++-only deploy path), loading is an error naming the region
     and what runs it, never a crash."""
