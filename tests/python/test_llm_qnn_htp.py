@@ -252,6 +252,26 @@ def test_the_cpp_loop_generates_from_an_export_with_packed_outputs(prefill_on_ht
         assert native.generate(prompt, 10) == prefill_on_htp.generate(prompt, 10)
 
 
+def test_a_packed_layout_that_is_not_the_configurations_is_refused_by_both_loaders(htp_export, tmp_path):
+    """A manifest re-sealed with another layout (e.g. written for another configuration) is an error
+    naming the graph in Python and in C++, before any graph runs."""
+    import shutil
+
+    from tvm_hetero.artifact import MANIFEST_DIGEST_KEY, manifest_digest
+
+    copy = tmp_path / "edited"
+    shutil.copytree(htp_export, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    (entry,) = [e for e in manifest["graphs"] if e["packed_layout"]]
+    entry["packed_layout"][1][0] += 1  # the first layer's keys one element later
+    manifest[MANIFEST_DIGEST_KEY] = manifest_digest(manifest)
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match=r"graph of 8 row\(s\): its packed-output layout differs"):
+        llm.load(copy)
+    with pytest.raises(Exception, match=r"graphs\[1\]\.packed_layout.*packed-output layout differs"):
+        NativeGenerator(copy)
+
+
 def test_the_generate_command_runs_an_export_with_htp_graphs(prefill_on_htp, htp_export, capsys):
     from tvm_hetero.cli import main
 
