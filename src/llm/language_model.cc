@@ -224,8 +224,12 @@ void LanguageModel::CreateRuntimes() {
                                 << " (the loop keeps the KV cache on one host device)";
     }
     auto runtime = std::make_unique<GraphRuntime>();
-    runtime->Init(ReadWholeFile(graph_path), ffi::Module::LoadFromFile(directory_ + "/" + files_[i].lib),
-                  files_[i].devices);
+    try {
+      runtime->Init(ReadWholeFile(graph_path), ffi::Module::LoadFromFile(directory_ + "/" + files_[i].lib),
+                    files_[i].devices);
+    } catch (const ffi::Error& err) {  // e.g. an accelerator region with no runner in this process: name the graph
+      throw ffi::Error(err.kind(), graph_path + ": " + err.message(), err.backtrace());
+    }
     if (owner == nullptr) {
       runtime->LoadParams(params, params_path);
       owner = runtime.get();

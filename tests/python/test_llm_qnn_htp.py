@@ -291,7 +291,8 @@ def test_the_cpp_only_loader_names_what_an_htp_region_needs(htp_export):
     ran = subprocess.run([sys.executable, "-c", script, LOADED_LIBRARY, str(htp_export)], capture_output=True,
                          text=True, timeout=300)
     assert ran.returncode == 3, ran.stderr[-2000:]
-    assert "accelerator region" in ran.stdout and "reaches only from Python" in ran.stdout
+    assert f"{htp_export / 'graph_8.json'}: accelerator region" in ran.stdout, ran.stdout
+    assert "reaches only from Python" in ran.stdout
 
 
 def test_decode_placed_by_cost_compares_labelled_figures_and_runs_on_the_cheaper_side(llama_model, tmp_path):
