@@ -69,6 +69,13 @@ GenerationSession::GenerationSession(std::shared_ptr<const LanguageModel> model)
   cache_mask_ = ZeroedTensor({1, 1, 1, capacity}, kFloat32, device);
   logits_ = ZeroedTensor({1, 1, shape.vocab_size}, kFloat32, device);
   ResetCache();
+  // One graph runs at a time, so the graphs' intermediate values share one scratch: the session
+  // holds the largest graph's, not their sum.
+  int64_t scratch_bytes = 1;
+  for (const EntryGraph& graph : model_->graphs()) {
+    scratch_bytes = std::max(scratch_bytes, graph.runtime->ScratchBytes(device));
+  }
+  scratch_ = support::AllocTensor(ffi::Shape({scratch_bytes}), DLDataType{kDLUInt, 8, 1}, device);
   int64_t largest = model_->graphs().back().size;
   graph_of_size_.assign(largest + 1, -1);
   for (const EntryGraph& graph : model_->graphs()) {
@@ -88,7 +95,9 @@ GenerationSession::BoundGraph GenerationSession::Bind(const EntryGraph& graph) {
   int64_t n = graph.size;
   BoundGraph bound;
   bound.size = n;
-  bound.frame = runtime.Frame();
+  FrameOptions options;
+  options.scratch = scratch_;
+  bound.frame = runtime.Frame(options);
   auto bind_input = [&](const std::string& name, const ffi::Tensor& tensor) {
     int index = runtime.GetInputIndex(name);
     if (index < 0) {

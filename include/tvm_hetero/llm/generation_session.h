@@ -126,6 +126,8 @@ class GenerationSession {
   tvm::ffi::Tensor cache_mask_;
   /*! \brief The logits [1, 1, vocab] every graph without packed outputs writes (output 0). */
   tvm::ffi::Tensor logits_;
+  /*! \brief The intermediate values of whichever graph runs (FrameOptions::scratch). */
+  tvm::ffi::Tensor scratch_;
   /*! \brief Per graph (the model's order), the bound frame. */
   std::vector<BoundGraph> bound_;
   /*! \brief For each chunk size 1..largest, its position in bound_ (-1: none). */

@@ -41,6 +41,7 @@ from .entry_graphs import EntryGraph, create_runtimes, release_freed_memory
 from .graph_io import data_inputs
 from .int8_agreement import Agreement
 from .int8_weights import check_weight_format
+from .this_cpu import check_runs_here
 
 FORMAT = "tvm-hetero-llm/1"
 MANIFEST_FILE, PARAMS_FILE, TOKENIZER_FILE = "manifest.json", "params.bin", "tokenizer.json"
@@ -58,6 +59,8 @@ class ExportedModel:
     #: "float32" or "int8", and for int8 the agreement measured when it was built (None: not measured).
     weights: str = "float32"
     agreement: Agreement | None = None
+    #: The CPU its host kernels were compiled for (this_cpu.py), checked against this one.
+    compiled_for: dict | None = None
     #: The whole-path check and the decode placement of a model with accelerator graphs (None: not run).
     phase_check: dict | None = None
     decode_choice: dict | None = None
@@ -95,6 +98,7 @@ def export(model: Any, out: Path) -> Path:
         "weight_bytes": model.weight_bytes,
         "weights": model.weights,
         "int8_agreement": model.agreement.to_dict() if model.agreement is not None else None,
+        "compiled_for": model.compiled_for,
         "phase_check": phase_check_to_manifest(model.phase_check),
         "decode_placement": model.decode_choice,
     }
@@ -117,6 +121,7 @@ def read_exported(path: str | Path, device_options: dict[str, Any] | None = None
     if manifest.get(MANIFEST_DIGEST_KEY) != manifest_digest(manifest):
         raise ValueError(f"{manifest_path}: checksum mismatch: the manifest is damaged or was edited after export")
     verify_files(src, manifest)
+    check_runs_here(manifest.get("compiled_for"), str(src))  # before any library is loaded
     blob = (src / PARAMS_FILE).read_bytes()
     try:
         cfg = DecoderConfig.from_dict(manifest["config"])
@@ -155,5 +160,5 @@ def read_exported(path: str | Path, device_options: dict[str, Any] | None = None
     release_freed_memory()
     tokenizer = src / TOKENIZER_FILE
     return ExportedModel(cfg, capacity, graphs, weight_bytes, tokenizer if tokenizer.is_file() else None, weights,
-                         agreement, phase_check, decode_choice)
+                         agreement, manifest.get("compiled_for"), phase_check, decode_choice)
 

@@ -37,6 +37,8 @@ def describe(model: Any) -> str:
         f"  prefill chunks {list(model.prefill_chunks)} (last chunk padded), decode 1; capacity {model.capacity} tokens",
         f"  weights: {format_size(model.weight_bytes)} once per device holding them ({holders}); every graph shares them",
         f"  matmul weights: {_weight_format(model)}",
+        ("  host kernels compiled for: " + (f"CPU {model.compiled_for['cpu']} (its vector features; checked at load)"
+                                             if getattr(model, "compiled_for", None) else "the architecture's baseline")),
         (f"  KV cache: {format_size(kv_cache_bytes(model))} per generation session "
         f"({format_size(kv_cache_bytes(model) // model.capacity)} per token, written in place)"),
         "  graphs:",
