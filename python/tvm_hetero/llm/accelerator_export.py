@@ -100,9 +100,10 @@ def phase_check_from_manifest(check: dict | None) -> dict | None:
 
 
 def host_copy(tensor: tvm.runtime.Tensor) -> tvm.runtime.Tensor:
-    """``tensor`` as a CPU tensor that ``save_param_dict`` can write. A weight a graph placed on an
-    accelerator of host memory (an HTP's graph input) lies in host memory under that device's type,
-    which TVM's own device table may not know: it is read in place through its pointer, and copied."""
+    """``tensor`` as a CPU tensor that ``save_param_dict`` can write. A weight that a graph placed on
+    an accelerator of host memory (an input of the accelerator's graph) lies in host memory under
+    that device's type, which TVM's own device table may not know: it is read in place through its
+    pointer, and copied."""
     from ..devices import is_cpu, shares_memory
 
     if is_cpu(tensor.device) or not shares_memory(tensor.device, tvm.cpu(0)):
