@@ -59,7 +59,45 @@ void VerifyChecksums(const std::string& directory, const json::Object& manifest,
   }
 }
 
+/*! \brief Check a graph's recorded packed-output layout ([[offset, shape]...]) against the shape's. */
+void CheckPackedLayout(const ffi::Any& recorded, const DecoderShape& shape, int64_t rows,
+                       const support::JsonReader& reader, const std::string& where) {
+  json::Array items = reader.Array(recorded, where);
+  auto expected = PackedLayout(shape, rows);
+  bool same = items.size() == expected.size();
+  for (size_t i = 0; same && i < items.size(); ++i) {
+    json::Array pair = reader.Array(items[i], where + "[" + std::to_string(i) + "]");
+    same = pair.size() == 2 && reader.Int(pair[0], where) == expected[i].first &&
+           reader.IntList(pair[1], where) == expected[i].second;
+  }
+  if (!same) {
+    reader.Fail(where, "the packed-output layout differs from the one the configuration gives (logits, then each "
+                       "layer's new keys and values, flattened)");
+  }
+}
+
 }  // namespace
+
+std::vector<std::pair<int64_t, std::vector<int64_t>>> PackedLayout(const DecoderShape& shape, int64_t rows) {
+  std::vector<std::vector<int64_t>> shapes = {{1, 1, shape.vocab_size}};
+  for (int64_t layer = 0; layer < shape.num_layers; ++layer) {
+    shapes.push_back({1, shape.num_kv_heads, shape.head_dim, rows});
+    shapes.push_back({1, shape.num_kv_heads, rows, shape.head_dim});
+  }
+  std::vector<std::pair<int64_t, std::vector<int64_t>>> layout;
+  int64_t offset = 0;
+  for (auto& s : shapes) {
+    int64_t elements = 1;
+    for (int64_t d : s) elements *= d;
+    layout.emplace_back(offset, std::move(s));
+    offset += elements;
+  }
+  return layout;
+}
+
+int64_t PackedSize(const DecoderShape& shape, int64_t rows) {
+  return 1 * shape.vocab_size + 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * rows;
+}
 
 std::string ReadWholeFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -137,6 +175,16 @@ void LanguageModel::ReadManifest(const std::string& manifest_text) {
       files.devices.push_back(DLDevice{static_cast<DLDeviceType>(pair[0]), static_cast<int32_t>(pair[1])});
     }
     if (files.devices.empty()) reader.Fail(where + ".devices", "no device");
+    // Graphs built for an accelerator (accelerator_export.py): one packed output, constants of their own.
+    auto layout = support::JsonReader::Find(entry, "packed_layout");
+    if (layout && layout->type_index() != ffi::TypeIndex::kTVMFFINone) {
+      CheckPackedLayout(*layout, shape_, graph.size, reader, where + ".packed_layout");
+      graph.packed = true;
+    }
+    auto constants = support::JsonReader::Find(entry, "constants");
+    if (constants && constants->type_index() != ffi::TypeIndex::kTVMFFINone) {
+      files.constants = reader.String(*constants, where + ".constants");
+    }
     graphs_.push_back(std::move(graph));
     files_.push_back(std::move(files));
   }
@@ -179,8 +227,12 @@ void LanguageModel::CreateRuntimes(int num_threads) {
                                 << " (the loop keeps the KV cache on one host device)";
     }
     auto runtime = std::make_unique<GraphRuntime>();
-    runtime->Init(ReadWholeFile(graph_path), ffi::Module::LoadFromFile(directory_ + "/" + files_[i].lib),
-                  files_[i].devices);
+    try {
+      runtime->Init(ReadWholeFile(graph_path), ffi::Module::LoadFromFile(directory_ + "/" + files_[i].lib),
+                    files_[i].devices);
+    } catch (const ffi::Error& err) {  // e.g. an accelerator region with no runner in this process: name the graph
+      throw ffi::Error(err.kind(), graph_path + ": " + err.message(), err.backtrace());
+    }
     if (num_threads > 0) {
       ExecutorOptions threads;
       threads.num_threads = num_threads;
@@ -189,10 +241,14 @@ void LanguageModel::CreateRuntimes(int num_threads) {
     if (owner == nullptr) {
       runtime->LoadParams(params, params_path);
       owner = runtime.get();
-      names_only = NamesOnlyBlob(*owner);
+      names_only = NamesOnlyBlob(*owner);  // the weights alone: before any graph's own constants
       std::string().swap(params);  // params.bin is in the weights now: its bytes go
     } else {
       runtime->ShareParams(*owner, names_only);
+    }
+    if (!files_[i].constants.empty()) {
+      std::string path = directory_ + "/" + files_[i].constants;
+      runtime->LoadParams(ReadWholeFile(path), path);
     }
     for (int input = 0; input < runtime->NumInputs(); ++input) {
       const std::string& name = runtime->GetInputName(input);

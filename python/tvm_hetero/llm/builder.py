@@ -241,5 +241,6 @@ def load(path: str | os.PathLike, device_options: Any = None) -> LanguageModel:
     lm = LanguageModel(exported.config, exported.capacity, exported.graphs, exported.weight_bytes,
                        exported.tokenizer_file, str(path), exported.weights)
     lm.agreement = exported.agreement
+    lm.phase_check, lm.decode_choice = exported.phase_check, exported.decode_choice
     lm.compiled_for = exported.compiled_for
     return lm

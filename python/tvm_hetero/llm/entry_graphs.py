@@ -73,11 +73,12 @@ def create_runtimes(graphs: Sequence[EntryGraph], params_blob: bytes, what: str,
         runtime = graph_runtime.create(graph.graph_json, graph.lib, graph.devices, device_options=options)
         key = (graph.devices[0].dlpack_device_type(), graph.devices[0].index)
         if key in owners:
-            names_blob = names_blob or _names_only(owners[key].param_names)
             runtime.share_params(owners[key], names_blob)
         else:
             runtime.load_params(params_blob, what)
             owners[key] = runtime
+            # the weights alone, named before this graph's own constants are set (theirs are not shared)
+            names_blob = names_blob or _names_only(runtime.param_names)
         if graph.constants:
             runtime.set_params(graph.constants)
         graph.runtime = runtime
