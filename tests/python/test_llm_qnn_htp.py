@@ -231,7 +231,7 @@ def test_loading_an_export_finalizes_no_htp_graph(prefill_on_htp, htp_export, mo
     # opening the context is faster than compiling the plain graph it came from (the build's work)
     (prefill,) = [g for g in prefill_on_htp.graphs if g.phase == "prefill"]
     (plain,) = prefill.accelerator_models.values()
-    options = prefill.offload["options"]
+    options = prefill.offload.options
     compile_s = min(_seconds(open_session, plain, options) for _ in range(3))
     open_s = min(_seconds(open_session, opened[0], options) for _ in range(3))
     assert open_s < compile_s, (open_s, compile_s)
@@ -286,7 +286,7 @@ def test_the_cpp_only_loader_names_what_an_htp_region_needs(htp_export):
     and what runs it, never a crash."""
     script = ("import ctypes, sys, tvm, tvm_ffi\n"
               "ctypes.CDLL(sys.argv[1], ctypes.RTLD_GLOBAL)\n"
-              "try:\n    tvm_ffi.get_global_func('tvm_hetero.llm.load')(sys.argv[2])\n"
+              "try:\n    tvm_ffi.get_global_func('tvm_hetero.llm.load')(sys.argv[2], 0)\n"
               "except Exception as err:\n    print(err); sys.exit(3)\n")
     ran = subprocess.run([sys.executable, "-c", script, LOADED_LIBRARY, str(htp_export)], capture_output=True,
                          text=True, timeout=300)

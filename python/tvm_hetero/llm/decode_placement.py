@@ -17,18 +17,17 @@ either side is done with the phase's targets (``{"decode": [host]}`` or the defa
 from __future__ import annotations
 
 import os
-import time
 from typing import Any
 
-import numpy as np
-
 from ..kind_record import resolve
+from ..placement_judgement import MEASURED, MODELED, Cost, judge
+from ..runtime.measure import wall_times
 
 HOST_RUNS = 20
 
 
-def accelerator_seconds(graph: Any) -> tuple[float, str]:
-    """One call of ``graph``'s accelerator work: ``(seconds, where the figure comes from)``."""
+def accelerator_cost(graph: Any) -> Cost:
+    """One call of ``graph``'s accelerator work, labelled with where the figure comes from."""
     offload = graph.offload
     modeled = offload.modeled
     if not offload.costs or not modeled:
@@ -36,10 +35,9 @@ def accelerator_seconds(graph: Any) -> tuple[float, str]:
     if len(graph.accelerator_models) == 1:  # one graph: the device table may hold its measured cost
         (model,) = graph.accelerator_models.values()
         key = resolve(offload.costs + ":graph_key")(model, offload.options)
-        cost = resolve(offload.costs + ":graph_seconds")(key, modeled.cycles, offload.options)
-        return cost.seconds, cost.source + (f": {cost.detail}" if cost.detail else "")
-    return modeled.seconds, (f"modeled: {modeled.cycles / 1e6:.1f} M cycles x {modeled.us_per_cycle:.3g} us "
-                             f"+ {modeled.calls} call(s)")
+        return resolve(offload.costs + ":graph_seconds")(key, modeled.cycles, offload.options)
+    return Cost(modeled.seconds, MODELED, f"{modeled.cycles / 1e6:.1f} M cycles x {modeled.us_per_cycle:.3g} us "
+                                          f"+ {modeled.calls} call(s)")
 
 
 def host_seconds(session: Any) -> float:
@@ -47,19 +45,17 @@ def host_seconds(session: Any) -> float:
     session.prefill([0])
     runner = session.runners[1]
     runner.frame.run()
-    times = []
-    for _ in range(HOST_RUNS):
-        start = time.perf_counter()
-        runner.frame.run()
-        times.append(time.perf_counter() - start)
-    return float(np.min(times))
+    return min(wall_times(runner.frame.run, HOST_RUNS))
 
 
 def choose(graph: Any, host_session: Any) -> dict:
-    """Both costs of one decode step and the side that is cheaper."""
-    device, source = accelerator_seconds(graph)
+    """Both costs of one decode step, judged as every placement is (placement_judgement.py): the
+    accelerator runs the decode only where it is faster than the host."""
+    device = accelerator_cost(graph)
     load = os.getloadavg()[0]
-    host = host_seconds(host_session)
-    return {"device": graph.offload.device, "device_seconds": device, "device_source": source,
-            "host_seconds": host, "host_source": f"measured here (fastest of {HOST_RUNS}, load {load:.1f})",
-            "on_device": device < host}
+    host = Cost(host_seconds(host_session), MEASURED, f"fastest of {HOST_RUNS}, load {load:.1f}")
+    verdict = judge(device, host, candidate_name=f"the {graph.offload.device}", baseline_name="the host")
+    return {"device": graph.offload.device, "device_seconds": device.seconds,
+            "device_source": device.source + (f": {device.detail}" if device.detail else ""),
+            "host_seconds": host.seconds, "host_source": f"measured here ({host.detail})",
+            "on_device": verdict.kept, "judged": verdict.explain()}

@@ -106,11 +106,11 @@ def _speed(phase: dict, tokens: int, seconds: float, load: float) -> str:
     """Tokens/s: modeled for a phase on the HTP (its graph's QNN cycles; host work not counted),
     measured here for one on the host alone."""
     graph = phase["graph"]
-    modeled = (graph.offload or {}).get("modeled") if graph.accelerator_executions else None
+    modeled = graph.offload.modeled if graph.accelerator_executions else None
     if modeled:
-        per_call = modeled["seconds"]
+        per_call = modeled.seconds
         return (f"{graph.size / per_call:,.0f} tok/s modeled on the HTP per full chunk ({per_call * 1e3:.3f} ms per "
-                f"graph execution: {modeled['cycles'] / 1e6:.2f} M cycles x {modeled['us_per_cycle']:.3g} us + the "
+                f"graph execution: {modeled.cycles / 1e6:.2f} M cycles x {modeled.us_per_cycle:.3g} us + the "
                 "call; the emulator's wall time is no HTP's)")
     return f"{tokens / seconds:,.0f} tok/s measured here ({tokens} tokens in {seconds * 1e3:.1f} ms, load {load:.1f})"
 
