@@ -246,3 +246,19 @@ def test_the_decode_attention_reads_only_the_filled_rows_and_clamps_the_position
         return
     decode.runtime.run()
     assert np.isfinite(decode.runtime.get_output(0).numpy()).all()
+
+
+def test_a_truncated_cache_generates_as_from_its_prefix(lm):
+    session = lm.session()
+    prefix = [3, 1, 4, 1, 5]
+    first = session.prefill(prefix).copy()
+    for token in (9, 2, 6):
+        session.decode(token)
+    session.cache.truncate(len(prefix))
+    assert session.cache.filled == len(prefix)
+    again = lm.session()
+    again.prefill(prefix)
+    np.testing.assert_array_equal(session.decode(7), again.decode(7))
+    np.testing.assert_array_equal(first, lm.session().prefill(prefix))
+    with pytest.raises(ValueError, match="cannot keep 9 rows of the 6 filled"):
+        session.cache.truncate(9)

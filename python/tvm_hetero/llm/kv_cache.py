@@ -52,6 +52,14 @@ class KVCache:
         self._mask_view[...] = MASKED
         self.filled = 0
 
+    def truncate(self, length: int) -> None:
+        """Forget every row from ``length`` on (the mask closes them): generation goes on from the first
+        ``length`` tokens, e.g. again after a prompt prefilled once."""
+        if not 0 <= length <= self.filled:
+            raise ValueError(f"KV cache: cannot keep {length} rows of the {self.filled} filled")
+        self._mask_view[..., length:self.filled] = MASKED
+        self.filled = length
+
     def room(self) -> int:
         return self.capacity - self.filled
 
