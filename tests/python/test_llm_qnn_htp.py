@@ -191,3 +191,75 @@ def test_decode_placed_by_cost_compares_labelled_figures_and_runs_on_the_cheaper
 def test_an_unknown_decode_placement_is_a_clear_error(llama_model):
     with pytest.raises(ValueError, match="decode_placement must be 'targets' or 'cost'"):
         llm.build(llama_model, [CPU], capacity=CAPACITY, prefill_chunks=CHUNKS, decode_placement="fastest")
+
+
+# -- QDQ phases: 8-bit weights, 16-bit activations, quantized at build (precision "a16w8") --
+
+QDQ_HTP = "qnn-htp:precision=a16w8"
+#: The wide random weights of the test models (initializer_range 0.5: scores of +-50, attention
+#: almost one-hot) are as hard as it gets for 8-bit weights: their A16W8 logits are 3-6e-2 off fp32
+#: per call (docs/performance.md), so these tests allow 0.1 where a trained model keeps the default.
+QDQ_TOLERANCE = 0.1
+
+
+@pytest.fixture(scope="module")
+def qdq_prefill(llama_model):
+    """Prefill on the HTP in A16W8 (calibrated on real calls through the host's fp32 graph), decode on the CPU."""
+    return llm.build(llama_model, {"prefill": [CPU, QDQ_HTP], "decode": [CPU]}, capacity=CAPACITY,
+                     prefill_chunks=CHUNKS, check_tokens=CHECK_TOKENS, offload_tolerance=QDQ_TOLERANCE,
+                     phase_tolerance=QDQ_TOLERANCE)
+
+
+def test_a_qdq_prefill_bucket_runs_every_matmul_on_the_htp_quantized_and_verified(qdq_prefill):
+    (prefill,) = [g for g in qdq_prefill.graphs if g.phase == "prefill"]
+    offload = prefill.offload
+    assert offload["options"]["precision"] == "a16w8" and offload["quantized"]
+    assert offload["flops_on_device"] == offload["flops"] > 0  # every matmul
+    assert prefill.accelerator_executions == 1 and not prefill.moved_to_host
+    verification = offload["verification"]
+    assert verification["inputs"] == "calibration data"
+    assert all(check["ok"] and 0 < check["relative_error"] <= QDQ_TOLERANCE for check in verification["regions"])
+    # what QNN compiled is the QDQ model: 16-bit activations, 8-bit weights
+    import onnx
+
+    (model,) = prefill.accelerator_models.values()
+    proto = onnx.load_from_string(model)
+    inits = {i.name: i for i in proto.graph.initializer}
+    made_by = {out: node for node in proto.graph.node for out in node.output}
+    activations = {inits[n.input[2]].data_type for n in proto.graph.node
+                   if n.op_type == "QuantizeLinear" and len(n.input) > 2 and n.input[2] in inits}
+    assert activations == {onnx.TensorProto.UINT16}
+    matmul_weights = [inits[made_by[n.input[1]].input[0]].data_type for n in proto.graph.node
+                      if n.op_type == "MatMul" and n.input[1] in made_by and made_by[n.input[1]].op_type == "DequantizeLinear"
+                      and made_by[n.input[1]].input[0] in inits]
+    assert matmul_weights and set(matmul_weights) == {onnx.TensorProto.UINT8}
+
+
+def test_the_qdq_whole_path_check_reports_the_greedy_agreement(qdq_prefill):
+    check = qdq_prefill.phase_check
+    assert check["tolerance"] == QDQ_TOLERANCE and not check["failed"]
+    assert 0 < check["buckets"][8] <= QDQ_TOLERANCE
+    assert check["decode"]["steps"] == CHECK_TOKENS and 0 <= check["decode"]["agreement"] <= CHECK_TOKENS
+    report = qdq_prefill.report()
+    assert "a16w8: quantized at build" in report
+    assert f"greedy agreement {check['decode']['agreement']}/{CHECK_TOKENS}" in report
+
+
+@pytest.mark.slow
+def test_a_qdq_bucket_qnn_computes_wrongly_moves_back(llama_model, monkeypatch):
+    """Quantized without the mask rule (region_quantization.py), an additive mask stretches a 16-bit
+    range over 1e30: QNN computes the bucket far off fp32; verification moves its ops back."""
+    from tvm_hetero.ep_offload import region_quantization
+
+    monkeypatch.setattr(region_quantization, "MASKED_BELOW", float("-inf"))
+    lm = llm.build(llama_model, {"prefill": [CPU, QDQ_HTP], "decode": [CPU]}, capacity=CAPACITY,
+                   prefill_chunks=CHUNKS, check_tokens=4, offload_tolerance=QDQ_TOLERANCE,
+                   phase_tolerance=QDQ_TOLERANCE)
+    (prefill,) = [g for g in lm.graphs if g.phase == "prefill"]
+    offload = prefill.offload
+    moved = [reason for reason in offload["excluded"].values() if reason.startswith("verification: relative error")]
+    assert moved, offload["excluded"]
+    # what stays on the HTP is verified; the prompt's tokens are the host's
+    assert all(check["ok"] for check in offload.get("verification", {}).get("regions", []))
+    assert not lm.phase_check["failed"] or prefill.moved_to_host
+    assert "moved back" in lm.report() or "MOVED TO THE HOST" in lm.report()

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import Counter
 
 from .backend import FOLDED
+from .region_quantization import quantizes
 
 
 def explain(offload: dict, devices: list[str]) -> list[str]:
@@ -19,8 +20,9 @@ def explain(offload: dict, devices: list[str]) -> list[str]:
     lines = []
     options = offload.get("options", {})
     vendor, device = offload.get("vendor", "the vendor"), offload.get("device", "accelerator")
-    precision = (f"QDQ units quantized, other ops {options.get('precision')}" if offload.get("quantized")
-                 else options.get("precision"))
+    precision = (f"{options.get('precision')}: quantized at build, calibrated on the graph's own values"
+                 if quantizes(options) else f"QDQ units quantized, other ops {options.get('precision')}"
+                 if offload.get("quantized") else options.get("precision"))
     # What the vendor accepts and what the build put on the device are two numbers: verification, the gate and
     # automatic placement move accepted ops back (each with its reason, under "moved back").
     placed = sum(region["ops"] for region in offload["regions"])

@@ -29,6 +29,7 @@ import numpy as np
 from ..compiler import build as compiler_build
 from ..graph import Graph
 from ..kind_record import resolve
+from . import region_quantization
 from .backend import RegionRefused
 from .capability_probe import FP16_SMALLEST_NORMAL, underflow_hint
 from .onnx_regions import step_of_node
@@ -62,12 +63,19 @@ def build_verified(mod: Any, targets: Any, placement: Any, args: tuple, kwargs: 
     say: Callable[[str], None] = kwargs.get("progress") or (lambda _msg: None)
     exclude: dict[str, str] = dict(kwargs.pop("offload_exclude", None) or {})
 
+    calibrated = _calibrated(targets)
     host_target = _host_target(targets) if auto else None
     rounds, gated, decided = 0, auto, None  # automatic placement replaces the gate
     while True:
         rounds += 1
         try:
-            compiled = compiler_build.build(mod, targets, placement, *args, offload_exclude=exclude, **kwargs)
+            if calibrated:  # the regions quantized by the build: calibrated first (region_quantization.py)
+                say("calibration: the graph's regions run in fp32 on the calibration inputs")
+                feeds = _record_region_inputs(mod, targets, placement, args, kwargs, exclude, wrap, calibration)
+                with region_quantization.quantizing(feeds):
+                    compiled = compiler_build.build(mod, targets, placement, *args, offload_exclude=exclude, **kwargs)
+            else:
+                compiled = compiler_build.build(mod, targets, placement, *args, offload_exclude=exclude, **kwargs)
         except RegionRefused as refused:
             say(f"{refused.vendor} refused graph {refused.region.name} at finalize; its ops stay on the CPU")
             for key in refused.bindings or []:
@@ -153,6 +161,31 @@ def build_verified(mod: Any, targets: Any, placement: Any, args: tuple, kwargs: 
                                "moved back to the CPU (their bindings are unknown)")
 
 
+def _calibrated(targets: Any) -> bool:
+    """Whether a device among ``targets`` has its regions quantized by the build."""
+    from ..devices import parse_spec
+
+    return any(region_quantization.quantizes(parse_spec(t).options) for t in targets)
+
+
+def _record_region_inputs(mod: Any, targets: Any, placement: Any, args: tuple, kwargs: dict, exclude: dict,
+                          wrap: Callable[[Any], Any], calibration: Any) -> dict:
+    """The calibration build (region_quantization.py, step 1): every region's inputs over every
+    calibration input (the user's ``calibration`` data, else one seeded random input)."""
+    with region_quantization.recording() as feeds:
+        artifact = wrap(compiler_build.build(mod, targets, placement, *args, offload_exclude=exclude, **kwargs))
+        samples = list(calibration) if isinstance(calibration, (list, tuple)) else [calibration]
+        runtime = artifact.create(execution="serial")
+        try:
+            for sample in samples:
+                for name, value in _sample_inputs(artifact, sample).items():
+                    runtime.set_input(name, value)
+                runtime.run()
+        finally:
+            runtime.close()
+    return feeds
+
+
 def _host_target(targets: Any) -> Any:
     """The first target that runs TVM kernels (the host the device's groups are weighed against)."""
     from ..devices import parse_spec, runs_tvm_kernels
@@ -191,6 +224,8 @@ def _underflow(check: Any, offload: dict) -> bool:
 
 
 def _quantized(offload: dict) -> bool:
+    if region_quantization.quantizes(offload.get("options", {})):
+        return True
     return any(r["op"] in ("relax.quantize", "relax.dequantize") for r in offload.get("refused", [])) or any(
         "quantize" in key for region in offload["regions"] for key in region.get("bindings", []))
 
