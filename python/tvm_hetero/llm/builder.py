@@ -41,6 +41,9 @@ from .packed_outputs import pack_outputs
 from .phase_check import LOGITS_TOLERANCE, teacher_forced
 
 PHASES = ("prefill", "decode")
+#: Build options only a build with an accelerator takes (verified_build.py).
+ACCELERATOR_OPTIONS = ("calibration", "offload_tolerance", "verify_offload", "offload_min_group_flops",
+                       "offload_exclude")
 DEFAULT_PREFILL_CHUNKS = (16, 64, 256)
 
 
@@ -153,6 +156,8 @@ def _entry_graph(symbolic: tvm.IRModule, size: int, phase: str, targets: Any, we
         # does: the same tolerance
         calibration = real_calls(calibrator, size) if calibrator is not None else [sample_inputs(cfg, capacity, size)]
         build_options = {"calibration": calibration, "offload_tolerance": LOGITS_TOLERANCE, **build_options}
+    else:  # a phase on the host alone: the accelerator's options are not its build's
+        build_options = {k: v for k, v in build_options.items() if k not in ACCELERATOR_OPTIONS}
     artifact = build_graph(static, targets, params=weights, backends=backends, **build_options)
     constants = {name: value for name, value in (artifact.params or {}).items() if name not in weights}
     return EntryGraph(size, phase, artifact.graph_json, artifact.lib, list(artifact.devices), artifact.build_report,

@@ -9,6 +9,7 @@ import numpy as np
 
 from ..compiler.build import device_name, format_size
 from ..ep_offload.backend import FOLDED
+from ..ep_offload.region_quantization import CALIBRATED_PRECISIONS
 from .entry_graphs import weight_devices
 from .graph_io import key_cache_shape, value_cache_shape
 
@@ -75,7 +76,10 @@ def _accelerator_lines(graph: Any) -> list[str]:
     share = offload["flops_on_device"] / offload["flops"] if offload.get("flops") else 0.0
     verification = offload.get("verification") or {}
     worst = max((r["relative_error"] for r in verification.get("regions", [])), default=float("nan"))
-    lines = [(f"             {device}: {offload['graph_executions']} graph execution(s) per call, {share:.1%} of the "
+    precision = offload.get("options", {}).get("precision")
+    if precision in CALIBRATED_PRECISIONS:
+        precision = f"{precision}: quantized at build, calibrated on real calls"
+    lines = [(f"             {device} ({precision}): {offload['graph_executions']} graph execution(s) per call, {share:.1%} of the "
              f"matmul FLOPs; verified per graph: worst relative error {worst:.2e} (tolerance "
              f"{verification.get('tolerance', float('nan')):g})")]
     refused = [r for r in offload["refused"] if r["reason"] != FOLDED]
