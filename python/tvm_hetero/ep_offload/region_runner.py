@@ -108,11 +108,11 @@ class RegionRunner:
             FAIL_NEXT.discard(self.name)
             raise RuntimeError(f"{self.label}: graph execution failed (injected failure)")
         out = args[self.output_position]
-        if self.meta.get("process") == "separate":
-            self._run_in_device_process(args, out)
-            return
         if self.meta.get("calibration_only"):  # a calibration build's plain model (region_quantization.py)
             self._run_for_calibration(args, out)
+            return
+        if self.meta.get("process") == "separate":
+            self._run_in_device_process(args, out)
             return
         if self.session is None:
             self.session = vendor_sdk.load(self.sdk).accelerator_session(self.model, self.meta["options"])

@@ -14,6 +14,11 @@ Algorithm (each round builds once):
    off the device, so the rest of the region stays; when that cannot tell (or after
    ``LOCALIZED_ROUNDS`` rounds) the whole region is kept off. Then the next round.
 
+For a device whose ``precision`` the build quantizes for (``"a16w8"``), step 1 is two builds: one
+that records every region's inputs over the calibration data, then the device's, each region
+quantized on its own inputs (:mod:`.region_quantization`). A quantized region's steps cannot be run
+alone on the device in fp32, so step 3 moves such a region back whole.
+
 Guarantee: every round keeps at least one more op off the device, so the loop ends; the artifact
 returned has every region verified on the sample inputs in its last round, and the report names
 each region's error, each op moved back and why.
