@@ -16,8 +16,8 @@ Algorithm (each round builds once):
 
 For a device whose ``precision`` the build quantizes for (``"a16w8"``), step 1 is two builds: one
 that records every region's inputs over the calibration data, then the device's, each region
-quantized on its own inputs (:mod:`.region_quantization`). A quantized region's steps cannot be run
-alone on the device in fp32, so step 3 moves such a region back whole.
+quantized on its own inputs (:mod:`.region_quantization`). Step 3 moves such a region back whole:
+its steps, run one by one in float on the device, would not say which quantized step is off.
 
 Guarantee: every round keeps at least one more op off the device, so the loop ends; the artifact
 returned has every region verified on the sample inputs in its last round, and the report names
@@ -149,7 +149,8 @@ def build_verified(mod: Any, targets: Any, placement: Any, args: tuple, kwargs: 
                       else f"verification: non-finite values on the {offload['device']} (fp16 overflow)" if check
                       else "verification: the region did not run")
             keys = region["bindings"]
-            if rounds <= LOCALIZED_ROUNDS and check is not None and len(keys) > 1:
+            localizable = not region_quantization.quantizes(offload["options"])  # its steps are float ops
+            if rounds <= LOCALIZED_ROUNDS and check is not None and len(keys) > 1 and localizable:
                 step = _first_bad_step(region["name"], artifact.offload_references.get(region["name"]), check.feeds,
                                        offload, tol)
                 steps = _steps_of(artifact, region["name"])
