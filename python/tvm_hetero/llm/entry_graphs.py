@@ -68,16 +68,19 @@ def create_runtimes(graphs: Sequence[EntryGraph], params_blob: bytes, what: str,
     keep_large_allocations_apart()
     owners: dict[tuple[int, int], GraphModule] = {}
     names_blob = None
+    weight_names: list[str] = []
     for graph in graphs:
         options = (device_options or {}).get(graph.phase)
         runtime = graph_runtime.create(graph.graph_json, graph.lib, graph.devices, device_options=options)
         key = (graph.devices[0].dlpack_device_type(), graph.devices[0].index)
         if key in owners:
-            names_blob = names_blob or _names_only(owners[key].param_names)
+            # the weights' names, taken before the owner's own constants were set (another graph lacks those)
+            names_blob = names_blob or _names_only(weight_names)
             runtime.share_params(owners[key], names_blob)
         else:
             runtime.load_params(params_blob, what)
             owners[key] = runtime
+            weight_names = list(runtime.param_names)
         if graph.constants:
             runtime.set_params(graph.constants)
         graph.runtime = runtime
