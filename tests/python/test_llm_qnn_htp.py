@@ -272,6 +272,7 @@ def test_a_qdq_bucket_qnn_computes_wrongly_moves_back(llama_model, monkeypatch):
         assert not lm.phase_check["failed"]
 
 
+@pytest.mark.slow
 def test_the_weights_once_report_compares_one_shared_context_with_one_per_graph(llama_model):
     """Two prefill buckets' HTP graphs in one shared-weights QNN context: its bytes against one
     context each, and whether this machine loads it (tried in a child process, beside the control:
