@@ -266,6 +266,8 @@ def test_a_qdq_bucket_qnn_computes_wrongly_moves_back(llama_model, monkeypatch):
     assert all(check["ok"] for check in offload.get("verification", {}).get("regions", []))
     if prefill.accelerator_executions == 0:
         assert lm.phase_check is None  # nothing on the accelerator left to check
+        report = lm.report()  # said out loud, with the reason
+        assert "NOTHING RUNS ON THE HTP" in report and "moved back to the host: verification: relative error" in report
         prompt = prompt_of(13, lm.config.vocab_size)
         assert lm.generate(prompt, 8) == reference_tokens(llama_model, prompt, 8)
     else:

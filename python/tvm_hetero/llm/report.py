@@ -3,6 +3,7 @@ backend), and the bytes of the weights, of a session's KV cache and of each grap
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -70,9 +71,13 @@ def _accelerator_lines(graph: Any) -> list[str]:
     if graph.moved_to_host:
         return [f"             MOVED TO THE HOST: {graph.moved_to_host}"]
     offload = graph.offload
-    if not offload or not offload.get("regions"):
+    if not offload:
         return []
     device = offload.get("device", "accelerator")
+    moved_back = [f"             {count} op(s) moved back to the host: {reason}"
+                  for reason, count in sorted(Counter(offload.get("excluded", {}).values()).items())]
+    if not offload.get("regions"):  # the build took nothing there: said, with why
+        return [f"             NOTHING RUNS ON THE {device.upper()}"] + moved_back if moved_back else []
     share = offload["flops_on_device"] / offload["flops"] if offload.get("flops") else 0.0
     verification = offload.get("verification") or {}
     worst = max((r["relative_error"] for r in verification.get("regions", [])), default=float("nan"))
@@ -85,7 +90,7 @@ def _accelerator_lines(graph: Any) -> list[str]:
     refused = [r for r in offload["refused"] if r["reason"] != FOLDED]
     for op, reason in sorted({(r["op"], r["reason"]) for r in refused}):
         lines.append(f"             refused by {offload.get('vendor', 'the vendor')}, on the host: {op}: {reason}")
-    return lines
+    return lines + moved_back
 
 
 def _check_lines(check: dict | None) -> list[str]:
