@@ -11,10 +11,16 @@ of matmul FLOPs on the HTP, the ops on the HTP, the build's wall time, the load 
 The emulator's wall time is not an HTP's (hundreds of times slower): no speed is reported. Run it
 confined to one core so that it disturbs the rest of the machine less:
 
-    PYTHONPATH=python taskset -c 1 python bench/llm/htp_phases.py [--tokens 64] [--capacity 128] [--chunks 8,32] [--peer]
+    PYTHONPATH=python taskset -c 1 python bench/llm/htp_phases.py [--tokens 64] [--capacity 128] [--chunks 8,32]
+        [--precisions fp16,a16w8] [--tolerance T] [--peer] [--weights-once]
 
-``--peer`` also hands each ONNX model our build gave QNN to ONNX Runtime with the QNN EP (the peer,
-qnn/peer.py) and prints its partitions, node split and error against the CPU EP.
+``--precisions``: the HTP's, fp16 and/or a16w8 (QDQ, quantized at build: docs/llm.md); each graph's
+build time is printed too. ``--tolerance`` sets verification's and the whole-path check's (the
+build's defaults otherwise), e.g. 1.0 to see an A16W8 graph's error instead of moving it back.
+``--peer`` also hands each ONNX model our build gave QNN (the QDQ one for a16w8) to ONNX Runtime with
+the QNN EP (the peer, qnn/peer.py) and prints its partitions, node split and error against the CPU EP.
+``--weights-once`` compiles the model's HTP graphs into one shared-weights QNN context against one
+per graph and tries to load it (qnn/shared_context.py).
 """
 
 from __future__ import annotations
