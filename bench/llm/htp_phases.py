@@ -11,10 +11,16 @@ of matmul FLOPs on the HTP, the ops on the HTP, the build's wall time, the load 
 The emulator's wall time is not an HTP's (hundreds of times slower): no speed is reported. Run it
 confined to one core so that it disturbs the rest of the machine less:
 
-    PYTHONPATH=python taskset -c 1 python bench/llm/htp_phases.py [--tokens 64] [--capacity 128] [--chunks 8,32] [--peer]
+    PYTHONPATH=python taskset -c 1 python bench/llm/htp_phases.py [--tokens 64] [--capacity 128] [--chunks 8,32]
+        [--precisions fp16,a16w8] [--tolerance T] [--peer] [--weights-once]
 
-``--peer`` also hands each ONNX model our build gave QNN to ONNX Runtime with the QNN EP (the peer,
-qnn/peer.py) and prints its partitions, node split and error against the CPU EP.
+``--precisions``: the HTP's, fp16 and/or a16w8 (QDQ, quantized at build: docs/llm.md); each graph's
+build time is printed too. ``--tolerance`` sets verification's and the whole-path check's (the
+build's defaults otherwise), e.g. 1.0 to see an A16W8 graph's error instead of moving it back.
+``--peer`` also hands each ONNX model our build gave QNN (the QDQ one for a16w8) to ONNX Runtime with
+the QNN EP (the peer, qnn/peer.py) and prints its partitions, node split and error against the CPU EP.
+``--weights-once`` compiles the model's HTP graphs into one shared-weights QNN context against one
+per graph and tries to load it (qnn/shared_context.py).
 """
 
 from __future__ import annotations
@@ -50,18 +56,33 @@ def peer_side_by_side(lm) -> list[dict]:
     return rows
 
 
+def weights_once_row(lm) -> dict | None:
+    """The model's HTP graphs in one QNN context with shared weights against one context each
+    (qnn/shared_context.py), and whether this machine loads the shared one."""
+    from tvm_hetero.qnn.shared_context import weights_once
+
+    models = {f"{g.size}:{name}": model for g in lm.graphs for name, model in g.accelerator_models.items()}
+    if len(models) < 2:
+        return None
+    options = next(g.offload.options for g in lm.graphs if g.accelerator_models)
+    return weights_once(models, options)
+
+
 def measure(arch: str, placement: str, tokens: int, capacity: int, chunks: tuple[int, ...],
-            with_peer: bool = False) -> dict:
+            with_peer: bool = False, precision: str = "fp16", tolerance: float | None = None,
+            with_weights_once: bool = False) -> dict:
     import tvm
     from test_llm import prompt_of, reference_tokens, tiny_model  # the test models
     from tvm_hetero import llm
 
     host = (tvm.cpu(0), "llvm")
     model = tiny_model(arch)
-    targets = ([host, "qnn-htp"] if placement == "htp" else {"prefill": [host, "qnn-htp"], "decode": [host]})
+    htp = f"qnn-htp:precision={precision}"
+    targets = ([host, htp] if placement == "htp" else {"prefill": [host, htp], "decode": [host]})
     load_before = os.getloadavg()[0]
     start = time.perf_counter()
-    lm = llm.build(model, targets, capacity=capacity, prefill_chunks=chunks, check_tokens=tokens)
+    tolerances = {} if tolerance is None else {"offload_tolerance": tolerance, "phase_tolerance": tolerance}
+    lm = llm.build(model, targets, capacity=capacity, prefill_chunks=chunks, check_tokens=tokens, **tolerances)
     build_seconds = time.perf_counter() - start
     check = lm.phase_check
     prompt = prompt_of(13, lm.config.vocab_size)
@@ -77,9 +98,13 @@ def measure(arch: str, placement: str, tokens: int, capacity: int, chunks: tuple
             "ops_asked": offload.asked if offload else 0,
             "refused": sorted({f"{r.op}: {r.reason}" for r in offload.refused}) if offload else [],
             "moved_to_host": graph.moved_to_host,
+            "build_seconds": graph.build_seconds,
+            "verified_error": max((r.relative_error for r in offload.verification.regions), default=float("nan"))
+            if offload and offload.verification else float("nan"),
         }
     peer_rows = peer_side_by_side(lm) if with_peer and placement == "htp" else []
-    return {"peer": peer_rows, "arch": arch, "placement": placement, "buckets": check["buckets"], "decode": check["decode"],
+    once = weights_once_row(lm) if with_weights_once else None
+    return {"peer": peer_rows, "weights_once": once, "precision": precision, "arch": arch, "placement": placement, "buckets": check["buckets"], "decode": check["decode"],
             "failed": check["failed"], "tolerance": check["tolerance"], "graphs": graphs,
             "generate_matches_transformers": same, "new_tokens": new, "build_seconds": build_seconds,
             "load": [load_before, os.getloadavg()[0]]}
@@ -93,10 +118,11 @@ def row(result: dict) -> str:
     flops = min(g["flops_share"] for g in graphs.values() if g["executions"]) if any(
         g["executions"] for g in graphs.values()) else 0.0
     ops = "/".join(f"{g['ops_on_device']}" for g in graphs.values())
-    return (f"| {result['arch']} | {result['placement']} | {buckets} | {decode['max_error']:.1e} | "
+    built = ", ".join(f"{size}: {g['build_seconds']:.0f}" for size, g in sorted(graphs.items()))
+    return (f"| {result['arch']} | {result['precision']} | {result['placement']} | {buckets} | {decode['max_error']:.1e} | "
             f"{decode['agreement']}/{decode['steps']} | {'same' if result['generate_matches_transformers'] else 'DIFFERENT'}"
             f" ({result['new_tokens']}) | {max(g['executions'] for g in prefill)} | {graphs[1]['executions']} | "
-            f"{flops:.0%} | {ops} | {result['build_seconds']:.0f} s | {result['load'][0]:.1f}-{result['load'][1]:.1f} |")
+            f"{flops:.0%} | {ops} | {built} | {result['build_seconds']:.0f} s | {result['load'][0]:.1f}-{result['load'][1]:.1f} |")
 
 
 def main() -> None:
@@ -106,31 +132,52 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--capacity", type=int, default=128)
     parser.add_argument("--chunks", default="8,32")
+    parser.add_argument("--precisions", default="fp16,a16w8", help="the HTP's precision(s): fp16, a16w8 (QDQ)")
+    parser.add_argument("--tolerance", type=float, default=None,
+                        help="verification and whole-path tolerance (default: the build's own)")
+    parser.add_argument("--weights-once", action="store_true",
+                        help="also compile the HTP graphs into one shared-weights context (placement htp)")
     parser.add_argument("--out", help="write every result as JSON here")
     parser.add_argument("--peer", action="store_true",
                         help="also run ONNX Runtime + QNN EP on the ONNX graphs handed to QNN (placement htp)")
     args = parser.parse_args()
     chunks = tuple(int(c) for c in args.chunks.split(","))
     results = []
-    print("| model | placement | prefill buckets: logits error | decode: worst error | greedy agreement "
+    print("| model | HTP precision | placement | prefill buckets: logits error | decode: worst error | greedy agreement "
           "(teacher-forced) | generate vs transformers (tokens) | HTP executions per chunk | per token | "
-          "matmul FLOPs on the HTP | ops on the HTP per graph | build | load |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "matmul FLOPs on the HTP | ops on the HTP per graph | build per graph (s) | build | load |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for arch in args.archs.split(","):
-        for placement in args.placements.split(","):
-            result = measure(arch, placement, args.tokens, args.capacity, chunks, args.peer)
-            results.append(result)
-            print(row(result), flush=True)
-            for size, graph in result["graphs"].items():
-                for refused in graph["refused"]:
-                    print(f"    graph of {size} row(s): refused: {refused}")
-            for peer in result["peer"]:
-                print(f"    peer (ONNX Runtime + QNN EP) on the graph of {peer['size']} row(s): "
-                      + (f"{peer['partitions']} QNN partition(s), {peer['nodes_qnn']} nodes on QNN, {peer['nodes_cpu']} "
-                         f"on the CPU {peer['cpu_ops'] or ''}, error {peer['relative_error']:.1e}" if peer["ran"]
-                         else f"did not run: {peer['error']}"))
+        for precision in args.precisions.split(","):
+            for placement in args.placements.split(","):
+                result = measure(arch, placement, args.tokens, args.capacity, chunks, args.peer, precision,
+                                 args.tolerance, args.weights_once and placement == "htp")
+                results.append(result)
+                print(row(result), flush=True)
+                report_details(result)
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1, default=lambda v: float(np.asarray(v))))
+
+
+def report_details(result: dict) -> None:
+    """The lines under a row: refusals, graphs moved back, the peer, the shared context."""
+    for size, graph in result["graphs"].items():
+        for refused in graph["refused"]:
+            print(f"    graph of {size} row(s): refused: {refused}")
+    for peer in result["peer"]:
+        print(f"    peer (ONNX Runtime + QNN EP) on the graph of {peer['size']} row(s): "
+              + (f"{peer['partitions']} QNN partition(s), {peer['nodes_qnn']} nodes on QNN, {peer['nodes_cpu']} "
+                 f"on the CPU {peer['cpu_ops'] or ''}, error {peer['relative_error']:.1e}" if peer["ran"]
+                 else f"did not run: {peer['error']}"))
+    for size, graph in result["graphs"].items():
+        if graph["moved_to_host"]:
+            print(f"    graph of {size} row(s) MOVED TO THE HOST: {graph['moved_to_host']}")
+    once = result["weights_once"]
+    if once:
+        print(f"    weights once: one shared QNN context {once['shared_bytes']} B for {once['graphs']} graphs "
+              f"against {'+'.join(map(str, once['per_graph_bytes']))} B one per graph "
+              f"({once['shared_over_largest']:.2f}x the largest graph); loads here: "
+              f"{'yes' if once['shared_loads'] else 'no: ' + once['why_not']}")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ emulator's runs stay short."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -334,3 +335,100 @@ def test_the_demo_prefills_a_decoder_on_the_htp_and_decodes_on_the_cpu_beside_th
     assert "the same as transformers' fp32 greedy tokens" in out
     peer_line = next(line for line in out.splitlines() if "ONNX Runtime + QNN EP on the same graph" in line)
     assert "QNN partition(s)" in peer_line and "relative error" in peer_line, peer_line
+# -- QDQ phases: 8-bit weights, 16-bit activations, quantized at build (precision "a16w8") --
+
+QDQ_HTP = "qnn-htp:precision=a16w8"
+#: The wide random weights of the test models (initializer_range 0.5: scores of +-50, attention
+#: almost one-hot) are as hard as it gets for 8-bit weights: their A16W8 logits are 3-6e-2 off fp32
+#: per call (docs/performance.md), so these tests allow 0.1 where a trained model keeps the default.
+QDQ_TOLERANCE = 0.1
+
+
+@pytest.fixture(scope="module")
+def qdq_prefill(llama_model):
+    """Prefill on the HTP in A16W8 (calibrated on real calls through the host's fp32 graph), decode on the CPU."""
+    return llm.build(llama_model, {"prefill": [CPU, QDQ_HTP], "decode": [CPU]}, capacity=CAPACITY,
+                     prefill_chunks=CHUNKS, check_tokens=CHECK_TOKENS, offload_tolerance=QDQ_TOLERANCE,
+                     phase_tolerance=QDQ_TOLERANCE)
+
+
+def test_a_qdq_prefill_bucket_runs_every_matmul_on_the_htp_quantized_and_verified(qdq_prefill):
+    (prefill,) = [g for g in qdq_prefill.graphs if g.phase == "prefill"]
+    offload = prefill.offload
+    assert offload.options["precision"] == "a16w8" and offload.quantized
+    assert offload.flops_on_device == offload.flops > 0  # every matmul
+    assert prefill.accelerator_executions == 1 and not prefill.moved_to_host
+    verification = offload.verification
+    assert verification.inputs == "calibration data"
+    assert all(check.ok and 0 < check.relative_error <= QDQ_TOLERANCE for check in verification.regions)
+    # what QNN compiled is the QDQ model: 16-bit activations, 8-bit weights
+    import onnx
+
+    (model,) = prefill.accelerator_models.values()
+    proto = onnx.load_from_string(model)
+    inits = {i.name: i for i in proto.graph.initializer}
+    made_by = {out: node for node in proto.graph.node for out in node.output}
+    activations = {inits[n.input[2]].data_type for n in proto.graph.node
+                   if n.op_type == "QuantizeLinear" and len(n.input) > 2 and n.input[2] in inits}
+    assert activations == {onnx.TensorProto.UINT16}
+    matmul_weights = [inits[made_by[n.input[1]].input[0]].data_type for n in proto.graph.node
+                      if n.op_type == "MatMul" and n.input[1] in made_by and made_by[n.input[1]].op_type == "DequantizeLinear"
+                      and made_by[n.input[1]].input[0] in inits]
+    assert matmul_weights and set(matmul_weights) == {onnx.TensorProto.UINT8}
+
+
+def test_the_qdq_whole_path_check_reports_the_greedy_agreement(qdq_prefill):
+    check = qdq_prefill.phase_check
+    assert check["tolerance"] == QDQ_TOLERANCE and not check["failed"]
+    assert 0 < check["buckets"][8] <= QDQ_TOLERANCE
+    assert check["decode"]["steps"] == CHECK_TOKENS and 0 <= check["decode"]["agreement"] <= CHECK_TOKENS
+    report = qdq_prefill.report()
+    assert "HTP (a16w8: quantized at build, calibrated on real calls)" in report
+    assert f"greedy agreement {check['decode']['agreement']}/{CHECK_TOKENS}" in report
+
+
+@pytest.mark.slow
+def test_a_qdq_bucket_qnn_computes_wrongly_moves_back(llama_model, monkeypatch):
+    """Quantized without the mask rule (region_quantization.py), an additive mask stretches a 16-bit
+    range over 1e30: QNN computes the bucket far off fp32; verification moves its ops back."""
+    from tvm_hetero.ep_offload import region_quantization
+
+    monkeypatch.setattr(region_quantization, "MASKED_BELOW", float("-inf"))
+    lm = llm.build(llama_model, {"prefill": [CPU, QDQ_HTP], "decode": [CPU]}, capacity=CAPACITY,
+                   prefill_chunks=CHUNKS, check_tokens=4, offload_tolerance=QDQ_TOLERANCE,
+                   phase_tolerance=QDQ_TOLERANCE)
+    (prefill,) = [g for g in lm.graphs if g.phase == "prefill"]
+    offload = prefill.offload
+    moved = [reason for reason in offload.excluded.values() if reason.startswith("verification: relative error")]
+    assert moved, offload.excluded
+    errors = [float(re.search(r"relative error (\S+) >", reason).group(1)) for reason in moved]
+    assert max(errors) > 0.5  # off by the logits' own size: a wrong result, not rounding
+    # what stays on the HTP is verified; with nothing left there, the tokens are the host's fp32 ones
+    assert all(check.ok for check in (offload.verification.regions if offload.verification else []))
+    if prefill.accelerator_executions == 0:
+        assert lm.phase_check is None  # nothing on the accelerator left to check
+        report = lm.report()  # said out loud, with the reason
+        assert "NOTHING RUNS ON THE HTP" in report and "moved back to the host: verification: relative error" in report
+        prompt = prompt_of(13, lm.config.vocab_size)
+        assert lm.generate(prompt, 8) == reference_tokens(llama_model, prompt, 8)
+    else:
+        assert not lm.phase_check["failed"]
+
+
+@pytest.mark.slow
+def test_the_weights_once_report_compares_one_shared_context_with_one_per_graph(llama_model):
+    """Two prefill buckets' HTP graphs in one shared-weights QNN context: its bytes against one
+    context each, and whether this machine loads it (tried in a child process, beside the control:
+    the same graphs one context each, opened the same way)."""
+    from tvm_hetero.qnn.shared_context import weights_once
+
+    lm = llm.build(llama_model, {"prefill": [CPU, "qnn-htp"], "decode": [CPU]}, capacity=CAPACITY,
+                   prefill_chunks=(8, 16), check_tokens=0)
+    models = {f"{g.size}:{name}": model for g in lm.graphs for name, model in g.accelerator_models.items()}
+    assert len(models) == 2
+    once = weights_once(models, lm.graphs[1].offload.options)
+    assert once["graphs"] == 2 and all(b > 0 for b in once["per_graph_bytes"])
+    # what the graphs hold alike is stored once: less than the two contexts side by side
+    assert once["largest_graph_bytes"] <= once["shared_bytes"] < sum(once["per_graph_bytes"])
+    assert once["per_graph_loads"], once["per_graph_why_not"]  # the control opens here
+    assert once["shared_loads"] or once["why_not"]  # the x86 emulator refuses it: said, with why

@@ -173,6 +173,8 @@ class CompiledGraph:
     device_libs: dict[int, DeviceLibrary] = field(default_factory=dict)
     # Per offload region: its plain ONNX model, the CPU reference verification runs (not exported).
     offload_references: dict[str, bytes] = field(default_factory=dict)
+    # Per offload region: the ONNX model the vendor compiled (the plain one, or quantized at build).
+    offload_device_models: dict[str, bytes] = field(default_factory=dict)
 
 
 def build(
@@ -281,12 +283,13 @@ def build(
     report = _make_report(lowered, graph, plan, devices, target_list, switches)
     report.compile_seconds = time.perf_counter() - start
     report.backend_notes = notes
-    references = {}
+    references, device_models = {}, {}
     for backend in backends:
         summary = backend.build_summary(lowered)
         if summary is not None:  # an accelerator's backend: what it took, refused and runs
             report.offload = summary
             references.update(backend.reference_models)
+            device_models.update(getattr(backend, "device_models", {}))
     compiled = CompiledGraph(
         graph_json=graph.to_json(plan.storage_ids, plan.storage_offsets),
         lib=lib,
@@ -296,6 +299,7 @@ def build(
         build_report=report,
         device_libs=device_libs,
         offload_references=references,
+        offload_device_models=device_models,
     )
     if auto is not None:
         report.autoplace = auto.explanation  # the artifact layer adds the built graph's measured latency

@@ -47,6 +47,7 @@ from ..ir.patterns import LRN_ATTR, lrn_pattern
 from ..ir.prepare_passes import DropNoOps, FoldChannelAffine, FoldConvAffine, SimplifyStackSum
 from ..ir.relax_helpers import readers, static_shape
 from ..kind_record import KindRecord
+from . import region_quantization
 from . import sdk as vendor_sdk
 from .capability_probe import probe
 from .constant_chains import FoldConstantChains
@@ -152,6 +153,8 @@ class EpOffloadBackend(Backend):
         self._weights: dict[str, dict[int, np.ndarray]] = {}
         #: Per region name: the plain ONNX model (the CPU reference verification runs).
         self.reference_models: dict[str, bytes] = {}
+        #: Per region name: the ONNX model handed to the vendor to compile (the plain one, or quantized).
+        self.device_models: dict[str, bytes] = {}
         self._cache_path = Path(cache_path) if cache_path else _default_cache_path(self.name)
 
     @classmethod
@@ -241,7 +244,8 @@ class EpOffloadBackend(Backend):
                     pending[cache_key] = assemble(spec, weights, "probe")[0]
                 keyed[key] = (binding.var, op, cache_key)
         if pending:
-            _remember(cache, pending, probe(list(pending.values()), self.options, self.sdk, self.vendor), self._cache_path)
+            _remember(cache, pending, probe(list(pending.values()), self.probe_options(), self.sdk, self.vendor),
+                      self._cache_path)
         for key, (var, op, cache_key) in keyed.items():
             ok, reason = cache[cache_key]
             self.answers[key] = (op, bool(ok), reason)
@@ -282,7 +286,8 @@ class EpOffloadBackend(Backend):
                 pending[cache_key] = assemble(spec, weights, "probe")[0]
             asked.append((unit, cache_key))
         if pending:
-            _remember(cache, pending, probe(list(pending.values()), self.options, self.sdk, self.vendor), self._cache_path)
+            _remember(cache, pending, probe(list(pending.values()), self.probe_options(), self.sdk, self.vendor),
+                      self._cache_path)
         for unit, cache_key in asked:
             if not cache[cache_key][0]:
                 continue
@@ -292,8 +297,16 @@ class EpOffloadBackend(Backend):
                     self.answers[key] = (self.answers[key][0], True, WITH_READER)
                     self._accepted.add(var)
 
+    def probe_options(self) -> dict:
+        """The options ops are asked about with. A precision the build quantizes for (calibrated,
+        :mod:`.region_quantization`) has no quantized op to ask about yet: its float ops are asked in
+        fp16, and the quantized graph answers for itself when the vendor compiles it."""
+        if region_quantization.quantizes(self.options):
+            return {**self.options, "precision": "fp16"}
+        return self.options
+
     def _cache_key(self, spec: dict, weights: dict[int, np.ndarray]) -> str:
-        text = spec_text({"spec": spec, "weights": sorted(weights), "options": self.options,
+        text = spec_text({"spec": spec, "weights": sorted(weights), "options": self.probe_options(),
                           self.name: self.vendor_sdk().version(), "probe": PROBE_VERSION})
         return hashlib.sha256(text.encode()).hexdigest()
 
@@ -321,7 +334,7 @@ class EpOffloadBackend(Backend):
         cache = _load_cache(self._cache_path)
         key = self._cache_key(spec, {})
         if key not in cache:
-            _remember(cache, {key: b""}, probe([assemble(spec, {}, "probe")[0]], self.options, self.sdk, self.vendor),
+            _remember(cache, {key: b""}, probe([assemble(spec, {}, "probe")[0]], self.probe_options(), self.sdk, self.vendor),
                       self._cache_path)
         return bool(cache[key][0])
 
@@ -439,8 +452,16 @@ class EpOffloadBackend(Backend):
             model, bound, output = assemble(region.spec, self._region_weights(region), region.name)
             self.reference_models[region.name] = model
             call = self._vendor_call
+            device_model = model
             try:
-                context = call("finalize", region.name, model)
+                if region_quantization.is_recording():  # the calibration build: the plain model, on the CPU EP
+                    context = model
+                else:
+                    if region_quantization.quantizes(self.options):
+                        device_model = call("quantize", region.name, model,
+                                            region_quantization.calibration_for(model, region.name))
+                    context = call("finalize", region.name, device_model)
+                    self.device_models[region.name] = device_model
             except vendor_sdk.VendorUnavailable:
                 raise
             except VendorProcessDied as died:  # nothing more is asked of a library that crashed on this graph
@@ -448,7 +469,7 @@ class EpOffloadBackend(Backend):
                                             f"{self.device_label} process ({died.ended})", vendor=self.vendor) from None
             except Exception as err:  # noqa: BLE001 (ONNX Runtime's own error types)
                 try:
-                    nodes = call("unsupported_nodes", region.name, model)
+                    nodes = call("unsupported_nodes", region.name, device_model)
                 except VendorProcessDied:
                     nodes = []
                 reason = (f"{self.vendor} does not take {', '.join(sorted({t for _n, t in nodes}))} there" if nodes
@@ -459,7 +480,8 @@ class EpOffloadBackend(Backend):
             last = region.spec["steps"][-1] if region.spec.get("op") == "block" else region.spec
             meta = {"inputs": bound, "num_args": num_inputs + 1, "output": output, "shape": last["shape"],
                     "dtype": last["dtype"], "options": self.options, "ops": len(region.ops), "device": region.device,
-                    "process": self.process, "sdk": self.sdk, "label": self.device_label}
+                    "process": self.process, "sdk": self.sdk, "label": self.device_label,
+                    "calibration_only": region_quantization.is_recording()}
             entries.append({"name": region.name, "offset": offset, "size": len(context), "meta": json.dumps(meta)})
             blobs.append(context)
             offset += len(context)

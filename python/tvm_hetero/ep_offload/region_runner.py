@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import tvm_ffi
 
+from . import region_quantization
 from . import sdk as vendor_sdk
 from .sdk import cpu_session
 from .vendor_process import process_for, vendor_call
@@ -107,6 +108,9 @@ class RegionRunner:
             FAIL_NEXT.discard(self.name)
             raise RuntimeError(f"{self.label}: graph execution failed (injected failure)")
         out = args[self.output_position]
+        if self.meta.get("calibration_only"):  # a calibration build's plain model (region_quantization.py)
+            self._run_for_calibration(args, out)
+            return
         if self.meta.get("process") == "separate":
             self._run_in_device_process(args, out)
             return
@@ -124,6 +128,14 @@ class RegionRunner:
         self.executions += 1
         if _verification is not None:
             self._check(args, _verification)
+
+    def _run_for_calibration(self, args: tuple, out: Any) -> None:
+        """The plain fp32 model on ONNX Runtime's CPU EP; its inputs recorded for quantization."""
+        if self.session is None:
+            self.session = cpu_session(self.model)
+        feeds = {f"in{p}": _host_view(args[p]).copy() for p in self.inputs}
+        np.copyto(_host_view(out), self.session.run([self.output_name], feeds)[0])
+        region_quantization.record(self.model, feeds)
 
     def _run_in_device_process(self, args: tuple, out: Any) -> None:
         """One round trip to the device's own process, the data inside."""

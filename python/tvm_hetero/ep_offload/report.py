@@ -13,6 +13,7 @@ from collections import Counter
 
 from .backend import FOLDED
 from .offload_report import OffloadReport
+from .region_quantization import quantizes
 
 
 def explain(offload: OffloadReport, devices: list[str]) -> list[str]:
@@ -20,8 +21,9 @@ def explain(offload: OffloadReport, devices: list[str]) -> list[str]:
     lines = []
     options = offload.options
     vendor, device = offload.vendor, offload.device
-    precision = (f"QDQ units quantized, other ops {options.get('precision')}" if offload.quantized
-                 else options.get("precision"))
+    precision = (f"{options.get('precision')}: quantized at build, calibrated on the graph's own values"
+                 if quantizes(options) else f"QDQ units quantized, other ops {options.get('precision')}"
+                 if offload.quantized else options.get("precision"))
     # What the vendor accepts and what the build put on the device are two numbers: verification, the gate and
     # automatic placement move accepted ops back (each with its reason, under "moved back").
     placed = sum(region.ops for region in offload.regions)

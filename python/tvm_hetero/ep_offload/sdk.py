@@ -10,7 +10,9 @@ A vendor package names one module (its backend's ``sdk``, a dotted module path) 
 - ``finalize(model, options) -> bytes``: the model compiled for the device (an EP-context model);
 - ``unsupported_nodes(model, options) -> [(node name, op type)]``: the nodes it will not take;
 - ``accelerator_outputs(model, options, feeds, names) -> [array]``: named values computed there;
-- ``profiled_cycles(model, options, feeds) -> (cycles, microseconds)``: NaNs where it has no profile.
+- ``profiled_cycles(model, options, feeds) -> (cycles, microseconds)``: NaNs where it has no profile;
+- optionally ``quantize(model, options, feeds) -> bytes``: a float model as the QDQ model the device
+  runs for a calibrated precision, calibrated on ``feeds`` (:mod:`.region_quantization`).
 
 A cost module (the backend's ``costs``; optional) has ``graph_key(model, options) -> str``,
 ``graph_seconds(key, cycles, options) -> placement_judgement.Cost`` (seconds, labelled) and ``modeled(options, cycles, calls) ->
@@ -28,7 +30,7 @@ from typing import Any
 REQUIRED = ("require", "available", "version", "accelerator_session", "accepts", "finalize", "unsupported_nodes",
             "accelerator_outputs", "profiled_cycles")
 #: The functions the build may ask of it by name, in this process or in the vendor's (vendor_process.py).
-CALLABLE = ("finalize", "unsupported_nodes", "profiled_cycles", "accelerator_outputs")
+CALLABLE = ("finalize", "unsupported_nodes", "profiled_cycles", "accelerator_outputs", "quantize")
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,10 @@ def function(sdk: str, name: str) -> Any:
     """One of :data:`CALLABLE`, by name (an unknown name is an error before any process is asked)."""
     if name not in CALLABLE:
         raise ValueError(f"vendor call: unknown function {name!r}; one of {sorted(CALLABLE)}")
-    return getattr(load(sdk), name)
+    found = getattr(load(sdk), name, None)
+    if not callable(found):
+        raise TypeError(f"vendor SDK module {sdk!r} has no {name} (see tvm_hetero.ep_offload.sdk)")
+    return found
 
 
 def cpu_session(model: bytes, threads: int = 1) -> Any:

@@ -14,6 +14,11 @@ Algorithm (each round builds once):
    off the device, so the rest of the region stays; when that cannot tell (or after
    ``LOCALIZED_ROUNDS`` rounds) the whole region is kept off. Then the next round.
 
+For a device whose ``precision`` the build quantizes for (``"a16w8"``), step 1 is two builds: one
+that records every region's inputs over the calibration data, then the device's, each region
+quantized on its own inputs (:mod:`.region_quantization`). Step 3 moves such a region back whole:
+its steps, run one by one in float on the device, would not say which quantized step is off.
+
 Guarantee: every round keeps at least one more op off the device, so the loop ends; the artifact
 returned has every region verified on the sample inputs in its last round, and the report names
 each region's error, each op moved back and why.
@@ -30,6 +35,7 @@ from ..compiler import build as compiler_build
 from ..graph import Graph
 from ..kind_record import resolve
 from ..sample_inputs import sample_values
+from . import region_quantization
 from .backend import RegionRefused
 from .capability_probe import FP16_SMALLEST_NORMAL, underflow_hint
 from .offload_report import OffloadReport, RegionCheck, Verification
@@ -64,12 +70,19 @@ def build_verified(mod: Any, targets: Any, placement: Any, args: tuple, kwargs: 
     say: Callable[[str], None] = kwargs.get("progress") or (lambda _msg: None)
     exclude: dict[str, str] = dict(kwargs.pop("offload_exclude", None) or {})
 
+    calibrated = _calibrated(targets)
     host_target = _host_target(targets) if auto else None
     rounds, gated, decided = 0, auto, None  # automatic placement replaces the gate
     while True:
         rounds += 1
         try:
-            compiled = compiler_build.build(mod, targets, placement, *args, offload_exclude=exclude, **kwargs)
+            if calibrated:  # the regions quantized by the build: calibrated first (region_quantization.py)
+                say("calibration: the graph's regions run in fp32 on the calibration inputs")
+                feeds = _record_region_inputs(mod, targets, placement, args, kwargs, exclude, wrap, calibration)
+                with region_quantization.quantizing(feeds):
+                    compiled = compiler_build.build(mod, targets, placement, *args, offload_exclude=exclude, **kwargs)
+            else:
+                compiled = compiler_build.build(mod, targets, placement, *args, offload_exclude=exclude, **kwargs)
         except RegionRefused as refused:
             say(f"{refused.vendor} refused graph {refused.region.name} at finalize; its ops stay on the CPU")
             for key in refused.bindings or []:
@@ -134,7 +147,8 @@ def build_verified(mod: Any, targets: Any, placement: Any, args: tuple, kwargs: 
                       else f"verification: non-finite values on the {offload.device} (fp16 overflow)" if check
                       else "verification: the region did not run")
             keys = region.bindings
-            if rounds <= LOCALIZED_ROUNDS and check is not None and len(keys) > 1:
+            localizable = not region_quantization.quantizes(offload.options)  # its steps are float ops
+            if rounds <= LOCALIZED_ROUNDS and check is not None and len(keys) > 1 and localizable:
                 step = _first_bad_step(region.name, artifact.offload_references.get(region.name), check.feeds,
                                        offload, tol)
                 steps = _steps_of(artifact, region.name)
@@ -149,6 +163,31 @@ def build_verified(mod: Any, targets: Any, placement: Any, args: tuple, kwargs: 
         if len(exclude) == before:  # nothing more can move: never loop, never return an unverified region
             raise RuntimeError(f"{offload.device} verification failed for {[r.name for r, _c in bad]} and their ops cannot be "
                                "moved back to the CPU (their bindings are unknown)")
+
+
+def _calibrated(targets: Any) -> bool:
+    """Whether a device among ``targets`` has its regions quantized by the build."""
+    from ..devices import parse_spec
+
+    return any(region_quantization.quantizes(parse_spec(t).options) for t in targets)
+
+
+def _record_region_inputs(mod: Any, targets: Any, placement: Any, args: tuple, kwargs: dict, exclude: dict,
+                          wrap: Callable[[Any], Any], calibration: Any) -> dict:
+    """The calibration build (region_quantization.py, step 1): every region's inputs over every
+    calibration input (the user's ``calibration`` data, else one seeded random input)."""
+    with region_quantization.recording() as feeds:
+        artifact = wrap(compiler_build.build(mod, targets, placement, *args, offload_exclude=exclude, **kwargs))
+        samples = list(calibration) if isinstance(calibration, (list, tuple)) else [calibration]
+        runtime = artifact.create(execution="serial")
+        try:
+            for sample in samples:
+                for name, value in _sample_inputs(artifact, sample).items():
+                    runtime.set_input(name, value)
+                runtime.run()
+        finally:
+            runtime.close()
+    return feeds
 
 
 def _host_target(targets: Any) -> Any:
@@ -189,6 +228,8 @@ def _underflow(check: Any, offload: OffloadReport) -> bool:
 
 
 def _quantized(offload: OffloadReport) -> bool:
+    if region_quantization.quantizes(offload.options):
+        return True
     return any(r.op in ("relax.quantize", "relax.dequantize") for r in offload.refused) or any(
         "quantize" in key for region in offload.regions for key in region.bindings)
 

@@ -27,6 +27,7 @@ from tvm import relax
 from ..build_driver import build as build_graph
 from .architectures import family_builder
 from .buckets import check_sizes
+from .calibration import needs_real_calls, real_calls
 from .checkpoint import load_weights, read_checkpoint
 from .decode_placement import choose
 from .entry_graphs import EntryGraph, create_runtimes
@@ -41,6 +42,9 @@ from .phase_check import LOGITS_TOLERANCE, teacher_forced
 from .this_cpu import compiled_for, for_this_cpu
 
 PHASES = ("prefill", "decode")
+#: Build options only a build with an accelerator takes (verified_build.py).
+ACCELERATOR_OPTIONS = ("calibration", "offload_tolerance", "verify_offload", "offload_min_group_flops",
+                       "offload_exclude")
 DEFAULT_PREFILL_CHUNKS = (16, 64, 256)
 
 
@@ -94,6 +98,7 @@ def build(model: Any, targets: Any = None, *, capacity: int = 512,
         names = family.matmul_weights(cfg)
         params, shapes = quantize_weights(dict(params), names), quantized_shapes(shapes, names)
     symbolic = family.entry_module(cfg, capacity, shapes)
+    calibrator = _calibrator(symbolic, phase_targets, params, backends, cfg, capacity, say)
     # A decode graph on the host alone is built for one row: its attention is one kernel over the
     # cache's filled rows (one_row_attention.py); an accelerator's takes the chunk graphs' form.
     decode = symbolic if _has_accelerator(phase_targets["decode"]) else family.entry_module(cfg, capacity, shapes, 1)
@@ -102,7 +107,8 @@ def build(model: Any, targets: Any = None, *, capacity: int = 512,
         phase = "decode" if size == 1 else "prefill"
         say(f"building the {phase} graph of {size} row(s)")
         graphs.append(_entry_graph(decode if size == 1 else symbolic, size, phase, phase_targets[phase], params,
-                                   backends, build_options, cfg, capacity))
+                                   backends, build_options, cfg, capacity, calibrator))
+    del calibrator
     blob = _params_blob(params)
     create_runtimes(graphs, blob, "weights", phase_options)
     weight_bytes = sum(v.nbytes for v in params.values())
@@ -127,11 +133,23 @@ def _params_blob(params: dict) -> bytes:
     return bytes(tvm.runtime.save_param_dict({k: tvm.runtime.tensor(v) for k, v in params.items()}))
 
 
-def _entry_graph(symbolic: tvm.IRModule, size: int, phase: str, targets: Any, weights: dict, backends: Any,
-                 build_options: dict, cfg: Any, capacity: int) -> EntryGraph:
-    """The static graph of ``size`` rows, built for ``targets``."""
-    from ..devices import parse_spec, runs_tvm_kernels
+def _calibrator(symbolic: tvm.IRModule, phase_targets: dict, weights: dict, backends: Any, cfg: Any, capacity: int,
+                say: Callable[[str], None]) -> LanguageModel | None:
+    """When an accelerator's graphs are quantized at build: the fp32 host decode graph whose real
+    calls calibrate them (calibration.py); else None."""
+    if not needs_real_calls(phase_targets):
+        return None
+    say("building the host's fp32 decode graph (the quantized graphs' calibration runs prompts through it)")
+    graph = _entry_graph(symbolic, 1, "decode", _host_targets(phase_targets["decode"] + phase_targets["prefill"]),
+                         weights, backends, {}, cfg, capacity)
+    create_runtimes([graph], _params_blob(weights), "weights")
+    return LanguageModel(cfg, capacity, [graph], 0)
 
+
+def _entry_graph(symbolic: tvm.IRModule, size: int, phase: str, targets: Any, weights: dict, backends: Any,
+                 build_options: dict, cfg: Any, capacity: int, calibrator: LanguageModel | None = None) -> EntryGraph:
+    """The static graph of ``size`` rows, built for ``targets`` (an accelerator's graph calibrated on
+    real calls through ``calibrator`` when given, else verified on :func:`sample_inputs`)."""
     start = time.perf_counter()
     free = relax.analysis.defined_symbolic_vars(symbolic["main"])
     static = relax.transform.BindSymbolicVars({"n": size})(symbolic) if free else symbolic  # else built for `size`
@@ -141,13 +159,15 @@ def _entry_graph(symbolic: tvm.IRModule, size: int, phase: str, targets: Any, we
         # the accelerator's graphs are verified on the inputs of a real call (ids in the vocabulary, ...);
         # one graph holds most of the decoder, so its error compounds over its layers as the whole path's
         # does: the same tolerance
-        build_options = {"calibration": [sample_inputs(cfg, capacity, size)], "offload_tolerance": LOGITS_TOLERANCE,
-                         **build_options}
+        calibration = real_calls(calibrator, size) if calibrator is not None else [sample_inputs(cfg, capacity, size)]
+        build_options = {"calibration": calibration, "offload_tolerance": LOGITS_TOLERANCE, **build_options}
+    else:  # a phase on the host alone: the accelerator's options are not its build's
+        build_options = {k: v for k, v in build_options.items() if k not in ACCELERATOR_OPTIONS}
     artifact = build_graph(static, targets, params=weights, backends=backends, **build_options)
     constants = {name: value for name, value in (artifact.params or {}).items() if name not in weights}
     return EntryGraph(size, phase, artifact.graph_json, artifact.lib, list(artifact.devices), artifact.build_report,
                       time.perf_counter() - start, constants=constants, packed=packed,
-                      accelerator_models=dict(getattr(artifact, "offload_references", None) or {}))
+                      accelerator_models=dict(getattr(artifact, "offload_device_models", None) or {}))
 
 
 def _has_accelerator(targets: Any) -> bool:

@@ -3,12 +3,14 @@ backend), and the bytes of the weights, of a session's KV cache and of each grap
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import numpy as np
 
 from ..compiler.build import device_name, format_size
 from ..ep_offload.backend import FOLDED
+from ..ep_offload.region_quantization import CALIBRATED_PRECISIONS
 from .entry_graphs import weight_devices
 from .graph_io import key_cache_shape, value_cache_shape
 
@@ -71,19 +73,26 @@ def _accelerator_lines(graph: Any) -> list[str]:
     if graph.moved_to_host:
         return [f"             MOVED TO THE HOST: {graph.moved_to_host}"]
     offload = graph.offload
-    if not offload or not offload.regions:
+    if not offload:
         return []
     device = offload.device
+    moved_back = [f"             {count} op(s) moved back to the host: {reason}"
+                  for reason, count in sorted(Counter(offload.excluded.values()).items())]
+    if not offload.regions:  # the build took nothing there: said, with why
+        return [f"             NOTHING RUNS ON THE {device.upper()}"] + moved_back if moved_back else []
     share = offload.flops_on_device / offload.flops if offload.flops else 0.0
     verification = offload.verification
     worst = max((r.relative_error for r in verification.regions), default=float("nan")) if verification else float("nan")
-    lines = [(f"             {device}: {offload.graph_executions} graph execution(s) per call, {share:.1%} of the "
+    precision = offload.options.get("precision")
+    if precision in CALIBRATED_PRECISIONS:
+        precision = f"{precision}: quantized at build, calibrated on real calls"
+    lines = [(f"             {device} ({precision}): {offload.graph_executions} graph execution(s) per call, {share:.1%} of the "
              f"matmul FLOPs; verified per graph: worst relative error {worst:.2e} (tolerance "
              f"{verification.tolerance if verification else float('nan'):g})")]
     refused = [r for r in offload.refused if r.reason != FOLDED]
     for op, reason in sorted({(r.op, r.reason) for r in refused}):
         lines.append(f"             refused by {offload.vendor}, on the host: {op}: {reason}")
-    return lines
+    return lines + moved_back
 
 
 def _check_lines(check: dict | None) -> list[str]:

@@ -150,14 +150,19 @@ def available() -> bool:
     return True
 
 
+#: The device's precisions: "fp16" (float graphs in fp16), "quantized" (the model is QDQ already),
+#: "a16w8" (float graphs the build quantizes: 8-bit weights, 16-bit activations; :func:`quantize`).
+PRECISIONS = ("fp16", "quantized", "a16w8")
+
+
 def provider_options(options: dict) -> dict[str, str]:
     """The QNN EP's options for a device's ``{"soc_model", "htp_arch", "precision"}``. fp16 is
     set explicitly (its default differs between the docs and the code), and on x86 Linux it is
     refused unless ``soc_model`` is set, which it always is here."""
     _ort, qnn = require()
     precision = str(options.get("precision", "fp16"))
-    if precision not in ("fp16", "quantized"):
-        raise ValueError(f"qnn-htp precision {precision!r}: expected 'fp16' or 'quantized'")
+    if precision not in PRECISIONS:
+        raise ValueError(f"qnn-htp precision {precision!r}: expected one of {', '.join(map(repr, PRECISIONS))}")
     out = {
         "backend_path": qnn.get_qnn_htp_path(),
         "soc_model": str(int(options.get("soc_model", 60))),
@@ -399,3 +404,26 @@ def portable_context(context: bytes) -> bytes:
                 attribute.s = CONTEXT_SOURCE.encode()
                 changed = True
     return model.SerializeToString() if changed else context
+
+
+def quantize(model: bytes, options: dict, feeds: list[dict]) -> bytes:
+    """``model`` (a float region) as the QDQ model the HTP runs for precision "a16w8": 8-bit weights,
+    16-bit activations (as the HTP decoders of ExecuTorch, ONNX Runtime GenAI and Genie ship),
+    quantized by ONNX Runtime's static quantizer with QNN's own configuration (which ops it takes
+    quantized, in which form), calibrated on ``feeds`` (the region's inputs in real calls;
+    :mod:`tvm_hetero.ep_offload.region_quantization`)."""
+    import onnxruntime.quantization as ortq
+    from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
+
+    from ..ep_offload.region_quantization import feed_reader, prepare
+
+    if str(options.get("precision")) != "a16w8":
+        raise ValueError(f"qnn-htp: quantize is for precision 'a16w8', not {options.get('precision')!r}")
+    proto, overrides = prepare(model, feeds)
+    config = get_qnn_qdq_config(proto, feed_reader(feeds), activation_type=ortq.QuantType.QUInt16,
+                                weight_type=ortq.QuantType.QUInt8, init_overrides=overrides)
+    with tempfile.TemporaryDirectory(prefix="tvm_hetero_qnn_qdq_") as tmp:
+        path = os.path.join(tmp, "region_qdq.onnx")
+        ortq.quantize(proto, path, config)
+        with open(path, "rb") as f:
+            return f.read()
