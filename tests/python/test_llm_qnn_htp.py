@@ -209,7 +209,7 @@ def test_an_export_with_htp_graphs_loads_with_the_same_tokens_report_and_stats(p
     assert stats["prefill"]["calls"] == 3 and stats["prefill"]["accelerator_graph_executions"] == 3  # 1 + 2 chunks
     assert stats["decode"]["accelerator_graph_executions"] == 0
     report = loaded.report()
-    assert "HTP: 1 graph execution(s) per call" in report and f"greedy agreement {CHECK_TOKENS}/{CHECK_TOKENS}" in report
+    assert "HTP (fp16): 1 graph execution(s) per call" in report and f"greedy agreement {CHECK_TOKENS}/{CHECK_TOKENS}" in report
 
 
 def test_loading_an_export_finalizes_no_htp_graph(prefill_on_htp, htp_export, monkeypatch):
