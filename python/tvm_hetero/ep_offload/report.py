@@ -78,4 +78,23 @@ def explain(offload: dict, devices: list[str]) -> list[str]:
                    if check.get("underflow") else "")
             lines.append(f"    {check['region']} ({check['ops']} ops): relative error {check['relative_error']:.2e}"
                          f"{why}: {verdict}")
+    lines.extend(_move_back_lines(offload, device))
+    return lines
+
+
+def _move_back_lines(offload: dict, device: str) -> list[str]:
+    """Each step verification moved back and why; each round's FLOPs on the device against its worst error."""
+    move_back = offload.get("move_back")
+    if not move_back or not move_back["steps"]:
+        return []
+    lines = [f"  {device} steps moved back by verification (rule {move_back['rule']!r}; own error: the step fed the "
+             "CPU's inputs; inherited: in the device's own chain):"]
+    for row in move_back["steps"]:
+        what = (f"step {row['step']} ({', '.join(row['ops'])})" if row.get("step") is not None else row["rule"])
+        lines.append(f"    {row['region']} {what}, {len(row['bindings'])} op(s): {row['reason']}")
+    lines.append(f"  {device} conv/matmul FLOPs on the {device} against the worst graph error, per verification round:")
+    for row in move_back["rounds"]:
+        share = row["flops_on_device"] / row["flops"] if row["flops"] else 0.0
+        lines.append(f"    round {row['round']}: {share:.1%} in {row['graphs']} graph(s), worst error "
+                     f"{row['worst_error']:.2e} ({row['bad_graphs']} over the tolerance)")
     return lines

@@ -9,14 +9,18 @@ Algorithm (each round builds once):
    received (:mod:`.region_runner`). A region is bad when its error relative to the largest
    reference value exceeds the tolerance, or when it yields non-finite values where the CPU does not
    (fp16 overflow beyond 65504).
-3. A bad region of several steps is localized: its graph is run once more with every intermediate
-   value as an output, on the device and on the CPU, and the first step whose value is off is kept
-   off the device, so the rest of the region stays; when that cannot tell (or after
-   ``LOCALIZED_ROUNDS`` rounds) the whole region is kept off. Then the next round.
+3. A bad region of several steps moves back the fewest ops that :mod:`.fewest_ops` can tell: each
+   step's own error (fed the CPU's inputs) and inherited error are measured in one vendor call, the
+   steps that fail alone move back, else the steps where error builds up; for up to
+   ``FEWEST_OPS_ROUNDS`` rounds. With ``offload_move_back="first_bad_step"`` (the earlier rule, kept
+   to compare) its graph is run once more with every intermediate value as an output and the first
+   step whose value is off is kept off the device, for up to ``LOCALIZED_ROUNDS`` rounds. When
+   neither can tell, or after those rounds, the whole region is kept off. Then the next round.
 
 Guarantee: every round keeps at least one more op off the device, so the loop ends; the artifact
 returned has every region verified on the sample inputs in its last round, and the report names
-each region's error, each op moved back and why.
+each region's error, each op moved back and why, and each round's FLOPs on the device against its
+worst error.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from ..graph import Graph
 from ..kind_record import resolve
 from .backend import RegionRefused
 from .capability_probe import FP16_SMALLEST_NORMAL, underflow_hint
+from .fewest_ops import attribute, choose
 from .onnx_regions import step_of_node
 from .sdk import cpu_session
 from .vendor_process import vendor_call
@@ -40,6 +45,10 @@ FP16_TOLERANCE = 1e-2
 #: ... and of a quantized one (int8 steps compound across a graph: a few steps of 1/256).
 QUANTIZED_TOLERANCE = 5e-2
 LOCALIZED_ROUNDS = 3
+#: Verification rounds in which a bad region moves back only the steps :mod:`.fewest_ops` names.
+FEWEST_OPS_ROUNDS = 8
+#: How a bad region is narrowed down (``offload_move_back``): the fewest ops, or its first bad step.
+MOVE_BACK_RULES = ("fewest", "first_bad_step")
 #: A group of fewer conv/matmul FLOPs than this (``offload_min_group_flops``) whose ops make fewer elements
 #: than one graph call is worth (the backend's ``elements_per_call``) stays on the CPU, unless it is the
 #: build's largest. By default that is a group with no conv/matmul work and little else (a join, an
@@ -61,6 +70,13 @@ def build_verified(mod: Any, targets: Any, placement: Any, args: tuple, kwargs: 
     min_group_flops = float(kwargs.pop("offload_min_group_flops", MIN_GROUP_FLOPS))
     say: Callable[[str], None] = kwargs.get("progress") or (lambda _msg: None)
     exclude: dict[str, str] = dict(kwargs.pop("offload_exclude", None) or {})
+    move_back = kwargs.pop("offload_move_back", "fewest")
+    if move_back not in MOVE_BACK_RULES:
+        raise ValueError(f"offload_move_back={move_back!r}: expected one of {', '.join(MOVE_BACK_RULES)}")
+    # Each verification round's FLOPs on the device against its worst error, and each step moved back.
+    history: list[dict] = []
+    moved_back: list[dict] = []
+    build_up_attempts = 0
 
     host_target = _host_target(targets) if auto else None
     rounds, gated, decided = 0, auto, None  # automatic placement replaces the gate
@@ -108,6 +124,11 @@ def build_verified(mod: Any, targets: Any, placement: Any, args: tuple, kwargs: 
         offload["quantized"] = _quantized(offload)
         offload["verification"] = {"tolerance": tol, "rounds": rounds, "regions": results,
                                "inputs": "calibration data" if calibration is not None else "seeded random inputs"}
+        history.append({"round": rounds, "graphs": len(offload["regions"]),
+                        "flops_on_device": offload.get("flops_on_device", 0.0), "flops": offload.get("flops", 0.0),
+                        "worst_error": max((r["relative_error"] for r in results), default=0.0),
+                        "bad_graphs": len(bad)})
+        offload["move_back"] = {"rule": move_back, "rounds": history, "steps": moved_back}
         if not bad:
             if offload.get("costs"):
                 cycles = sum(c.cycles for c in checks.values() if c.cycles == c.cycles)
@@ -136,7 +157,18 @@ def build_verified(mod: Any, targets: Any, placement: Any, args: tuple, kwargs: 
                       else f"verification: non-finite values on the {offload['device']} (fp16 overflow)" if check
                       else "verification: the region did not run")
             keys = region["bindings"]
-            if rounds <= LOCALIZED_ROUNDS and check is not None and len(keys) > 1:
+            if move_back == "fewest" and len(history) <= FEWEST_OPS_ROUNDS and check is not None and len(keys) > 1:
+                chosen = _fewest_ops(region, artifact, check, offload, tol, exclude, build_up_attempts + 1)
+                if chosen is not None:
+                    build_up_attempts += any(row["rule"] == "build-up" for row in chosen)
+                    for row in chosen:
+                        exclude.update(dict.fromkeys(row["bindings"], row["reason"]))
+                    moved_back.extend(chosen)
+                    say(f"{offload['device']} graph {region['name']} failed verification ({reason}); "
+                        f"{sum(len(row['bindings']) for row in chosen)} op(s) of {len(chosen)} step(s) move back "
+                        "to the CPU")
+                    continue
+            elif move_back == "first_bad_step" and rounds <= LOCALIZED_ROUNDS and check is not None and len(keys) > 1:
                 step = _first_bad_step(region["name"], artifact.offload_references.get(region["name"]), check.feeds,
                                        offload, tol)
                 steps = _steps_of(artifact, region["name"])
@@ -146,6 +178,8 @@ def build_verified(mod: Any, targets: Any, placement: Any, args: tuple, kwargs: 
                 keys = region["bindings"]
             for key in keys:
                 exclude[key] = reason
+            moved_back.append({"region": region["name"], "step": None, "ops": [], "bindings": list(keys),
+                               "reason": reason, "rule": "whole region" if keys == region["bindings"] else "first bad step"})
             say(f"{offload['device']} graph {region['name']} failed verification ({reason}); "
                 f"{len(keys)} op(s) move back to the CPU")
         if len(exclude) == before:  # nothing more can move: never loop, never return an unverified region
@@ -229,6 +263,25 @@ def _verify(artifact: Any, inputs: dict[str, np.ndarray]) -> dict:
         finally:
             runtime.close()
     return dict(results)
+
+
+def _fewest_ops(region: dict, artifact: Any, check: Any, offload: dict, tol: float, exclude: dict[str, str],
+                attempt: int) -> list[dict] | None:
+    """The steps of a bad region :mod:`.fewest_ops` moves back, one row each (region, step, its ONNX
+    ops, bindings, errors, reason, rule); None when it cannot tell or names nothing new."""
+    steps = _steps_of(artifact, region["name"])
+    if not steps:
+        return None
+    errors = attribute(region["name"], artifact.offload_references.get(region["name"]), check.feeds, offload)
+    if errors is None:
+        return None
+    movable = {s for s, keys in enumerate(steps) if set(keys) - set(exclude)}
+    chosen = choose(errors, tol, attempt, movable)
+    by_step = {e.step: e for e in errors}
+    rows = [{"region": region["name"], "step": s, "ops": by_step[s].ops, "bindings": list(steps[s]),
+             "own_error": by_step[s].own, "inherited_error": by_step[s].inherited, "reason": chosen.reasons[s],
+             "rule": chosen.rule} for s in chosen.steps if s < len(steps)]
+    return rows or None
 
 
 def _first_bad_step(region: str, model: bytes | None, feeds: dict | None, offload: dict, tol: float) -> int | None:
