@@ -130,14 +130,14 @@ def choose(errors: list[StepError], tolerance: float, attempt: int, movable: set
             for e in culprits}, "culprits")
     if not candidates:
         return Choice([])
-    crossing = next((e.step for e in candidates if e.inherited > tolerance), candidates[-1].step)
-    prefix = [e for e in candidates if e.step <= crossing]
+    crossing = next((e for e in errors if e.inherited > tolerance), errors[-1])
+    prefix = [e for e in candidates if e.step <= crossing.step] or candidates
     without_flops = [e for e in prefix if not e.has_flops]
     pool = sorted(without_flops or prefix, key=lambda e: e.own, reverse=True)
     taken = pool[:2 ** max(attempt - 1, 0)]
     return Choice([e.step for e in taken], {e.step: (
-        f"verification: error builds up across the graph (inherited {e.inherited:.2e}, "
-        f"over {tolerance:g} by step {crossing}); its own error {e.own:.2e} is the largest "
+        f"verification: error builds up across the graph (step {crossing.step} inherits {crossing.inherited:.2e} "
+        f"> {tolerance:g}); its own error {e.own:.2e} is the largest "
         f"{'of the steps without conv/matmul work ' if without_flops else ''}before that")
         for e in taken}, "build-up")
 
