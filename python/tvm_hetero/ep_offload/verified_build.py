@@ -14,8 +14,9 @@ Algorithm (each round builds once):
    steps that fail alone move back, else the steps where error builds up; for up to
    ``FEWEST_OPS_ROUNDS`` rounds. With ``offload_move_back="first_bad_step"`` (the earlier rule, kept
    to compare) its graph is run once more with every intermediate value as an output and the first
-   step whose value is off is kept off the device, for up to ``LOCALIZED_ROUNDS`` rounds. When
-   neither can tell, or after those rounds, the whole region is kept off. Then the next round.
+   step whose value is off is kept off the device, for up to ``LOCALIZED_ROUNDS`` rounds (also where
+   :mod:`.fewest_ops` cannot tell). When neither can tell, or after those rounds, the whole region is
+   kept off. Then the next round.
 
 Guarantee: every round keeps at least one more op off the device, so the loop ends; the artifact
 returned has every region verified on the sample inputs in its last round, and the report names
@@ -168,7 +169,8 @@ def build_verified(mod: Any, targets: Any, placement: Any, args: tuple, kwargs: 
                         f"{sum(len(row['bindings']) for row in chosen)} op(s) of {len(chosen)} step(s) move back "
                         "to the CPU")
                     continue
-            elif move_back == "first_bad_step" and rounds <= LOCALIZED_ROUNDS and check is not None and len(keys) > 1:
+            # The earlier rule, also where the fewest ops cannot be told (the vendor would not run the cut graph).
+            if rounds <= LOCALIZED_ROUNDS and check is not None and len(keys) > 1:
                 step = _first_bad_step(region["name"], artifact.offload_references.get(region["name"]), check.feeds,
                                        offload, tol)
                 steps = _steps_of(artifact, region["name"])
