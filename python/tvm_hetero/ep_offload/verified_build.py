@@ -96,6 +96,10 @@ def build_verified(mod: Any, targets: Any, placement: Any, args: tuple, kwargs: 
         offload = artifact.build_report.offload if artifact.build_report else None
         if offload and decided is not None:
             offload["auto"] = decided
+        if offload and history and not offload["regions"]:  # verification moved every graph back
+            history.append({"round": rounds, "graphs": 0, "flops_on_device": 0.0, "flops": offload.get("flops", 0.0),
+                            "worst_error": 0.0, "bad_graphs": 0})
+            offload["move_back"] = {"rule": move_back, "rounds": history, "steps": moved_back}
         if not verify or not offload or not offload["regions"]:
             return artifact
         # The gate runs once, on the first build the vendor finalizes whole: moving a group back re-forms the
