@@ -51,6 +51,13 @@ def test_a_graph_of_convs_only_still_moves_one_step_back() -> None:
     assert choose(errors, TOL, attempt=1, movable={0, 1, 2}).steps == [1]
 
 
+def test_when_no_value_passes_the_tolerance_with_every_value_an_output_any_step_is_a_candidate() -> None:
+    # The graph failed, yet run with every value as an output (less fused) no step's value is off.
+    errors = _errors((["Conv"], 1e-3, 1e-3), (["Mul"], 2e-3, 2e-3), (["Conv"], 1e-3, 3e-3), (["Add"], 3e-3, 4e-3))
+    chosen = choose(errors, TOL, attempt=1, movable={0, 1, 2, 3})
+    assert chosen.steps == [3] and "no step's value passes" in chosen.reasons[3]
+
+
 def test_steps_already_off_the_device_are_never_chosen_and_nothing_movable_names_nothing() -> None:
     errors = _errors((["Softmax"], 5e-2, 5e-2), (["Add"], 1e-3, 2e-2))
     assert choose(errors, TOL, attempt=1, movable={1}).steps == [1]

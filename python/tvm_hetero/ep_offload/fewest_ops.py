@@ -21,8 +21,8 @@ region. Choice, per failing region and round:
 1. **Culprits.** Every step whose own error exceeds the tolerance, or that yields non-finite values
    where the CPU does not: alone it fails whatever else the device keeps. All move back at once.
 2. **Error that builds up.** No step fails alone: the region fails on rounding carried through many
-   steps. Among the steps up to the first whose inherited error passes the tolerance (all steps, when
-   only the region's output does), those without conv/matmul work (ONNX's Conv, ConvTranspose,
+   steps. Among the steps up to the first whose inherited error passes the tolerance (all steps when
+   none does: with every value an output the vendor may fuse and round less than in the graph), those without conv/matmul work (ONNX's Conv, ConvTranspose,
    MatMul, Gemm) are preferred, so that the device keeps its FLOPs; the ``2 ** (attempt - 1)`` of them
    with the largest own errors move back (``attempt`` counts this build's rounds of this kind, so a
    long chain is cut in a few rounds, not one step per round). Moving a step back splits the graph
@@ -130,14 +130,17 @@ def choose(errors: list[StepError], tolerance: float, attempt: int, movable: set
             for e in culprits}, "culprits")
     if not candidates:
         return Choice([])
-    crossing = next((e for e in errors if e.inherited > tolerance), errors[-1])
-    prefix = [e for e in candidates if e.step <= crossing.step] or candidates
+    # With every value an output the vendor may fuse less and round less: no step's value may pass the
+    # tolerance even where the graph does. Then the whole chain is the candidate.
+    crossing = next((e for e in errors if e.inherited > tolerance), None)
+    prefix = [e for e in candidates if crossing is None or e.step <= crossing.step] or candidates
+    where = (f"step {crossing.step} inherits {crossing.inherited:.2e} > {tolerance:g}" if crossing else
+             f"no step's value passes {tolerance:g} with every value an output; any step a candidate")
     without_flops = [e for e in prefix if not e.has_flops]
     pool = sorted(without_flops or prefix, key=lambda e: e.own, reverse=True)
     taken = pool[:2 ** max(attempt - 1, 0)]
     return Choice([e.step for e in taken], {e.step: (
-        f"verification: error builds up across the graph (step {crossing.step} inherits {crossing.inherited:.2e} "
-        f"> {tolerance:g}); its own error {e.own:.2e} is the largest "
+        f"verification: error builds up across the graph ({where}); its own error {e.own:.2e} is the largest "
         f"{'of the steps without conv/matmul work ' if without_flops else ''}before that")
         for e in taken}, "build-up")
 
