@@ -51,10 +51,14 @@ def explain(offload: dict, devices: list[str]) -> list[str]:
         for op, count in sorted(Counter(r["op"] for r in unplaced).items()):
             lines.append(f"    {count} x {op}")
     excluded = offload.get("excluded", {})
+    # Ops verification moved back step by step are listed with their step below, not once more here.
+    by_step = {key for row in (offload.get("move_back") or {}).get("steps", []) for key in row["bindings"]} & set(excluded)
     if excluded:
         lines.append(f"  {device}: {len(excluded)} ops moved back to the CPU:")
-        for reason, count in sorted(Counter(excluded.values()).items()):
+        for reason, count in sorted(Counter(r for key, r in excluded.items() if key not in by_step).items()):
             lines.append(f"    {count} ops: {reason}")
+        if by_step:
+            lines.append(f"    {len(by_step)} ops: verification, each step listed below")
     if offload.get("auto"):
         lines.append(f"  {device} automatic placement (each group: one call of its {vendor} graph against the host "
                      "computing it, measured on the host):")
