@@ -52,7 +52,8 @@ def explain(offload: dict, devices: list[str]) -> list[str]:
             lines.append(f"    {count} x {op}")
     excluded = offload.get("excluded", {})
     # Ops verification moved back step by step are listed with their step below, not once more here.
-    by_step = {key for row in (offload.get("move_back") or {}).get("steps", []) for key in row["bindings"]} & set(excluded)
+    by_step = {key for row in (offload.get("move_back") or {}).get("steps", []) if row.get("step") is not None
+               for key in row["bindings"]} & set(excluded)
     if excluded:
         lines.append(f"  {device}: {len(excluded)} ops moved back to the CPU:")
         for reason, count in sorted(Counter(r for key, r in excluded.items() if key not in by_step).items()):

@@ -15,7 +15,8 @@ Algorithm (each round builds once):
    ``FEWEST_OPS_ROUNDS`` rounds. With ``offload_move_back="first_bad_step"`` (the earlier rule, kept
    to compare) its graph is run once more with every intermediate value as an output and the first
    step whose value is off is kept off the device, for up to ``LOCALIZED_ROUNDS`` rounds (also where
-   :mod:`.fewest_ops` cannot tell). When neither can tell, or after those rounds, the whole region is
+   :mod:`.fewest_ops` cannot tell, and for an fp16 underflow, which is the inputs' scale, not one
+   op's). When neither can tell, or after those rounds, the whole region is
    kept off. Then the next round.
 
 Guarantee: every round keeps at least one more op off the device, so the loop ends; the artifact
@@ -162,7 +163,9 @@ def build_verified(mod: Any, targets: Any, placement: Any, args: tuple, kwargs: 
                       else f"verification: non-finite values on the {offload['device']} (fp16 overflow)" if check
                       else "verification: the region did not run")
             keys = region["bindings"]
-            if move_back == "fewest" and len(history) <= FEWEST_OPS_ROUNDS and check is not None and len(keys) > 1:
+            # An underflow is the inputs' scale, not one op's (every step computes ~0): no attribution.
+            if (move_back == "fewest" and len(history) <= FEWEST_OPS_ROUNDS and check is not None and len(keys) > 1
+                    and not _underflow(check, offload)):
                 chosen = _fewest_ops(region, artifact, check, offload, tol, exclude, build_up_attempts + 1)
                 if chosen is not None:
                     build_up_attempts += any(row["rule"] == "build-up" for row in chosen)
