@@ -22,15 +22,15 @@ region. Choice, per failing region and round:
    where the CPU does not: alone it fails whatever else the device keeps. All move back at once.
 2. **Error that builds up.** No step fails alone: the region fails on rounding carried through many
    steps. Among the steps up to the first whose inherited error passes the tolerance (all steps when
-   none does: with every value an output the vendor may fuse and round less than in the graph), those without conv/matmul work (ONNX's Conv, ConvTranspose,
-   MatMul, Gemm) are preferred, so that the device keeps its FLOPs; the ``2 ** (attempt - 1)`` of them
-   with the largest own errors move back (``attempt`` counts this build's rounds of this kind, so a
+   none does: with every value an output the vendor may fuse and round less than in the graph),
+   those without conv/matmul work (ONNX's Conv, ConvTranspose, MatMul, Gemm) are preferred, so that
+   the device keeps its FLOPs; the ``2 ** (attempt - 1)`` of them with the largest own errors move back (``attempt`` counts this build's rounds of this kind, so a
    long chain is cut in a few rounds, not one step per round). Moving a step back splits the graph
    there, and each part is verified afresh on its own inputs.
 
 Guarantee: :func:`attribute` returns None when it cannot tell (the vendor will not run the combined
-graph); otherwise :func:`choose` names at least one step of the region, so each round moves at least
-one op back and the build's loop ends. The caller (:mod:`.verified_build`) caps the rounds and then
+graph); otherwise :func:`choose` names at least one step of the region still on the device, so each
+round moves at least one op back and the build's loop ends. The caller (:mod:`.verified_build`) caps the rounds and then
 moves a still-failing region back whole, so the artifact it returns has every region verified.
 What is *not* guaranteed: the fewest ops in the sense of an optimum (the choice is greedy, one
 attribution per round), and the end-to-end error of the whole model (each graph is verified on the
