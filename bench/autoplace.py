@@ -154,7 +154,7 @@ def bench(setup: str, name: str, rounds: int, builds: int, cache_dir: Path) -> i
             "halves": lambda info: int(npu(info) and info.index >= num_ops // 2),
         }
     arts = {"auto": auto_art}
-    predicted = {"auto": auto_art.build_report.autoplace["predicted_seconds"]}
+    predicted = {"auto": auto_art.build_report.autoplace.predicted_seconds}
     for label, placement in placements.items():
         arts[label] = tvm_hetero.build(mod, targets, placement=placement)
         # as built, with the default backends (each region where the placement puts its anchor)
@@ -196,8 +196,8 @@ def bench(setup: str, name: str, rounds: int, builds: int, cache_dir: Path) -> i
           f"auto / best baseline: {median['auto'] / best_baseline:.2f}")
     report = auto_art.build_report.autoplace
     warm_s, hand_s, same_s = (statistics.median(x) for x in (warm, hand, same))
-    print(f"  build: auto cold cache {cold:.1f} s ({report['kernels_measured']} kernel timings, "
-          f"{report.get('as_built_measured', 0)} for judging as built), auto warm cache {warm_s:.2f} s; by hand: "
+    print(f"  build: auto cold cache {cold:.1f} s ({report.kernels_measured} kernel timings, "
+          f"{report.as_built_measured} for judging as built), auto warm cache {warm_s:.2f} s; by hand: "
           f"all on the primary {hand_s:.2f} s (warm / hand {warm_s / hand_s:.2f}), auto's own placement "
           f"{same_s:.2f} s (warm / same by hand {warm_s / same_s:.2f}); medians of {builds}")
     print("\n".join("  " + line.strip() for line in auto_art.report().splitlines()

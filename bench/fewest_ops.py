@@ -126,16 +126,16 @@ def ours(model, inputs: dict, reference: np.ndarray, rule: str, tolerance: float
     out = rt.get_output(0).numpy()
     rt.close()
     htp = art.build_report.offload
-    moved = [r for r in htp["excluded"].values() if r.startswith("verification")]
-    checks = htp.get("verification", {}).get("regions", [])  # none when every graph moved back
-    return {"rule": rule, "flops_on_htp": htp["flops_on_device"] / htp["flops"], "gflops": htp["flops"] / 1e9,
-            "graphs": len(htp["regions"]), "ops_on_htp": sum(r["ops"] for r in htp["regions"]),
-            "ops_moved_back": len(moved), "rounds": len(htp.get("move_back", {}).get("rounds", [])) or 1,
-            "worst_graph_error": max((r["relative_error"] for r in checks), default=0.0),
-            "tolerance": tolerance if tolerance is not None else htp["verification"]["tolerance"],
+    moved = [r for r in htp.excluded.values() if r.startswith("verification")]
+    checks = htp.verification.regions if htp.verification else []  # none when every graph moved back
+    return {"rule": rule, "flops_on_htp": htp.flops_on_device / htp.flops, "gflops": htp.flops / 1e9,
+            "graphs": len(htp.regions), "ops_on_htp": sum(r.ops for r in htp.regions),
+            "ops_moved_back": len(moved), "rounds": len(htp.move_back.rounds) if htp.move_back else 1,
+            "worst_graph_error": max((r.relative_error for r in checks), default=0.0),
+            "tolerance": tolerance if tolerance is not None else htp.verification.tolerance,
             "model_error": relative_error(out, reference),
-            "history": htp.get("move_back", {}).get("rounds", []), "build_seconds_emulated": seconds,
-            "report": art.report()}
+            "history": [vars(r) for r in htp.move_back.rounds] if htp.move_back else [],
+            "build_seconds_emulated": seconds, "report": art.report()}
 
 
 def peer(model, inputs: dict, reference: np.ndarray, timeout: float) -> dict:

@@ -71,14 +71,14 @@ def _ours(model, inputs: dict, repeat: int) -> dict:
         load_s = time.perf_counter() - t
         same = bool(np.array_equal(loaded.get_output(0).numpy(), out))
         loaded.close()
-    ops_htp = sum(r["ops"] for r in htp["regions"])
+    ops_htp = sum(r.ops for r in htp.regions)
     return {"out": out, "seconds": statistics.median(times), "build_seconds": build_s, "load_to_first_seconds": load_s,
             "load_output_identical": same, "graph_executions": stats["accelerator_graph_executions"],
-            "ops_on_htp": ops_htp, "ops_asked": htp["asked"], "flops_share": htp["flops_on_device"] / max(htp["flops"], 1),
-            "moved_back": len(htp.get("excluded", {})),
-            "verification": [(v["region"], v["relative_error"], v["ok"])
-                             for v in (htp.get("verification") or {}).get("regions", [])],
-            "modeled_seconds": (htp.get("modeled") or {}).get("seconds")}
+            "ops_on_htp": ops_htp, "ops_asked": htp.asked, "flops_share": htp.flops_on_device / max(htp.flops, 1),
+            "moved_back": len(htp.excluded),
+            "verification": [(v.region, v.relative_error, v.ok)
+                             for v in (htp.verification.regions if htp.verification else [])],
+            "modeled_seconds": htp.modeled.seconds if htp.modeled else None}
 
 
 def rejected_in_the_middle():
@@ -166,7 +166,7 @@ def concurrency(repeat: int) -> dict:
     serial, concurrent = statistics.median(times["serial"]), statistics.median(times["concurrent"])
     return {"serial_seconds": serial, "concurrent_seconds": concurrent, "speedup": serial / concurrent,
             "bit_identical": bool(np.array_equal(outs["serial"], outs["concurrent"])),
-            "groups": art.build_report.offload["graph_executions"], "timeline": timeline.get("devices") if isinstance(
+            "groups": art.build_report.offload.graph_executions, "timeline": timeline.get("devices") if isinstance(
                 timeline, dict) else None, "load_average": os.getloadavg()}
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up, then run the main job: Inception-v1 over two CPU clusters by measured cost, then SqueezeNet
-# over the host CPU and a Qualcomm HTP (QNN, emulated by onnxruntime-qnn), each run and checked.
+# over the host CPU and a Qualcomm HTP (QNN, emulated by onnxruntime-qnn), then a tiny decoder whose
+# prompt is prefilled on the HTP and whose tokens are decoded on the CPU, each run and checked.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh

@@ -137,6 +137,7 @@ std::unique_ptr<RunFrame> GraphRuntime::Frame(const FrameOptions& options) const
   FrameSharing sharing;
   sharing.from = default_frame_.get();
   sharing.own_call_sites = !options.share_call_sites;
+  sharing.scratch = options.scratch;
   sharing.inputs.assign(NumInputs(), 0);
   for (int index : options.shared_inputs) {
     sharing.inputs[CheckedInputIndex(index, "input")] = 1;
@@ -149,6 +150,8 @@ std::unique_ptr<RunFrame> GraphRuntime::Frame(const FrameOptions& options) const
   frame->UseExecutor(ExecutorFor(*frame));
   return frame;
 }
+
+int64_t GraphRuntime::ScratchBytes(DLDevice device) const { return RunFrame::ScratchBytes(*model_, *plan_, device); }
 
 std::string GraphRuntime::PlanText() const { return plan_->ToString(graph_); }
 

@@ -43,7 +43,14 @@ ffi::Optional<ffi::Function> GraphRuntimeModule::GetFunction(const ffi::String& 
   }
   if (n == "frame") {
     ffi::ObjectPtr<ffi::ModuleObj> me = ffi::GetObjectPtr<ffi::ModuleObj>(static_cast<ffi::ModuleObj*>(this));
-    return ffi::Function::FromTyped([me, rt]() { return CreateFrameModule(ffi::Module(me), rt->Frame()); });
+    return ffi::Function::FromTyped([me, rt](ffi::Optional<ffi::Tensor> scratch) {
+      FrameOptions options;
+      if (scratch.has_value()) options.scratch = scratch.value();
+      return CreateFrameModule(ffi::Module(me), rt->Frame(options));
+    });
+  }
+  if (n == "scratch_bytes") {
+    return ffi::Function::FromTyped([self, rt](DLDevice device) { return rt->ScratchBytes(device); });
   }
   if (n == "plan") return ffi::Function::FromTyped([self, rt]() { return ffi::String(rt->PlanText()); });
   if (n == "run") return ffi::Function::FromTyped([self, rt]() { rt->Run(); });

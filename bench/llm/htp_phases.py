@@ -69,13 +69,13 @@ def measure(arch: str, placement: str, tokens: int, capacity: int, chunks: tuple
     same = lm.generate(prompt, new) == reference_tokens(model, prompt, new)
     graphs = {}
     for graph in lm.graphs:
-        offload = graph.offload or {}
+        offload = graph.offload
         graphs[graph.size] = {
             "executions": graph.accelerator_executions,
-            "flops_share": offload["flops_on_device"] / offload["flops"] if offload.get("flops") else 0.0,
-            "ops_on_device": sum(r["ops"] for r in offload.get("regions", [])),
-            "ops_asked": offload.get("asked", 0),
-            "refused": sorted({f"{r['op']}: {r['reason']}" for r in offload.get("refused", [])}),
+            "flops_share": offload.flops_on_device / offload.flops if offload and offload.flops else 0.0,
+            "ops_on_device": sum(r.ops for r in offload.regions) if offload else 0,
+            "ops_asked": offload.asked if offload else 0,
+            "refused": sorted({f"{r.op}: {r.reason}" for r in offload.refused}) if offload else [],
             "moved_to_host": graph.moved_to_host,
         }
     peer_rows = peer_side_by_side(lm) if with_peer and placement == "htp" else []

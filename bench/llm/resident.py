@@ -66,7 +66,11 @@ def child(path: Path, threads: int, rounds: int, prompt_len: int) -> dict:
         loads.append(os.getloadavg()[0])
     from tvm_hetero.llm.report import kv_cache_bytes
 
+    session = lm.session()  # measured after the resident figures: it is a second session
     return {
+        "graph_scratch_bytes": {g.size: g.runtime.scratch_bytes() for g in lm.graphs},
+        "session_scratch_bytes": session.scratch_bytes,
+        "frames_own_bytes": {size: r.frame.allocated_bytes for size, r in session.runners.items()},
         "weights": lm.weights, "weight_bytes": lm.weight_bytes, "kv_cache_bytes": kv_cache_bytes(lm),
         "rss_import": imported - base, "rss_after_load": loaded - imported,
         "rss_after_generate": generated - imported,
@@ -99,6 +103,13 @@ def main() -> int:
           f"+{result['rss_after_generate'] / mib:.1f} MiB; time to first token ({args.prompt}-token prompt) "
           f"{result['ttft_s'] * 1e3:.0f} ms (median of {args.rounds}; load {min(result['load']):.1f}-"
           f"{max(result['load']):.1f})")
+    needs = {int(k): v / mib for k, v in result["graph_scratch_bytes"].items()}
+    print(f"intermediate values per graph (MiB): {', '.join(f'{k} rows {v:.2f}' for k, v in sorted(needs.items()))}; "
+          f"a session holds one scratch of {result['session_scratch_bytes'] / mib:.2f} MiB for all of them "
+          f"(their sum: {sum(needs.values()):.2f}); beside the decode graph's the prefill graphs cost "
+          f"{(result['session_scratch_bytes'] / mib - needs[1]):.2f} MiB = "
+          f"{100 * (result['session_scratch_bytes'] - result['graph_scratch_bytes']['1']) / result['weight_bytes']:.1f}% "
+          f"of the weights")
     print(json.dumps(result))
     return 0
 

@@ -89,6 +89,8 @@ class GraphRuntime {
    *        keeps the execution mode (SetExecution) in force when it was made.
    */
   std::unique_ptr<RunFrame> Frame(const FrameOptions& options = FrameOptions()) const;
+  /*! \brief Bytes a frame takes from a scratch on `device` (FrameOptions::scratch): its intermediate values. */
+  int64_t ScratchBytes(DLDevice device) const;
   /*! \brief Whether Frame() can make frames: every device is local (a remote runner serves only the
    *         default frame's memory). */
   bool FramesSupported() const;

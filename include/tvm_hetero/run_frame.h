@@ -42,6 +42,13 @@ struct FrameOptions {
    *         runs its frames one after another), so a backend keeps its state (oneDNN's reordered
    *         weights) once. */
   bool share_call_sites = false;
+  /*! \brief Memory for the values a Run computes (pool slots holding no input, on devices sharing
+   *         memory with the scratch's), instead of the frame's own: frames that never run at the
+   *         same time (the graphs of one generation session) give the same scratch and hold one
+   *         graph's intermediate values between them. An output not bound is then valid until any
+   *         of those frames runs. At least GraphRuntime::ScratchBytes of its device; undefined: the
+   *         frame allocates its own. */
+  tvm::ffi::Tensor scratch;
 };
 
 /*! \brief Which inputs a frame reads from another frame's memory (GraphRuntime::Frame decides). */
@@ -54,6 +61,8 @@ struct FrameSharing {
   bool wait_for_inputs = false;
   /*! \brief Ask the library for a call site of its own per kernel (false: the plan's). */
   bool own_call_sites = false;
+  /*! \brief FrameOptions::scratch. */
+  tvm::ffi::Tensor scratch;
 };
 
 /*! \brief Per-run state of a GraphRuntime (see the file comment). */
@@ -97,6 +106,8 @@ class RunFrame {
   int64_t io_bytes_copied() const { return io_bytes_copied_; }
   /*! \brief Bytes of memory this frame allocated (pool slots not shared, copy buffers, staging). */
   int64_t allocated_bytes() const;
+  /*! \brief Bytes a frame of `plan` takes from a scratch on `device` (FrameOptions::scratch). */
+  static int64_t ScratchBytes(const PlanInputs& model, const ExecutionPlan& plan, DLDevice device);
 
   // ---- what GraphRuntime and the executors use (not part of the user-facing API) ----
   /*! \brief One call at a time per frame (plan/run_frame_use.h). */

@@ -5,12 +5,14 @@ through a vendor's SDK) build through it: it builds, checks what the vendor comp
 CPU and moves back what is wrong (:mod:`tvm_hetero.ep_offload.verified_build` for the first).
 Other builds: with ``placement="auto"`` the runtime's measurer is handed to the compiler's
 placement; the built graph is measured, and the split is kept only if it measures faster than the
-best single device (:func:`_one_device_if_faster`, the one way a placement is judged by a run). A
+best single device (:func:`_one_device_if_faster`, judged the one way every placement is:
+:func:`tvm_hetero.placement_judgement.judge`, here on measured figures). A
 QDQ model's report says how its units ran. The artifact itself is :mod:`tvm_hetero.artifact`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from typing import Any
@@ -22,6 +24,7 @@ from .compiler import build as compiler_build
 from .compiler.build import device_name
 from .devices import is_remote, parse_spec
 from .graph import COPY_FUNC
+from .placement_judgement import MEASURED, Cost, judge
 
 
 def _verifier(targets: Any) -> tuple[Any, Any] | None:
@@ -60,7 +63,7 @@ def build(mod: Any, targets: Any, placement: Any = None, *args: Any, **kwargs: A
     report = artifact.build_report
     measure_latency = getattr(kwargs.get("measurer"), "latency_seconds", None)
     if auto and report is not None and report.autoplace is not None and measure_latency is not None:
-        report.autoplace["measured_seconds"], report.autoplace["measured_cached"] = _built_graph_latency(
+        report.autoplace.measured_seconds, report.autoplace.measured_cached = _built_graph_latency(
             artifact, measure_latency, kwargs)
         artifact = _one_device_if_faster(artifact, mod, targets, args, kwargs, measure_latency)
     _note_qdq_units(artifact, mod, kwargs.get("entry", "main"))
@@ -96,7 +99,7 @@ def _built_graph_latency(artifact: Artifact, measure_latency: Any, kwargs: dict)
     from .compiler.autoplace.cost_cache import open_cache
 
     options = kwargs.get("device_options")
-    module_key = artifact.build_report.autoplace.get("module_key")
+    module_key = artifact.build_report.autoplace.module_key
     key = sha256(json.dumps([module_key, artifact.graph_json, options], sort_keys=True).encode())
     cache = open_cache(kwargs.get("cost_cache"))
     try:
@@ -115,10 +118,12 @@ def _one_device_if_faster(artifact: Artifact, mod: Any, targets: Any, args: tupl
                           measure_latency: Any) -> Artifact:
     """The build checks its own choice: a split over devices is kept only if it measures faster than
     the default build with everything on the local device predicted best (the prediction, judged
-    on kernels and blocks, can still miss what only a run shows). Otherwise that build is returned,
+    on kernels and blocks, can still miss what only a run shows), judged by
+    :func:`~tvm_hetero.placement_judgement.judge` (a tie goes to the one device). Otherwise that build is returned,
     its report saying why. The verdict is kept in the cost cache under the decision's key, so a
     rebuild makes the same choice with one build."""
     from .compiler.autoplace.cost_cache import open_cache
+    from .compiler.autoplace.explanation import OneDeviceCheck
     from .compiler.autoplace.measured import MEASURED_CHECK
 
     auto = artifact.build_report.autoplace
@@ -126,15 +131,15 @@ def _one_device_if_faster(artifact: Artifact, mod: Any, targets: Any, args: tupl
         return artifact  # one device: the judge compared it with the others as built
     cache = open_cache(kwargs.get("cost_cache"))
     try:
-        verdict = cache.get_plan(MEASURED_CHECK, auto["decision_key"])
+        verdict = cache.get_plan(MEASURED_CHECK, auto.decision_key)
     finally:
         cache.close()
     if verdict is not None:  # this split was checked before and won (else it would not be built)
-        auto["one_device_check"] = dict(verdict["check"], cached=True)
+        auto.one_device_check = OneDeviceCheck(**dict(verdict["check"], cached=True))
         return artifact
     local = [d for d, dev in enumerate(artifact.devices) if not is_remote(dev)]
-    singles = auto.get("single_device") or {}  # per device, its best single-device prediction
-    predicted = {d: singles[str(d)]["seconds"] for d in local if str(d) in singles}
+    singles = auto.single_device  # per device, its best single-device prediction
+    predicted = {d: singles[d].seconds for d in local if d in singles}
     if not predicted:
         return artifact
     device = min(predicted, key=predicted.__getitem__)
@@ -144,23 +149,25 @@ def _one_device_if_faster(artifact: Artifact, mod: Any, targets: Any, args: tupl
         return artifact
     one.build_report.autoplace = auto
     seconds, _cached = _built_graph_latency(one, measure_latency, kwargs)
-    kept = seconds < auto["measured_seconds"]
-    auto["one_device_check"] = {"device": device_name(artifact.devices[device]), "measured_seconds": seconds,
-                                "split_measured_seconds": auto["measured_seconds"], "kept_one_device": kept}
+    name = device_name(artifact.devices[device])
+    verdict = judge(Cost(auto.measured_seconds, MEASURED, "as built"), Cost(seconds, MEASURED, "the default build"),
+                    candidate_name="the split", baseline_name=f"all on {name}")
+    kept = not verdict.kept
+    auto.one_device_check = OneDeviceCheck(name, seconds, auto.measured_seconds, kept, verdict.explain())
     cache = open_cache(kwargs.get("cost_cache"))
     try:
-        cache.put_plan(MEASURED_CHECK, auto["decision_key"],
-                       {"device": device if kept else None, "check": auto["one_device_check"]})
+        cache.put_plan(MEASURED_CHECK, auto.decision_key,
+                       {"device": device if kept else None, "check": dataclasses.asdict(auto.one_device_check)})
     finally:
         cache.close()
     if not kept:
         return artifact
     # The report now describes the one-device build: its prediction (as built, every region) and
     # measurement; the split's stay in the check's line.
-    auto["one_device_check"]["split_predicted_seconds"] = auto["predicted_seconds"]
-    auto["predicted_seconds"] = singles[str(device)]["seconds"]
-    auto["measured_seconds"] = seconds
-    auto["as_built"] = None
+    auto.one_device_check.split_predicted_seconds = auto.predicted_seconds
+    auto.predicted_seconds = singles[device].seconds
+    auto.measured_seconds = seconds
+    auto.as_built = None
     one.build_report.backend_notes = artifact.build_report.backend_notes
     return one
 

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .errors import last_line
+
 
 def _progress(start: float) -> Callable[[str], None]:
     from .progress import Progress
@@ -226,17 +228,17 @@ def _latencies(runtime, repeat: int) -> list[float]:
 
 def _placement_verdict(artifact) -> str:
     """One line: which devices automatic placement set to work together, or why it kept one."""
-    auto = artifact.build_report.autoplace or {}
-    busy = [row["device"] for row in auto.get("per_device", []) if row["ops"]]
-    check = auto.get("one_device_check") or {}
-    if check.get("kept_one_device"):
-        return (f"choice: everything on {check['device']} -- the split measured "
-                f"{check['split_measured_seconds'] * 1e3:.1f} ms, slower than {check['device']} alone "
-                f"({check['measured_seconds'] * 1e3:.1f} ms) on this machine now")
+    auto = artifact.build_report.autoplace
+    busy = [row.device for row in auto.per_device if row.ops] if auto is not None else []
+    check = auto.one_device_check if auto is not None else None
+    if check is not None and check.kept_one_device:
+        return (f"choice: everything on {check.device} -- the split measured "
+                f"{check.split_measured_seconds * 1e3:.1f} ms, slower than {check.device} alone "
+                f"({check.measured_seconds * 1e3:.1f} ms) on this machine now")
     if len(busy) > 1:
         return f"choice: {' + '.join(busy)} working together (ops and backends per device above)"
-    why = (f"the best split found was predicted {auto['split_predicted_seconds'] * 1e3:.1f} ms, not "
-           f"{auto['min_gain']:.0%} faster" if auto.get("split_predicted_seconds") is not None
+    why = (f"the best split found was predicted {auto.split_predicted_seconds * 1e3:.1f} ms, not "
+           f"{auto.min_gain:.0%} faster" if auto is not None and auto.split_predicted_seconds is not None
            else "no split was predicted faster")
     return f"choice: everything on {busy[0] if busy else 'one device'} -- {why} than that one device alone"
 
@@ -627,6 +629,13 @@ def build_parser() -> argparse.ArgumentParser:
                             "(comma-separated) with THREADS threads (default: one per core), "
                             "e.g. --cluster 0=0 --cluster 1=1")
 
+    def artifact_flags(p, input_help: str):
+        """The artifact directory and its inputs' values, then the execution and debug flags."""
+        p.add_argument("artifact", help="a directory written by compile (or by PipelineArtifact.export)")
+        p.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy", help=input_help)
+        execution_flags(p)
+        debug_flag(p)
+
     def placement_flags(p):
         p.add_argument("--device", action="append", default=[], metavar="DEV=TARGET",
                        help="device and its target, primary first (default: cpu:0=llvm, then cuda:0 or cpu:1)")
@@ -679,27 +688,19 @@ def build_parser() -> argparse.ArgumentParser:
     comp.set_defaults(fn=cmd_compile)
 
     run = sub.add_parser("run", help="run an artifact or pipeline directory")
-    run.add_argument("artifact", help="a directory written by compile (or by PipelineArtifact.export)")
-    run.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
-                     help="an input's value (repeatable); inputs not given get seeded random values")
+    artifact_flags(run, "an input's value (repeatable); inputs not given get seeded random values")
     run.add_argument("--repeat", type=int, default=5, metavar="N",
                      help="timed runs after one warm-up (a pipeline: inferences streamed) (default 5)")
     run.add_argument("--save", metavar="DIR", help="save outputs as DIR/output_<i>.npy (DIR is created)")
     run.add_argument("--trace", metavar="FILE.json", help="write a Chrome trace (Perfetto) of one run")
-    execution_flags(run)
-    debug_flag(run)
     run.set_defaults(fn=cmd_run)
 
     insp = sub.add_parser("inspect", help="placement, groups, copies and memory of an artifact (or a "
                                           "pipeline's stages)")
-    insp.add_argument("artifact", help="a directory written by compile (or by PipelineArtifact.export)")
+    artifact_flags(insp, "with --timeline: an input's value (repeatable; others get seeded random values)")
     insp.add_argument("--dot", metavar="FILE", help="write a Graphviz picture coloured by device")
     insp.add_argument("--timeline", metavar="FILE.png", help="run once and draw a Gantt picture per device "
                       "(needs matplotlib)")
-    insp.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
-                      help="with --timeline: an input's value (repeatable; others get seeded random values)")
-    execution_flags(insp)
-    debug_flag(insp)
     insp.set_defaults(fn=cmd_inspect)
 
     board = sub.add_parser("board", help="how to start the offload server on an ARM board (or the emulated one)")
@@ -726,6 +727,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-p", type=float, default=None, metavar="P",
                      help="with --temperature: the likeliest tokens holding probability P")
     gen.add_argument("--seed", type=int, default=None, help="with --temperature: the sampler's seed")
+    gen.add_argument("--threads", type=int, default=None, metavar="N",
+                     help="threads the kernels run on (default: the runtime's, one per core)")
     debug_flag(gen)
     gen.set_defaults(fn=cmd_generate)
 
@@ -751,8 +754,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def error_line(err: BaseException) -> str:
     """The message of ``err`` on one line: its last non-empty line (TVM errors end with the reason)."""
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    text = lines[-1] if lines else ""
+    text = last_line(err, "")
     if isinstance(err, KeyError) and text.startswith(("'", '"')) and text.endswith(("'", '"')):
         text = text[1:-1]
     return f"{type(err).__name__}: {text}" if text else type(err).__name__
@@ -770,6 +772,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"{args.model}: no such directory")
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be at least 1, got {args.threads}")
     exported = (directory / MANIFEST_FILE).is_file()
     if exported and (args.device or args.capacity is not None or args.prefill_chunks is not None or args.weights):
         raise ValueError(f"{args.model} is an exported model: its devices, capacity, chunks and weights were fixed at "
@@ -791,7 +795,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         from .llm.native import NativeGenerator
 
         say(f"loading {directory} (exported; the C++ generation loop)")
-        model = NativeGenerator(directory)
+        model = NativeGenerator(directory, args.threads)
     else:
         from . import llm
         from .llm.builder import DEFAULT_PREFILL_CHUNKS
@@ -804,7 +808,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
             chunks = [c for c in DEFAULT_PREFILL_CHUNKS if c <= capacity] or [capacity]
         say(f"compiling {directory}")
         model = llm.build(str(directory), targets, capacity=capacity, prefill_chunks=chunks, progress=say,
-                          weights=args.weights or "float32")
+                          weights=args.weights or "float32",
+                          device_options=[{"num_threads": args.threads}] if args.threads else None)
     say(f"generating up to {args.max_new_tokens} tokens after a prompt of {len(prompt_ids)}")
     began = time.perf_counter()
     tokens, first_at = [], began

@@ -20,6 +20,8 @@ from typing import Any
 
 import tvm
 
+from .errors import last_line, with_type
+
 
 class OnnxImportError(ValueError):
     """An ONNX node TVM's frontend cannot convert, even after :func:`~tvm_hetero.onnx_prepare.prepare_onnx`.
@@ -105,8 +107,7 @@ def _describe_failure(model: Any, err: Exception) -> str:
     """``ONNX node 'name' (OpType): reason`` for the node the frontend failed on. The node is the one
     the frontend's conversion loop was at (found in the traceback's frames), or, for an op the
     frontend has no converter for, the first node of that op type."""
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    reason = lines[-1] if lines else type(err).__name__
+    reason = last_line(err)
     node = None
     trace = err.__traceback__
     while trace is not None:
@@ -151,8 +152,7 @@ def load_onnx(path: str | Path) -> Any:
     try:
         return onnx.load(str(path))
     except Exception as err:  # noqa: BLE001 (protobuf raises several kinds for a file that is not ONNX)
-        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-        reason = f"{type(err).__name__}: {lines[-1]}" if lines else type(err).__name__
+        reason = with_type(err) if last_line(err, "") else type(err).__name__
         raise ValueError(f"model {path}: not an ONNX model ({reason})") from None
 
 

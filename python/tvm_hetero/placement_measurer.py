@@ -46,7 +46,6 @@ from __future__ import annotations
 import json
 import math
 import statistics
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -58,7 +57,9 @@ from .compiler.autoplace.kernel_times import MeasureJob, compile_for_target, com
 from .devices import is_remote, name_of, needs_completion_wait, shares_memory
 from .graph import Entry, Graph, Node
 from .runtime import graph_runtime
+from .runtime.measure import wall_times
 from .runtime.rpc import upload_library
+from .sample_inputs import sample_value
 
 #: Aim for this much traced time per device, within [MIN_RUNS, MAX_RUNS] runs (at least two per
 #: half: the halves' medians confirm each other).
@@ -77,6 +78,9 @@ LONG_SECONDS = 2e-3
 #: kernels swept the cache, small kernels measured up to twice their time in the graph.
 WARM_REPEATS = 1
 COPY_SIZES = (4 << 10, 4 << 20)
+#: Float inputs of timed kernels: uniform in [-1, 1] (no NaN, no overflow; integer inputs are
+#: zeros, an index in range of any axis).
+FLOATS = "uniform"
 #: Timing of a remote kernel: runs, each at least this long (the kernel looped remotely).
 REMOTE_REPEATS, REMOTE_MIN_MS = 5, 10
 #: Kernels in the chain that times a hand-off between two devices, and runs of it.
@@ -109,13 +113,6 @@ def _agree(a: float, b: float) -> bool:
     """Two estimates of one time agree: the larger within ``AGREE_RATIO`` of the smaller (plus
     ``AGREE_SLACK``)."""
     return math.isfinite(a) and math.isfinite(b) and max(a, b) <= AGREE_RATIO * min(a, b) + AGREE_SLACK
-
-
-def random_value(shape: Sequence[int], dtype: str, rng: np.random.Generator) -> np.ndarray:
-    """Seeded values that keep kernels on their ordinary path (no NaN, no out-of-range index)."""
-    if dtype.startswith(("float", "bfloat")):
-        return rng.uniform(-1.0, 1.0, size=tuple(shape)).astype(dtype)
-    return np.zeros(tuple(shape), dtype=dtype)
 
 
 class RuntimeMeasurer:
@@ -303,7 +300,7 @@ class RuntimeMeasurer:
                                       execution="concurrent", device_options=options if any(options) else None)
         for node in nodes:
             if node.is_input:
-                module.set_input(node.name, random_value(node.shapes[0], node.dtypes[0], self.rng))
+                module.set_input(node.name, sample_value(node.shapes[0], node.dtypes[0], self.rng, floats=FLOATS))
         self._alive.append(module)  # kept to the end: a backend's state keyed by address stays valid
         return module.module["trace"], kernel_ids
 
@@ -320,7 +317,7 @@ class RuntimeMeasurer:
         times = []
         for call in job.calls:
             self._tick(len(times), len(job.calls), [job], "in its own process")
-            args = [tvm.runtime.tensor(random_value(shape, dtype, self.rng), job.device)
+            args = [tvm.runtime.tensor(sample_value(shape, dtype, self.rng, floats=FLOATS), job.device)
                     for shape, dtype in call.input_types]
             args += [tvm.runtime.empty(tuple(shape), dtype, job.device) for shape, dtype in call.output_types]
             timer = remote_lib.time_evaluator(call.func_name, job.device, number=1, repeat=REMOTE_REPEATS,
@@ -353,14 +350,12 @@ class RuntimeMeasurer:
         for nbytes in COPY_SIZES:
             a = tvm.runtime.empty((nbytes // 4,), "float32", src)
             b = tvm.runtime.empty((nbytes // 4,), "float32", dst)
-            samples = []
-            for _ in range(7):
-                start = time.perf_counter()
+            def copy(a=a, b=b) -> None:
                 a.copyto(b)
                 if needs_completion_wait(dst):
                     dst.sync()
-                samples.append(time.perf_counter() - start)
-            times.append(statistics.median(samples))
+
+            times.append(statistics.median(wall_times(copy, 7)))
         slope = max(0.0, (times[1] - times[0]) / (COPY_SIZES[1] - COPY_SIZES[0]))
         return max(0.0, times[0] - slope * COPY_SIZES[0]), slope
 
@@ -412,17 +407,12 @@ def measure_latency(artifact, device_options: Sequence[dict | None] | None = Non
     rng = np.random.default_rng(0)
     for name in artifact.input_names:
         current = module.get_input(name)
-        module.set_input(name, random_value(current.shape, str(current.dtype), rng))
+        module.set_input(name, sample_value(current.shape, str(current.dtype), rng, floats=FLOATS))
     return median_seconds(module.run, runs)
 
 
 def median_seconds(call: Callable[[], Any], runs: int) -> float:
     """Median seconds of ``runs`` calls of ``call``, after one call not timed (a warm-up)."""
     call()
-    samples = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        call()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+    return statistics.median(wall_times(call, runs))
 

@@ -69,6 +69,13 @@ GenerationSession::GenerationSession(std::shared_ptr<const LanguageModel> model)
   cache_mask_ = ZeroedTensor({1, 1, 1, capacity}, kFloat32, device);
   logits_ = ZeroedTensor({1, 1, shape.vocab_size}, kFloat32, device);
   ResetCache();
+  // One graph runs at a time, so the graphs' intermediate values share one scratch: the session
+  // holds the largest graph's, not their sum.
+  int64_t scratch_bytes = 1;
+  for (const EntryGraph& graph : model_->graphs()) {
+    scratch_bytes = std::max(scratch_bytes, graph.runtime->ScratchBytes(device));
+  }
+  scratch_ = support::AllocTensor(ffi::Shape({scratch_bytes}), DLDataType{kDLUInt, 8, 1}, device);
   int64_t largest = model_->graphs().back().size;
   graph_of_size_.assign(largest + 1, -1);
   for (const EntryGraph& graph : model_->graphs()) {
@@ -88,7 +95,9 @@ GenerationSession::BoundGraph GenerationSession::Bind(const EntryGraph& graph) {
   int64_t n = graph.size;
   BoundGraph bound;
   bound.size = n;
-  bound.frame = runtime.Frame();
+  FrameOptions options;
+  options.scratch = scratch_;
+  bound.frame = runtime.Frame(options);
   auto bind_input = [&](const std::string& name, const ffi::Tensor& tensor) {
     int index = runtime.GetInputIndex(name);
     if (index < 0) {
@@ -115,6 +124,43 @@ GenerationSession::BoundGraph GenerationSession::Bind(const EntryGraph& graph) {
     bind_input("cache." + std::to_string(layer) + ".k", key_cache_[layer]);
     bind_input("cache." + std::to_string(layer) + ".v", value_cache_[layer]);
   }
+  if (graph.packed) {
+    BindPackedOutput(graph, &bound);
+  } else {
+    BindSeparateOutputs(graph, &bound);
+  }
+  bound.tokens = DataOf<int32_t>(tokens);
+  bound.positions = DataOf<int32_t>(positions);
+  bound.logit_row = DataOf<int32_t>(logit_row);
+  bound.tensors.insert(bound.tensors.end(), {tokens, positions, logit_row, chunk_mask});
+  return bound;
+}
+
+void GenerationSession::BindPackedOutput(const EntryGraph& graph, BoundGraph* bound) {
+  const DecoderShape& shape = model_->shape();
+  int64_t n = graph.size;
+  if (graph.runtime->NumOutputs() != 1) {
+    TVM_FFI_THROW(ValueError) << model_->directory() << ": the graph of chunk size " << n << " has "
+                              << graph.runtime->NumOutputs() << " outputs; a graph with packed outputs has 1";
+  }
+  ffi::Tensor packed = ZeroedTensor({1, PackedSize(shape, n)}, kFloat32, model_->device());
+  bound->frame->BindOutput(0, packed);
+  const float* base = DataOf<float>(packed);
+  auto layout = PackedLayout(shape, n);
+  bound->logits = base + layout[0].first;
+  for (int64_t layer = 0; layer < shape.num_layers; ++layer) {
+    bound->new_keys.push_back(base + layout[1 + 2 * layer].first);
+    bound->new_values.push_back(base + layout[2 + 2 * layer].first);
+  }
+  bound->tensors.push_back(packed);
+}
+
+void GenerationSession::BindSeparateOutputs(const EntryGraph& graph, BoundGraph* bound_graph) {
+  const DecoderShape& shape = model_->shape();
+  const GraphRuntime& runtime = *graph.runtime;
+  DLDevice device = model_->device();
+  int64_t n = graph.size;
+  BoundGraph& bound = *bound_graph;
   int64_t outputs = 1 + 2 * shape.num_layers;
   if (runtime.NumOutputs() != outputs) {
     TVM_FFI_THROW(ValueError) << model_->directory() << ": the graph of chunk size " << n << " has "
@@ -122,6 +168,7 @@ GenerationSession::BoundGraph GenerationSession::Bind(const EntryGraph& graph) {
                               << " (logits, then new keys and values per layer)";
   }
   bound.frame->BindOutput(0, logits_);
+  bound.logits = DataOf<float>(logits_);
   for (int64_t layer = 0; layer < shape.num_layers; ++layer) {
     ffi::Tensor keys = ZeroedTensor({1, shape.num_kv_heads, shape.head_dim, n}, kFloat32, device);
     ffi::Tensor values = ZeroedTensor({1, shape.num_kv_heads, n, shape.head_dim}, kFloat32, device);
@@ -132,11 +179,6 @@ GenerationSession::BoundGraph GenerationSession::Bind(const EntryGraph& graph) {
     bound.tensors.push_back(keys);
     bound.tensors.push_back(values);
   }
-  bound.tokens = DataOf<int32_t>(tokens);
-  bound.positions = DataOf<int32_t>(positions);
-  bound.logit_row = DataOf<int32_t>(logit_row);
-  bound.tensors.insert(bound.tensors.end(), {tokens, positions, logit_row, chunk_mask});
-  return bound;
 }
 
 void GenerationSession::ResetCache() {
@@ -183,14 +225,16 @@ const float* GenerationSession::Prefill(const int32_t* ids, int64_t count) {
   }
   ResetCache();
   const ChunkPlanner& planner = model_->planner();
+  const float* logits = nullptr;
   for (int64_t start = 0; start < count;) {
     Chunk chunk = planner.First(count - start);
     int index = graph_of_size_[chunk.size];
     RunChunk(bound_[index], ids + start, chunk.rows);
     ++calls_[index];
     start += chunk.rows;
+    logits = bound_[index].logits;
   }
-  return DataOf<float>(logits_);
+  return logits;
 }
 
 const float* GenerationSession::Decode(int32_t token) {
@@ -208,7 +252,7 @@ const float* GenerationSession::Decode(int32_t token) {
   graph.frame->Run();
   AppendRows(graph, 1);
   ++calls_[graph_of_size_[1]];
-  return DataOf<float>(logits_);
+  return graph.logits;
 }
 
 void GenerationSession::CheckRequest(const std::vector<int64_t>& prompt, const GenerationOptions& options) const {

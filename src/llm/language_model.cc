@@ -59,7 +59,45 @@ void VerifyChecksums(const std::string& directory, const json::Object& manifest,
   }
 }
 
+/*! \brief Check a graph's recorded packed-output layout ([[offset, shape]...]) against the shape's. */
+void CheckPackedLayout(const ffi::Any& recorded, const DecoderShape& shape, int64_t rows,
+                       const support::JsonReader& reader, const std::string& where) {
+  json::Array items = reader.Array(recorded, where);
+  auto expected = PackedLayout(shape, rows);
+  bool same = items.size() == expected.size();
+  for (size_t i = 0; same && i < items.size(); ++i) {
+    json::Array pair = reader.Array(items[i], where + "[" + std::to_string(i) + "]");
+    same = pair.size() == 2 && reader.Int(pair[0], where) == expected[i].first &&
+           reader.IntList(pair[1], where) == expected[i].second;
+  }
+  if (!same) {
+    reader.Fail(where, "the packed-output layout differs from the one the configuration gives (logits, then each "
+                       "layer's new keys and values, flattened)");
+  }
+}
+
 }  // namespace
+
+std::vector<std::pair<int64_t, std::vector<int64_t>>> PackedLayout(const DecoderShape& shape, int64_t rows) {
+  std::vector<std::vector<int64_t>> shapes = {{1, 1, shape.vocab_size}};
+  for (int64_t layer = 0; layer < shape.num_layers; ++layer) {
+    shapes.push_back({1, shape.num_kv_heads, shape.head_dim, rows});
+    shapes.push_back({1, shape.num_kv_heads, rows, shape.head_dim});
+  }
+  std::vector<std::pair<int64_t, std::vector<int64_t>>> layout;
+  int64_t offset = 0;
+  for (auto& s : shapes) {
+    int64_t elements = 1;
+    for (int64_t d : s) elements *= d;
+    layout.emplace_back(offset, std::move(s));
+    offset += elements;
+  }
+  return layout;
+}
+
+int64_t PackedSize(const DecoderShape& shape, int64_t rows) {
+  return 1 * shape.vocab_size + 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * rows;
+}
 
 std::string ReadWholeFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -69,7 +107,10 @@ std::string ReadWholeFile(const std::string& path) {
   return buffer.str();
 }
 
-std::shared_ptr<const LanguageModel> LanguageModel::Load(const std::string& directory) {
+std::shared_ptr<const LanguageModel> LanguageModel::Load(const std::string& directory, int num_threads) {
+  if (num_threads < 0) {
+    TVM_FFI_THROW(ValueError) << directory << ": num_threads must be positive (0: the defaults), got " << num_threads;
+  }
   std::shared_ptr<LanguageModel> model(new LanguageModel());
   model->directory_ = directory;
   std::ifstream probe(directory + "/" + kManifestFile);
@@ -77,7 +118,7 @@ std::shared_ptr<const LanguageModel> LanguageModel::Load(const std::string& dire
     TVM_FFI_THROW(ValueError) << directory << ": not an exported language model (no " << kManifestFile << ")";
   }
   model->ReadManifest(ReadWholeFile(directory + "/" + kManifestFile));
-  model->CreateRuntimes();
+  model->CreateRuntimes(num_threads);
   model->planner_ = std::make_unique<ChunkPlanner>(
       [&] {
         std::vector<int64_t> sizes;
@@ -134,6 +175,16 @@ void LanguageModel::ReadManifest(const std::string& manifest_text) {
       files.devices.push_back(DLDevice{static_cast<DLDeviceType>(pair[0]), static_cast<int32_t>(pair[1])});
     }
     if (files.devices.empty()) reader.Fail(where + ".devices", "no device");
+    // Graphs built for an accelerator (accelerator_export.py): one packed output, constants of their own.
+    auto layout = support::JsonReader::Find(entry, "packed_layout");
+    if (layout && layout->type_index() != ffi::TypeIndex::kTVMFFINone) {
+      CheckPackedLayout(*layout, shape_, graph.size, reader, where + ".packed_layout");
+      graph.packed = true;
+    }
+    auto constants = support::JsonReader::Find(entry, "constants");
+    if (constants && constants->type_index() != ffi::TypeIndex::kTVMFFINone) {
+      files.constants = reader.String(*constants, where + ".constants");
+    }
     graphs_.push_back(std::move(graph));
     files_.push_back(std::move(files));
   }
@@ -162,7 +213,7 @@ std::string NamesOnlyBlob(const GraphRuntime& owner) {
 
 }  // namespace
 
-void LanguageModel::CreateRuntimes() {
+void LanguageModel::CreateRuntimes(int num_threads) {
   std::string params_path = directory_ + "/" + kParamsFile;
   std::string params = ReadWholeFile(params_path);
   device_ = files_[0].devices[0];
@@ -176,15 +227,28 @@ void LanguageModel::CreateRuntimes() {
                                 << " (the loop keeps the KV cache on one host device)";
     }
     auto runtime = std::make_unique<GraphRuntime>();
-    runtime->Init(ReadWholeFile(graph_path), ffi::Module::LoadFromFile(directory_ + "/" + files_[i].lib),
-                  files_[i].devices);
+    try {
+      runtime->Init(ReadWholeFile(graph_path), ffi::Module::LoadFromFile(directory_ + "/" + files_[i].lib),
+                    files_[i].devices);
+    } catch (const ffi::Error& err) {  // e.g. an accelerator region with no runner in this process: name the graph
+      throw ffi::Error(err.kind(), graph_path + ": " + err.message(), err.backtrace());
+    }
+    if (num_threads > 0) {
+      ExecutorOptions threads;
+      threads.num_threads = num_threads;
+      runtime->SetExecution(ExecutionMode::kSerial, std::vector<ExecutorOptions>(files_[i].devices.size(), threads));
+    }
     if (owner == nullptr) {
       runtime->LoadParams(params, params_path);
       owner = runtime.get();
-      names_only = NamesOnlyBlob(*owner);
+      names_only = NamesOnlyBlob(*owner);  // the weights alone: before any graph's own constants
       std::string().swap(params);  // params.bin is in the weights now: its bytes go
     } else {
       runtime->ShareParams(*owner, names_only);
+    }
+    if (!files_[i].constants.empty()) {
+      std::string path = directory_ + "/" + files_[i].constants;
+      runtime->LoadParams(ReadWholeFile(path), path);
     }
     for (int input = 0; input < runtime->NumInputs(); ++input) {
       const std::string& name = runtime->GetInputName(input);

@@ -145,8 +145,9 @@ TVM_FFI_STATIC_INIT_BLOCK() {
   namespace refl = tvm::ffi::reflection;
   refl::GlobalDef()
       .def("tvm_hetero.llm.load",
-           [](ffi::String directory) {
-             return ffi::Module(ffi::make_object<ModelModule>(LanguageModel::Load(std::string(directory))));
+           [](ffi::String directory, int num_threads) {
+             return ffi::Module(
+                 ffi::make_object<ModelModule>(LanguageModel::Load(std::string(directory), num_threads)));
            })
       .def("tvm_hetero.llm.plan_chunks", [](int64_t length, ffi::Array<int64_t> sizes) {
         ffi::Array<ffi::Array<int64_t>> plan;

@@ -47,7 +47,41 @@ int OtherOutputOfItsTensor(const Graph& graph, int index) {
   return -1;
 }
 
+/*! \brief Where a slot starts in a scratch: every slot on a 64-byte boundary (TVM's kernels assume it). */
+constexpr size_t kScratchAlignment = 64;
+
+size_t ScratchSpan(size_t nbytes) {
+  return (std::max<size_t>(nbytes, 1) + kScratchAlignment - 1) / kScratchAlignment * kScratchAlignment;
+}
+
+/*!
+ * \brief Per pool slot: it holds only values a Run computes (no graph input, which must keep its
+ *        value from one Run to the next) on a device sharing memory with `device`, so frames that
+ *        never run at once may give it the same memory. An output in such a slot is valid until any
+ *        of those frames runs again (bound outputs are written where they are bound).
+ */
+std::vector<uint8_t> TransientSlots(const PlanInputs& model, DLDevice device) {
+  const Graph& graph = *model.graph;
+  const StoragePlan& storage = *model.storage;
+  std::vector<uint8_t> transient(storage.slots.size(), 0);
+  for (size_t s = 0; s < storage.slots.size(); ++s) {
+    const DLDevice d = model.devices[storage.slots[s].device];
+    transient[s] = support::SameDevice(d, device) || support::SharesMemory(d, device);
+  }
+  for (uint32_t node : graph.arg_nodes) transient[storage.entry_slot[graph.entry_id(node, 0)]] = 0;
+  return transient;
+}
+
 }  // namespace
+
+int64_t RunFrame::ScratchBytes(const PlanInputs& model, const ExecutionPlan& /*plan*/, DLDevice device) {
+  const std::vector<uint8_t> transient = TransientSlots(model, device);
+  size_t total = 0;
+  for (size_t s = 0; s < transient.size(); ++s) {
+    if (transient[s]) total += ScratchSpan(model.storage->slots[s].nbytes);
+  }
+  return static_cast<int64_t>(total);
+}
 
 RunFrame::RunFrame(const PlanInputs& model, std::shared_ptr<const ExecutionPlan> plan, const FrameSharing& sharing)
     : model_(model), plan_(std::move(plan)), prepared_(std::make_unique<PreparedSteps>()) {
@@ -108,8 +142,28 @@ void RunFrame::AllocateTensors(const FrameSharing& sharing) {
     if (!shared_entry[eid]) slot_needed[storage.entry_slot[eid]] = 1;
   }
   pool_.assign(storage.slots.size(), ffi::Tensor());
+  if (sharing.scratch.defined()) {
+    // The transient slots are carved from the scratch, one after another.
+    const ffi::Tensor& scratch = sharing.scratch;
+    const int64_t needed = ScratchBytes(model_, *plan_, scratch.device());
+    const int64_t given = static_cast<int64_t>(ffi::GetDataSize(*scratch.GetDLTensorPtr()));
+    if (given < needed || reinterpret_cast<uintptr_t>(scratch.data_ptr()) % kScratchAlignment != 0) {
+      TVM_FFI_THROW(ValueError) << "frame: the scratch (" << given << " bytes on " << support::DeviceName(scratch.device())
+                                << ") must hold " << needed << " bytes, " << kScratchAlignment
+                                << "-byte aligned: the graph's intermediate values (scratch_bytes)";
+    }
+    const std::vector<uint8_t> transient = TransientSlots(model_, scratch.device());
+    size_t offset = 0;
+    for (size_t s = 0; s < storage.slots.size(); ++s) {
+      if (!transient[s] || !slot_needed[s]) continue;
+      const size_t nbytes = std::max<size_t>(storage.slots[s].nbytes, 1);
+      pool_[s] = support::ViewOf(scratch, offset, ffi::Shape({static_cast<int64_t>(nbytes)}), DLDataType{kDLUInt, 8, 1},
+                                 devices[storage.slots[s].device]);
+      offset += ScratchSpan(nbytes);
+    }
+  }
   for (size_t s = 0; s < storage.slots.size(); ++s) {
-    if (!slot_needed[s]) continue;
+    if (!slot_needed[s] || pool_[s].defined()) continue;
     int64_t nbytes = static_cast<int64_t>(std::max<size_t>(storage.slots[s].nbytes, 1));
     pool_[s] = support::AllocTensor(ffi::Shape({nbytes}), DLDataType{kDLUInt, 8, 1}, devices[storage.slots[s].device]);
     allocated_bytes_ += nbytes;

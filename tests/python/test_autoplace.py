@@ -70,9 +70,9 @@ def test_fake_costs_that_favour_one_device_put_everything_there():
     art = tvm_hetero.build(MLP, TWO_CPUS, placement="auto", params=PARAMS, cost_cache=False, measurer=fake)
     assert set(node_devices(art).values()) == {1}
     auto = art.build_report.autoplace
-    on_1 = {k: v for k, v in auto["alternatives"].items() if k.startswith("all on device 1")}
-    assert auto["predicted_seconds"] == pytest.approx(min(on_1.values()))  # the better way on device 1
-    assert auto["predicted_seconds"] < auto["alternatives"]["all on device 0"]
+    on_1 = [a.seconds for a in auto.alternatives if a.device == 1]
+    assert auto.predicted_seconds == pytest.approx(min(on_1))  # the better way on device 1
+    assert auto.predicted_seconds < auto.alternative("all on device 0").seconds
 
 
 def test_fake_equal_costs_split_independent_towers_across_devices():
@@ -82,8 +82,8 @@ def test_fake_equal_costs_split_independent_towers_across_devices():
     auto = art.build_report.autoplace
     # n kernels of 1 ms: two equal towers on two devices that share memory overlap, the join
     # follows: the best is half of the others, then the last one
-    n = round(auto["alternatives"]["all on device 0"] / 1e-3)
-    assert auto["predicted_seconds"] == pytest.approx(((n - 1 + 1) // 2 + 1) * 1e-3)
+    n = round(auto.alternative("all on device 0").seconds / 1e-3)
+    assert auto.predicted_seconds == pytest.approx(((n - 1 + 1) // 2 + 1) * 1e-3)
     assert set(node_devices(art).values()) == {0, 1}
     rt = art.create(execution="concurrent")
     rt.run(x=np.ones((8, 32), "float32"))
@@ -98,12 +98,12 @@ def test_second_build_measures_nothing_new(tmp_path):
     art = tvm_hetero.build(MLP, TWO_CPUS, placement="auto", params=PARAMS, cost_cache=path, measurer=first)
     assert first.asked and path.is_file()
     auto = art.build_report.autoplace
-    assert auto["kernels_measured"] + auto["as_built_measured"] == len(first.asked)
-    assert auto["as_built_measured"] > 0  # the blocks of the placements judged as built
+    assert auto.kernels_measured + auto.as_built_measured == len(first.asked)
+    assert auto.as_built_measured > 0  # the blocks of the placements judged as built
     second = FakeMeasurer(lambda name, d: pytest.fail("measured again"))
     again = tvm_hetero.build(MLP, TWO_CPUS, placement="auto", params=PARAMS, cost_cache=path, measurer=second)
     assert second.asked == []
-    assert again.build_report.autoplace["kernels_cached"] == auto["kernels_measured"]
+    assert again.build_report.autoplace.kernels_cached == auto.kernels_measured
     assert node_devices(again) == node_devices(art)
 
 
@@ -173,14 +173,14 @@ def test_real_measurement_on_two_pinned_cores_matches_reference(tmp_path):
     art = tvm_hetero.build(MLP, TWO_CPUS, placement="auto", params=PARAMS, device_options=ONE_THREAD_EACH,
                            cost_cache=tmp_path / "c.sqlite")
     auto = art.build_report.autoplace
-    assert auto["kernels_measured"] > 0 and auto["measured_seconds"] > 0
-    check = auto.get("one_device_check") or {}
-    if check.get("kept_one_device"):  # the build measured a one-device build faster than the split
-        assert check["measured_seconds"] < check["split_measured_seconds"]
-        assert auto["predicted_seconds"] in auto["alternatives"].values()  # that build's prediction
+    assert auto.kernels_measured > 0 and auto.measured_seconds > 0
+    check = auto.one_device_check
+    if check is not None and check.kept_one_device:  # a one-device build measured faster than the split
+        assert check.measured_seconds <= check.split_measured_seconds
+        assert auto.predicted_seconds in [a.seconds for a in auto.alternatives]  # that build's prediction
     else:  # the choice is the best of the one-device builds predicted as built
-        singles = [v for k, v in auto["alternatives"].items() if k.startswith("all on")]
-        assert auto["predicted_seconds"] <= min(singles) * (1 + 1e-9)
+        singles = [a.seconds for a in auto.alternatives if a.device is not None]
+        assert auto.predicted_seconds <= min(singles) * (1 + 1e-9)
     rt = art.create(execution="concurrent", device_options=ONE_THREAD_EACH)
     rt.run(x=X)
     expected = X @ PARAMS["w1"] + PARAMS["b1"]
@@ -188,7 +188,7 @@ def test_real_measurement_on_two_pinned_cores_matches_reference(tmp_path):
     np.testing.assert_allclose(rt.get_output(0).numpy(), expected, rtol=1e-4, atol=1e-4)
     assert "automatic placement" in art.report() and "predicted" in art.report()
     exported = tvm_hetero.load(art.export(tmp_path / "art"))
-    assert exported.build_report.autoplace["predicted_seconds"] == auto["predicted_seconds"]
+    assert exported.build_report.autoplace == auto  # the manifest's form reads back to the same report
     cache = CostCache(tmp_path / "c.sqlite")  # the executors' spin before sleeping, timed by the library
     spin = cache.get("spin_window", settings_key(tvm.cpu(1), ONE_THREAD_EACH[1]), "", "")
     cache.close()
@@ -227,7 +227,7 @@ def test_cli_compile_place_auto(tmp_path, capsys):
     assert rc == 0
     assert "automatic placement" in capsys.readouterr().out
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
-    assert manifest["report"]["autoplace"]["kernels_measured"] > 0
+    assert manifest["report"]["autoplace"]["kernels_measured"] > 0  # the manifest keeps the JSON form
     with pytest.raises(ValueError, match="give it alone"):
         cli.parse_placement(["auto", "conv2d=1"], None, 2)
 
@@ -246,7 +246,7 @@ def test_a_split_that_gains_less_than_min_gain_stays_on_one_device():
                            measurer=FakeMeasurer(rule))
     auto = art.build_report.autoplace
     assert len(set(node_devices(art).values())) == 1
-    assert auto["split_predicted_seconds"] < auto["predicted_seconds"]
+    assert auto.split_predicted_seconds < auto.predicted_seconds
     assert "kept on one device" in art.report()
 
 
@@ -267,9 +267,9 @@ def test_objective_calls_stays_within_ten_percent_and_bad_objective_is_named():
     latency = tvm_hetero.build(mod, TWO_CPUS, placement="auto", params=params, cost_cache=False, measurer=fake)
     calls = tvm_hetero.build(mod, TWO_CPUS, placement="auto", params=params, cost_cache=False, measurer=fake,
                              objective="calls")
-    assert calls.build_report.autoplace["objective"] == "calls"
-    best = latency.build_report.autoplace["predicted_seconds"]
-    assert calls.build_report.autoplace["predicted_seconds"] <= best * 1.10 + 1e-12
+    assert calls.build_report.autoplace.objective == "calls"
+    best = latency.build_report.autoplace.predicted_seconds
+    assert calls.build_report.autoplace.predicted_seconds <= best * 1.10 + 1e-12
     with pytest.raises(ValueError, match="objective 'fastest'"):
         tvm_hetero.build(mod, TWO_CPUS, placement="auto", params=params, cost_cache=False, measurer=fake,
                          objective="fastest")
@@ -297,7 +297,7 @@ def test_a_fake_table_where_onednn_loses_keeps_tvm_kernels():
     assert any(is_region(name) for name, _d in fake.asked), "the regions were timed"
     assert art.build_report.backend_regions == []
     auto = art.build_report.autoplace
-    assert all(set(row.get("variants", {})) <= {"tvm"} for row in auto["per_device"])
+    assert all(set(row.variants) <= {"tvm"} for row in auto.per_device)
     assert set(node_devices(art).values()) == {0}
     assert_computes_the_mlp(art)
 
@@ -309,10 +309,10 @@ def test_a_fake_table_where_onednn_wins_on_one_device_puts_its_regions_there():
     regions = {(b, d) for b, d, _n, _ops in art.build_report.backend_regions}
     assert regions == {("dnnl", 1)}
     auto = art.build_report.autoplace
-    assert auto["per_device"][1]["variants"].get("dnnl", 0) >= 1
+    assert auto.per_device[1].variants.get("dnnl", 0) >= 1
     assert "with dnnl" in art.report()
-    best = auto["decisions"][0]
-    assert best["backend"] == "dnnl" and best["device"] == "cpu:1"
+    best = auto.decisions[0]
+    assert best.backend == "dnnl" and best.device == "cpu:1"
     assert_computes_the_mlp(art)
 
 
@@ -357,7 +357,7 @@ def test_a_warm_rebuild_neither_lowers_for_measuring_nor_measures_nor_solves(tmp
     again = tvm_hetero.build(mod, TWO_CPUS, placement="auto", params=params, cost_cache=path, measurer=second)
     assert counts == before, "the warm rebuild repeated work the cache holds"
     assert second.asked == []
-    assert again.build_report.autoplace["measured_cached"] is True
+    assert again.build_report.autoplace.measured_cached is True
     assert node_devices(again) == node_devices(art)
     # another executor setting is new: measured (and lowered for it) again
     third = Timed(lambda name, d: 1e-3)
@@ -374,10 +374,10 @@ def test_build_throughput_objective_splits_a_chain_that_latency_keeps_on_one_dev
     rate = tvm_hetero.build(mod, TWO_CPUS, placement="auto", params=params, cost_cache=False, measurer=fake,
                             backends=(), objective="throughput")
     a, b = latency.build_report.autoplace, rate.build_report.autoplace
-    assert b["objective"] == "throughput" and "bottleneck" in rate.report()
-    assert b["bottleneck_seconds"] < a["bottleneck_seconds"]
-    busy = [row["busy_seconds"] for row in b["per_device"]]
-    assert max(busy) == pytest.approx(b["bottleneck_seconds"]) and min(busy) > 0
+    assert b.objective == "throughput" and "bottleneck" in rate.report()
+    assert b.bottleneck_seconds < a.bottleneck_seconds
+    busy = [row.busy_seconds for row in b.per_device]
+    assert max(busy) == pytest.approx(b.bottleneck_seconds) and min(busy) > 0
 
 
 def test_pipeline_auto_split_reads_what_automatic_placement_measured(tmp_path):
@@ -432,7 +432,7 @@ def test_a_remote_device_is_measured_through_its_session_and_runs_the_chosen_ker
     art = tvm_hetero.build(MLP, targets, placement="auto", params=PARAMS, capabilities=caps, cost_cache=path,
                            measurer=RuntimeMeasurer())
     auto = art.build_report.autoplace
-    assert auto["per_device"][1]["call_seconds"] > 0  # an RPC round trip, measured
+    assert auto.per_device[1].call_seconds > 0  # an RPC round trip, measured
     cache = CostCache(path)
     remote_rows = cache._db.execute("SELECT COUNT(*) FROM costs WHERE kind='kernel' AND settings LIKE '%remote%'")
     assert remote_rows.fetchone()[0] >= 1
@@ -481,8 +481,8 @@ def test_times_measured_alone_decide_a_one_device_placement_and_are_cached(tmp_p
     auto = art.build_report.autoplace
     assert fake.alone_asked == len(fake.asked) > 0
     assert len(set(node_devices(art).values())) == 1  # the split (together times) loses to one device alone
-    n = sum(row["kernels"] for row in auto["per_device"])
-    assert auto["predicted_seconds"] == pytest.approx(n * 0.4e-3)
+    n = sum(row.kernels for row in auto.per_device)
+    assert auto.predicted_seconds == pytest.approx(n * 0.4e-3)
     again = AloneFake()
     tvm_hetero.build(mod, TWO_CPUS, placement="auto", params=params, cost_cache=path, measurer=again, backends=())
     assert again.asked == [] and again.alone_asked == 0
@@ -494,7 +494,7 @@ def test_the_build_forms_exactly_the_regions_chosen():
     art = tvm_hetero.build(MLP, TWO_CPUS, placement="auto", params=PARAMS, cost_cache=False, measurer=fake)
     auto = art.build_report.autoplace
     # The build checks its regions against the choice, counting a block as the regions it joins.
-    assert auto["regions_chosen"] == 2 and "regions_formed" not in auto
+    assert auto.regions_chosen == 2 and auto.regions_formed is None
     # The chosen regions of one device are joined into a block after the choice, as by default.
     region_nodes = [(d, n) for _b, d, n, _ops in art.build_report.backend_regions]
     assert sum(n for _d, n in region_nodes) == len(region_nodes) == 1
@@ -548,29 +548,33 @@ class LatencyFake(FakeMeasurer):
         return self.one if len(set(node_devices(artifact).values())) == 1 else self.split
 
 
-@pytest.mark.parametrize("one_device_faster", [True, False])
-def test_a_split_is_kept_only_if_it_measures_faster_than_one_device(tmp_path, one_device_faster, monkeypatch):
+@pytest.mark.parametrize(("one", "split", "one_device_faster"),
+                         [(1e-3, 2e-3, True), (2e-3, 1e-3, False), (1e-3, 1e-3, True)],
+                         ids=["one device faster", "split faster", "a tie goes to the one device"])
+def test_a_split_is_kept_only_if_it_measures_faster_than_one_device(tmp_path, one, split, one_device_faster,
+                                                                     monkeypatch):
     mod, params = models.two_towers()
-    fake = LatencyFake(one=1e-3, split=2e-3) if one_device_faster else LatencyFake(one=2e-3, split=1e-3)
+    fake = LatencyFake(one=one, split=split)
     path = tmp_path / "costs.sqlite"
     art = tvm_hetero.build(mod, TWO_CPUS, placement="auto", params=params, cost_cache=path, measurer=fake)
     auto = art.build_report.autoplace
-    assert sum(1 for row in auto["per_device"] if row["kernels"]) == 2  # the model chose a split
-    check = auto["one_device_check"]
-    assert check["kept_one_device"] is one_device_faster and fake.latencies_measured == 2
+    assert sum(1 for row in auto.per_device if row.kernels) == 2  # the model chose a split
+    check = auto.one_device_check
+    assert check.kept_one_device is one_device_faster and fake.latencies_measured == 2
     assert len(set(node_devices(art).values())) == (1 if one_device_faster else 2)
     assert ("keeps everything on" in art.report()) is one_device_faster
+    assert check.verdict.startswith("the split ") and "(measured" in check.verdict  # the one judgement's line
     if one_device_faster:  # the report describes the build kept: the one-device build
-        assert auto["measured_seconds"] == pytest.approx(1e-3)
-        assert check["split_predicted_seconds"] is not None
-        assert auto["predicted_seconds"] in auto["alternatives"].values()
+        assert auto.measured_seconds == pytest.approx(1e-3)
+        assert check.split_predicted_seconds is not None
+        assert auto.predicted_seconds in [a.seconds for a in auto.alternatives]
     x = np.ones((8, 32), "float32")
     rt = art.create()
     rt.run(x=x)
     reference = tvm_hetero.build(mod, TWO_CPUS, params=params).create()
     reference.run(x=x)
     np.testing.assert_allclose(rt.get_output(0).numpy(), reference.get_output(0).numpy(), rtol=1e-5, atol=1e-5)
-    again = LatencyFake(one=1e-3, split=2e-3) if one_device_faster else LatencyFake(one=2e-3, split=1e-3)
+    again = LatencyFake(one=one, split=split)
     lowerings = []
     monkeypatch.setattr(build_module, "lower_as_built", counting(build_module.lower_as_built, lowerings))
     rebuilt = tvm_hetero.build(mod, TWO_CPUS, placement="auto", params=params, cost_cache=path, measurer=again)
@@ -598,15 +602,15 @@ def test_blocks_the_unit_model_cannot_see_keep_one_device():
     art = tvm_hetero.build(mod, TWO_CPUS, placement="auto", params=params, cost_cache=False, measurer=fake,
                            backends=[("dnnl", 0)])
     auto = art.build_report.autoplace
-    assert auto["unit_predicted_seconds"] is not None
-    assert auto["split_predicted_seconds"] is not None, "the solver's split was judged and lost"
+    assert auto.unit_predicted_seconds is not None
+    assert auto.split_predicted_seconds is not None, "the solver's split was judged and lost"
     assert set(node_devices(art).values()) == {0}
-    built = auto["as_built"]
-    assert built["blocks"] >= 1
+    built = auto.as_built
+    assert built.blocks >= 1
     computing = [n for n in art.graph["nodes"] if n["op"] != "null"]
-    assert built["nodes"] == len(computing)  # the graph predicted is the graph built
-    assert auto["predicted_seconds"] == pytest.approx(1e-3 * len(computing))
-    assert auto["predicted_seconds"] < auto["split_predicted_seconds"]
+    assert built.nodes == len(computing)  # the graph predicted is the graph built
+    assert auto.predicted_seconds == pytest.approx(1e-3 * len(computing))
+    assert auto.predicted_seconds < auto.split_predicted_seconds
     x = np.ones((8, 32), "float32")
     rt = art.create()
     rt.run(x=x)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from tvm_hetero import cli
+from tvm_hetero.compiler.autoplace.explanation import AutoplaceReport, DeviceShare, OneDeviceCheck
 
 
 class Stop(Exception):
@@ -40,18 +41,19 @@ class Art:
         self.build_report = Report(autoplace)
 
 
-def rows(*ops):
-    return [{"device": f"cpu:{d}", "ops": n} for d, n in enumerate(ops)]
+def report(*ops, **fields) -> AutoplaceReport:
+    """An automatic placement's report with ``ops`` relax ops per device."""
+    shares = [DeviceShare(f"cpu:{d}", 1 if n else 0, n, 0.0, 0.0) for d, n in enumerate(ops)]
+    return AutoplaceReport("latency", 0.01, 0.01, 0, shares, [], [], 1, 0, **fields)
 
 
 def test_the_demo_says_which_devices_work_together_or_why_one_was_kept():
-    split = cli._placement_verdict(Art({"per_device": rows(40, 60)}))
+    split = cli._placement_verdict(Art(report(40, 60)))
     assert split == "choice: cpu:0 + cpu:1 working together (ops and backends per device above)"
-    checked = cli._placement_verdict(Art({"per_device": rows(40, 60), "one_device_check": {
-        "kept_one_device": True, "device": "cpu:1", "split_measured_seconds": 0.012, "measured_seconds": 0.010}}))
+    checked = cli._placement_verdict(Art(report(40, 60, one_device_check=OneDeviceCheck(
+        device="cpu:1", measured_seconds=0.010, split_measured_seconds=0.012, kept_one_device=True))))
     assert "everything on cpu:1" in checked and "split measured 12.0 ms, slower than cpu:1 alone (10.0 ms)" in checked
-    predicted = cli._placement_verdict(Art({"per_device": rows(0, 100), "split_predicted_seconds": 0.0115,
-                                            "min_gain": 0.05}))
+    predicted = cli._placement_verdict(Art(report(0, 100, split_predicted_seconds=0.0115, min_gain=0.05)))
     assert predicted.startswith("choice: everything on cpu:1 -- the best split found was predicted 11.5 ms")
 
 

@@ -119,9 +119,9 @@ def test_targets_auto_measures_the_built_graph_with_the_settings_its_kernels_wer
     art = tvm_hetero.build(MLP, targets="auto", placement="auto", params=PARAMS, cost_cache=False,
                            backends=())
     discovered = [d.options for d in tvm_hetero.devices() if runs_tvm_kernels(d.device)]
-    assert art.build_report.autoplace["measured_seconds"] == 1e-3
+    assert art.build_report.autoplace.measured_seconds == 1e-3
     assert measured_with and measured_with[0] == discovered  # not None: the caller gave no options
-    assert art.build_report.autoplace["device_options"] == discovered  # what to run the artifact with
+    assert art.build_report.autoplace.device_options == discovered  # what to run the artifact with
 
 
 def test_a_built_graph_measured_with_other_discovered_settings_is_measured_again(tmp_path, monkeypatch):
@@ -138,15 +138,17 @@ def test_a_built_graph_measured_with_other_discovered_settings_is_measured_again
         art = tvm_hetero.build(MLP, targets="auto", placement="auto", params=PARAMS, backends=(),
                                cost_cache=tmp_path / "c.sqlite", measurer=measurer)
         assert measurer.latencies_measured == measured_before + 1
-        assert not art.build_report.autoplace["measured_cached"]
+        assert not art.build_report.autoplace.measured_cached
 
 
 def test_a_measurement_far_from_its_prediction_is_pointed_out_in_the_report():
+    from tvm_hetero.compiler.autoplace.explanation import AutoplaceReport
     from tvm_hetero.compiler.autoplace.report import explain
 
-    auto = {"objective": "latency", "kernels_measured": 1, "kernels_cached": 0, "per_device": [],
-            "alternatives": {}, "decisions": [], "predicted_seconds": 3.8e-3, "min_gain": 0.05}
-    far = explain({**auto, "measured_seconds": 117.7e-3})
-    near = explain({**auto, "measured_seconds": 4.5e-3})
+    def report(measured: float) -> AutoplaceReport:
+        return AutoplaceReport("latency", 3.8e-3, 3.8e-3, 0, [], [], [], 1, 0, measured_seconds=measured, min_gain=0.05)
+
+    far = explain(report(117.7e-3))
+    near = explain(report(4.5e-3))
     assert any("measured far from predicted" in line and "OMP_WAIT_POLICY=PASSIVE" in line for line in far)
     assert not any("far from predicted" in line for line in near)

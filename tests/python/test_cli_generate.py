@@ -79,7 +79,7 @@ def test_generate_compiles_a_checkpoint_with_progress_and_prints_tokens_text_and
 def test_generate_runs_an_export_on_the_cpp_loop(checkpoint, exported, capsys):
     _, expected = checkpoint
     code, out, err = run_generate(capsys, exported, "--prompt-ids", ",".join(map(str, PROMPT)),
-                                  "--max-new-tokens", NEW_TOKENS)
+                                  "--max-new-tokens", NEW_TOKENS, "--threads", 1)
     assert code == 0, err
     assert "C++ generation loop" in out
     assert new_tokens(out) == expected
@@ -91,6 +91,7 @@ def test_generate_runs_an_export_on_the_cpp_loop(checkpoint, exported, capsys):
     (["{missing}", "--prompt-ids", "1", "--max-new-tokens", "2"], "no such directory"),
     (["{export}", "--prompt-ids", "1,x", "--max-new-tokens", "2"], "--prompt-ids: 'x' is not an integer"),
     (["{export}", "--prompt-ids", "1", "--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
+    (["{export}", "--prompt-ids", "1", "--max-new-tokens", "2", "--threads", "0"], "--threads must be at least 1"),
     (["{export}", "--prompt-ids", "1", "--max-new-tokens", "2", "--capacity", "64"], "fixed at export"),
     (["{export}", "--prompt-ids", "5,96", "--max-new-tokens", "2"],
      r"token id 96 at position 1 is outside the vocabulary \[0, 96\)"),

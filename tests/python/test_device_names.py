@@ -28,6 +28,6 @@ def test_a_remote_device_has_one_name_in_reports_and_stats(rpc_server):
     shown = art.report() + "\n".join(progress)
     names = set(re.findall(r"remote\[[^\]]*\]:[a-z]+:\d+", shown))
     assert names and names <= {name_of(remote)}, names
-    assert all(row["device"] in ("cpu:0", name_of(remote)) for row in art.build_report.autoplace["per_device"])
+    assert all(row.device in ("cpu:0", name_of(remote)) for row in art.build_report.autoplace.per_device)
     with art.create() as rt:
         assert rt.stats()["devices"][1] == name_of(remote)

@@ -4,11 +4,14 @@ the rest stays on the HTP, and every graph of the result is verified."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import tvm
 import tvm_hetero
 from tvm_hetero.ep_offload.fewest_ops import StepError, choose
+from tvm_hetero.ep_offload.offload_report import OffloadReport
 from tvm_hetero.qnn import ep as qnn_ep
 
 CPU = (tvm.cpu(0), "llvm")
@@ -94,13 +97,13 @@ def _build(model, **kw):
 
 
 def _moved_ops(art) -> list[str]:
-    return [op for row in art.build_report.offload["move_back"]["steps"] for op in row["ops"]]
+    return [op for row in art.build_report.offload.move_back.steps for op in row.ops]
 
 
 def _assert_verified(htp: dict) -> None:
-    checks = htp["verification"]["regions"]
-    assert checks and all(c["ok"] and c["relative_error"] <= htp["verification"]["tolerance"] for c in checks)
-    assert {c["region"] for c in checks} == {r["name"] for r in htp["regions"]}
+    checks = htp.verification.regions
+    assert checks and all(c.ok and c.relative_error <= htp.verification.tolerance for c in checks)
+    assert {c.region for c in checks} == {r.name for r in htp.regions}
 
 
 @needs_qnn
@@ -114,11 +117,12 @@ def test_a_sum_past_fp16s_range_is_the_only_op_moved_back() -> None:
     art = _build(model)
     htp = art.build_report.offload
     assert _moved_ops(art) == ["ReduceSum"]
-    assert len(htp["excluded"]) == 1 and "own error" in next(iter(htp["excluded"].values()))
-    assert htp["flops_on_device"] == htp["flops"] > 0 and len(htp["regions"]) == 1
+    assert len(htp.excluded) == 1 and "own error" in next(iter(htp.excluded.values()))
+    assert htp.flops_on_device == htp.flops > 0 and len(htp.regions) == 1
     _assert_verified(htp)
     report = art.report()
     assert "step" in report and "(ReduceSum)" in report and "per verification round" in report
+    assert OffloadReport.from_dict(json.loads(json.dumps(htp.to_dict()))) == htp  # the artifact manifest's form
 
 
 @needs_qnn
@@ -134,11 +138,11 @@ def test_a_softmax_over_large_logits_in_the_middle_moves_back_alone_and_the_conv
                       "y", [numpy_helper.from_array(np.array(60.0, "float32"), "scale"), w4])
     art = _build(model)
     htp = art.build_report.offload
-    assert _moved_ops(art) == ["Softmax"], htp["move_back"]["steps"]
-    assert htp["flops_on_device"] == htp["flops"] > 0 and len(htp["regions"]) == 2
+    assert _moved_ops(art) == ["Softmax"], htp.move_back.steps
+    assert htp.flops_on_device == htp.flops > 0 and len(htp.regions) == 2
     _assert_verified(htp)
-    rounds = htp["move_back"]["rounds"]
-    assert rounds[0]["bad_graphs"] == 1 and rounds[-1]["bad_graphs"] == 0
+    rounds = htp.move_back.rounds
+    assert rounds[0].bad_graphs == 1 and rounds[-1].bad_graphs == 0
 
 
 @needs_qnn
@@ -150,7 +154,7 @@ def test_the_earlier_first_bad_step_rule_is_still_there_and_a_bad_rule_is_a_clea
                             numpy_helper.from_array(np.array([2, 3], "int64"), "axes")])
     art = _build(model, offload_move_back="first_bad_step")
     htp = art.build_report.offload
-    assert htp["move_back"]["rule"] == "first_bad_step" and htp["excluded"]
+    assert htp.move_back.rule == "first_bad_step" and htp.excluded
     _assert_verified(htp)
     with pytest.raises(ValueError, match="offload_move_back='fewest_op'.*first_bad_step"):
         _build(model, offload_move_back="fewest_op")
@@ -178,6 +182,6 @@ def test_error_building_up_along_a_silu_chain_moves_activations_back_and_keeps_e
     first = _build(model, offload_tolerance=1e-3, offload_move_back="first_bad_step").build_report.offload
     _assert_verified(fewest)
     _assert_verified(first)
-    assert fewest["flops_on_device"] == fewest["flops"] > first["flops_on_device"]
-    assert all(not ({"Conv"} & set(row["ops"])) for row in fewest["move_back"]["steps"])
-    assert all(row["rule"] == "build-up" for row in fewest["move_back"]["steps"])
+    assert fewest.flops_on_device == fewest.flops > first.flops_on_device
+    assert all("Conv" not in row.ops for row in fewest.move_back.steps)
+    assert all(row.rule == "build-up" for row in fewest.move_back.steps)

@@ -163,3 +163,32 @@ def test_frames_share_the_onednn_weights_reordered_once():
         frame.run()
         np.testing.assert_array_equal(frame.get_output(0).numpy(), expected)
     assert reorders() - before == first  # no frame made a copy of its own
+
+
+def test_frames_of_two_models_share_one_scratch_and_compute_as_with_their_own(one_device, two_devices):
+    """Frames that never run at once hold one scratch between them: the larger need, not the sum."""
+    runtimes = [one_device.create(), two_devices.create()]
+    needs = [rt.scratch_bytes() for rt in runtimes]
+    assert all(need > 0 for need in needs)
+    scratch = tvm.runtime.empty((max(needs),), "uint8", tvm.cpu(0))
+    shared = [rt.frame(scratch) for rt in runtimes]
+    own = [rt.frame() for rt in runtimes]
+    for frame, alone in zip(shared, own):
+        # The scratch replaces the frame's memory for the values a run computes.
+        assert frame.allocated_bytes < alone.allocated_bytes
+    for i in range(6):  # alternate, so each run starts from the other model's leftovers
+        x = make_input(i)
+        for frame, alone in zip(shared, own):
+            frame.set_input("x", x)
+            alone.set_input("x", x)
+            frame.run()
+            alone.run()
+            np.testing.assert_array_equal(frame.get_output(0).numpy(), alone.get_output(0).numpy())
+
+
+def test_a_scratch_smaller_than_the_graph_needs_is_refused_with_both_sizes(one_device):
+    rt = one_device.create()
+    need = rt.scratch_bytes()
+    small = tvm.runtime.empty((need - 64,), "uint8", tvm.cpu(0))
+    with pytest.raises(ValueError, match=f"scratch \\({need - 64} bytes on cpu:0\\) must hold {need} bytes"):
+        rt.frame(small)

@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 import torch
+import tvm
 import transformers as hf
 from safetensors.torch import save_file
 from tvm_hetero import llm
@@ -181,3 +182,67 @@ def test_a_session_checks_its_own_input(lm):
     session.decode(4)  # the last free row
     with pytest.raises(ValueError, match=f"the cache is full \\({CAPACITY} tokens"):
         session.decode(4)
+
+
+def test_host_kernels_compile_for_this_cpu_and_an_export_refuses_a_cpu_lacking_their_features(lm, tmp_path,
+                                                                                                monkeypatch):
+    from tvm.target import codegen
+
+    from tvm_hetero.llm import this_cpu
+
+    here = this_cpu.this_cpu()
+    assert lm.compiled_for == {"cpu": str(here.attrs["mcpu"]),
+                               "features": sorted(codegen.llvm_get_cpu_features(here))}
+    assert f"host kernels compiled for: CPU {here.attrs['mcpu']}" in lm.report()
+    lm.export(tmp_path / "out")
+    assert llm.load(tmp_path / "out").compiled_for == lm.compiled_for  # loads here
+    needed = set(lm.compiled_for["features"])
+    baseline = tvm.target.Target({"kind": "llvm", "mcpu": "x86-64"})
+    missing = needed - codegen.llvm_get_cpu_features(baseline)
+    if not missing:
+        pytest.skip(f"this CPU ({here.attrs['mcpu']}) has no feature beyond the x86-64 baseline")
+    monkeypatch.setattr(this_cpu, "this_cpu", lambda: baseline)  # as if loaded on a baseline CPU
+    with pytest.raises(RuntimeError, match=f"compiled for CPU '{here.attrs['mcpu']}'.*lacks .*{sorted(missing)[0]}"):
+        llm.load(tmp_path / "out")
+
+
+def test_a_target_object_keeps_the_architectures_baseline():
+    model = llm.build(tiny_llama(), [(tvm.cpu(0), tvm.target.Target("llvm"))], capacity=CAPACITY,
+                      prefill_chunks=(8,))
+    assert model.compiled_for is None
+    assert "compiled for: the architecture's baseline" in model.report()
+
+
+def test_a_sessions_graphs_hold_their_intermediate_values_in_one_scratch(lm):
+    session = lm.session()
+    needs = [g.runtime.scratch_bytes() for g in lm.graphs]
+    assert session.scratch_bytes == max(needs) > 0
+    with_scratch = session.scratch_bytes + sum(r.frame.allocated_bytes for r in session.runners.values())
+    own = sum(g.runtime.frame().allocated_bytes for g in lm.graphs)
+    assert with_scratch <= own - min(needs)  # the smaller graph's values no longer have memory of their own
+
+
+@pytest.mark.parametrize("position", [5, 0, CAPACITY - 1, CAPACITY, 10**9, -7])
+def test_the_decode_attention_reads_only_the_filled_rows_and_clamps_the_position(lm, position):
+    """Rows at and beyond the position hold NaN: a kernel reading any of them would return NaN. A
+    position beyond the cache is refused by the gathers' index checks before the attention runs."""
+    from tvm_hetero.llm import graph_io
+
+    decode = next(g for g in lm.graphs if g.size == 1)
+    inputs = graph_io.sample_inputs(lm.config, CAPACITY, 1)
+    filled = min(max(position, 0), CAPACITY)
+    inputs["positions"][:] = position
+    inputs["cache_mask"][...] = graph_io.MASKED
+    inputs["cache_mask"][..., :filled] = 0.0
+    for name, value in inputs.items():
+        if name.endswith(".k"):
+            value[..., filled:] = np.nan  # keys [1, KV, D, C]
+        elif name.endswith(".v"):
+            value[:, :, filled:] = np.nan  # values [1, KV, C, D]
+        decode.runtime.set_input(name, value)
+    if position >= CAPACITY:
+        with pytest.raises(IndexError, match=f"index {position} at positions\\[0\\] is outside"):
+            decode.runtime.run()
+        return
+    decode.runtime.run()
+    assert np.isfinite(decode.runtime.get_output(0).numpy()).all()

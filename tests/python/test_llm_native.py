@@ -129,3 +129,16 @@ def test_a_missing_or_damaged_file_is_refused_naming_it(llama_export, tmp_path, 
         path.write_text(path.read_text().replace('"capacity": 32', '"capacity": 64'))
     with pytest.raises(ValueError, match=message):
         NativeGenerator(copy)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_thread_count_gives_the_same_tokens(llama_export, threads):
+    lm, native, out = llama_export
+    prompt = [5, 9, 2, 77, 3, 1, 60, 61, 62, 8]  # two chunks of 8: prefill and decode graphs both run
+    assert NativeGenerator(out, num_threads=threads).generate(prompt, 12) == native.generate(prompt, 12)
+
+
+@pytest.mark.parametrize("threads", [0, -1, 1.5])
+def test_a_bad_thread_count_is_refused(llama_export, threads):
+    with pytest.raises(ValueError, match="num_threads must be a positive integer"):
+        NativeGenerator(llama_export[2], num_threads=threads)

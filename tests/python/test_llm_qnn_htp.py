@@ -7,7 +7,11 @@ emulator's runs stay short."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -15,6 +19,9 @@ import tvm
 from test_llm import prompt_of, reference_tokens, tiny_model
 from tvm_hetero import llm
 from tvm_hetero.llm.graph_io import key_cache_shape
+from tvm_hetero.llm.native import NativeGenerator
+from tvm_hetero.llm.packed_outputs import packed_layout
+from tvm_hetero.native import LOADED_LIBRARY
 from tvm_hetero.qnn import ep as qnn_ep
 
 pytestmark = pytest.mark.skipif(not qnn_ep.available(),
@@ -24,6 +31,12 @@ CPU = (tvm.cpu(0), "llvm")
 CAPACITY = 64
 CHUNKS = (8,)
 CHECK_TOKENS = 8
+
+
+def qnn_device_type() -> int:
+    from tvm_hetero.qnn import KIND
+
+    return int(KIND.device_type)
 
 
 @pytest.fixture(scope="module")
@@ -43,11 +56,11 @@ def test_the_prefill_bucket_runs_its_matmuls_as_qnn_graphs(prefill_on_htp):
     (prefill,) = [g for g in prefill_on_htp.graphs if g.phase == "prefill"]
     assert decode.offload is None and decode.accelerator_executions == 0
     offload = prefill.offload
-    assert offload["device"] == "HTP" and offload["regions"]
-    assert offload["flops_on_device"] >= 0.9 * offload["flops"]  # the issue's target: >= 90% of matmul FLOPs
-    assert all(check["ok"] for check in offload["verification"]["regions"])
+    assert offload.device == "HTP" and offload.regions
+    assert offload.flops_on_device >= 0.9 * offload.flops  # the issue's target: >= 90% of matmul FLOPs
+    assert all(check.ok for check in offload.verification.regions)
     # every op QNN refused is reported with its reason (and runs on the CPU)
-    assert all(r["reason"] for r in offload["refused"])
+    assert all(r.reason for r in offload.refused)
 
 
 def test_prefill_on_the_htp_and_decode_on_the_cpu_give_the_all_cpu_tokens(prefill_on_htp, llama_model):
@@ -114,18 +127,24 @@ def test_a_bucket_failing_the_whole_path_check_moves_to_the_host_loudly(llama_mo
 
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
-def test_both_phases_on_the_htp_match_the_cpu_tokens_with_one_htp_execution_per_token(arch):
+def test_both_phases_on_the_htp_match_the_cpu_tokens_with_one_htp_execution_per_token(arch, tmp_path):
     model = tiny_model(arch)
     lm = llm.build(model, [CPU, "qnn-htp"], capacity=CAPACITY, prefill_chunks=CHUNKS, check_tokens=CHECK_TOKENS)
     for graph in lm.graphs:
         offload = graph.offload
-        assert offload and offload["flops_on_device"] >= 0.9 * offload["flops"], (arch, graph.size)
+        assert offload and offload.flops_on_device >= 0.9 * offload.flops, (arch, graph.size)
     assert lm.phase_check["decode"]["agreement"] == CHECK_TOKENS
     prompt = prompt_of(13, lm.config.vocab_size)
     assert lm.generate(prompt, 8) == reference_tokens(model, prompt, 8)
     stats = lm.stats()
     per_token = stats["decode"]["per_call"][1]
     assert per_token == 1 and stats["decode"]["accelerator_graph_executions"] == 7 * per_token
+    # exported and loaded (every graph with constants of its own and weights on the HTP's side), in
+    # Python and in the C++ loop: the same tokens
+    lm.export(tmp_path / "out")
+    tokens = lm.generate(prompt, 8)
+    assert llm.load(tmp_path / "out").generate(prompt, 8) == tokens
+    assert NativeGenerator(tmp_path / "out").generate(prompt, 8) == tokens
 
 
 def test_a_session_prefilling_on_the_htp_beside_one_decoding_on_the_cpu_matches_serial(prefill_on_htp):
@@ -167,12 +186,116 @@ def test_a_session_prefilling_on_the_htp_beside_one_decoding_on_the_cpu_matches_
         np.testing.assert_array_equal(got, expected)
 
 
-def test_exporting_a_model_with_htp_graphs_is_a_clear_error(prefill_on_htp, tmp_path):
-    with pytest.raises(ValueError, match=r"graphs of \[8\] row\(s\) were built for an accelerator"):
-        prefill_on_htp.export(tmp_path / "out")
+@pytest.fixture(scope="module")
+def htp_export(prefill_on_htp, tmp_path_factory):
+    return prefill_on_htp.export(tmp_path_factory.mktemp("htp_export") / "out")
 
 
-def test_decode_placed_by_cost_compares_labelled_figures_and_runs_on_the_cheaper_side(llama_model):
+def test_an_export_with_htp_graphs_loads_with_the_same_tokens_report_and_stats(prefill_on_htp, htp_export):
+    manifest = json.loads((htp_export / "manifest.json").read_text())
+    (entry,) = [e for e in manifest["graphs"] if e["phase"] == "prefill"]
+    assert [t for t, _ in entry["devices"]] == [tvm.cpu(0).dlpack_device_type(), qnn_device_type()]
+    assert entry["packed_layout"] == [[o, list(s)] for o, s in packed_layout(prefill_on_htp.config, 8)]
+    assert manifest["phase_check"]["decode"]["agreement"] == CHECK_TOKENS
+    loaded = llm.load(htp_export)
+    for length in (5, 13):
+        prompt = prompt_of(length, loaded.config.vocab_size)
+        assert loaded.generate(prompt, 12) == prefill_on_htp.generate(prompt, 12)
+    (prefill,) = [g for g in loaded.graphs if g.phase == "prefill"]
+    assert prefill.packed and prefill.accelerator_executions == 1
+    assert loaded.phase_check == prefill_on_htp.phase_check
+    stats = loaded.stats()
+    assert stats["prefill"]["calls"] == 3 and stats["prefill"]["accelerator_graph_executions"] == 3  # 1 + 2 chunks
+    assert stats["decode"]["accelerator_graph_executions"] == 0
+    report = loaded.report()
+    assert "HTP: 1 graph execution(s) per call" in report and f"greedy agreement {CHECK_TOKENS}/{CHECK_TOKENS}" in report
+
+
+def test_loading_an_export_finalizes_no_htp_graph(prefill_on_htp, htp_export, monkeypatch):
+    """The exported library holds each region's finalized QNN context: a load opens it and compiles
+    nothing (QNN's finalize is never called, and every model opened is a context, never a graph)."""
+    import onnx
+
+    finalized, opened = [], []
+    open_session, finalize = qnn_ep.accelerator_session, qnn_ep.finalize
+    monkeypatch.setattr(qnn_ep, "finalize", lambda *a, **k: finalized.append(1) or finalize(*a, **k))
+    monkeypatch.setattr(qnn_ep, "accelerator_session", lambda model, *a, **k: opened.append(model) or
+                        open_session(model, *a, **k))
+    loaded = llm.load(htp_export)
+    prompt = prompt_of(13, loaded.config.vocab_size)
+    assert loaded.generate(prompt, 4) == prefill_on_htp.generate(prompt, 4)
+    assert not finalized and len(opened) == 1  # one region, opened once
+    nodes = onnx.load_from_string(opened[0]).graph.node
+    assert [n.op_type for n in nodes] == ["EPContext"]
+    assert {a.name: a.i for a in nodes[0].attribute if a.name == "embed_mode"} == {"embed_mode": 1}
+    # opening the context is faster than compiling the plain graph it came from (the build's work)
+    (prefill,) = [g for g in prefill_on_htp.graphs if g.phase == "prefill"]
+    (plain,) = prefill.accelerator_models.values()
+    options = prefill.offload["options"]
+    compile_s = min(_seconds(open_session, plain, options) for _ in range(3))
+    open_s = min(_seconds(open_session, opened[0], options) for _ in range(3))
+    assert open_s < compile_s, (open_s, compile_s)
+
+
+def _seconds(fn, *args):
+    start = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - start
+
+
+def test_the_cpp_loop_generates_from_an_export_with_packed_outputs(prefill_on_htp, htp_export):
+    """The C++ loop (src/llm/) binds the HTP graph's packed output; its regions run through the vendor
+    runner this Python process registers."""
+    native = NativeGenerator(htp_export)
+    for length in (5, 13):
+        prompt = prompt_of(length, native.vocab_size)
+        assert native.generate(prompt, 10) == prefill_on_htp.generate(prompt, 10)
+
+
+def test_a_packed_layout_that_is_not_the_configurations_is_refused_by_both_loaders(htp_export, tmp_path):
+    """A manifest re-sealed with another layout (e.g. written for another configuration) is an error
+    naming the graph in Python and in C++, before any graph runs."""
+    import shutil
+
+    from tvm_hetero.artifact import MANIFEST_DIGEST_KEY, manifest_digest
+
+    copy = tmp_path / "edited"
+    shutil.copytree(htp_export, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    (entry,) = [e for e in manifest["graphs"] if e["packed_layout"]]
+    entry["packed_layout"][1][0] += 1  # the first layer's keys one element later
+    manifest[MANIFEST_DIGEST_KEY] = manifest_digest(manifest)
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match=r"graph of 8 row\(s\): its packed-output layout differs"):
+        llm.load(copy)
+    with pytest.raises(Exception, match=r"graphs\[1\]\.packed_layout.*packed-output layout differs"):
+        NativeGenerator(copy)
+
+
+def test_the_generate_command_runs_an_export_with_htp_graphs(prefill_on_htp, htp_export, capsys):
+    from tvm_hetero.cli import main
+
+    prompt = prompt_of(13, prefill_on_htp.config.vocab_size)
+    assert main(["generate", str(htp_export), "--prompt-ids", ",".join(map(str, prompt)), "--max-new-tokens", "6"]) == 0
+    expected = " ".join(map(str, prefill_on_htp.generate(prompt, 6)))
+    assert f"new tokens: {expected}" in capsys.readouterr().out
+
+
+def test_the_cpp_only_loader_names_what_an_htp_region_needs(htp_export):
+    """Without Python's vendor runner (the C++-only deploy path), loading is an error naming the region
+    and what runs it, never a crash."""
+    script = ("import ctypes, sys, tvm, tvm_ffi\n"
+              "ctypes.CDLL(sys.argv[1], ctypes.RTLD_GLOBAL)\n"
+              "try:\n    tvm_ffi.get_global_func('tvm_hetero.llm.load')(sys.argv[2])\n"
+              "except Exception as err:\n    print(err); sys.exit(3)\n")
+    ran = subprocess.run([sys.executable, "-c", script, LOADED_LIBRARY, str(htp_export)], capture_output=True,
+                         text=True, timeout=300)
+    assert ran.returncode == 3, ran.stderr[-2000:]
+    assert f"{htp_export / 'graph_8.json'}: accelerator region" in ran.stdout, ran.stdout
+    assert "reaches only from Python" in ran.stdout
+
+
+def test_decode_placed_by_cost_compares_labelled_figures_and_runs_on_the_cheaper_side(llama_model, tmp_path):
     lm = llm.build(llama_model, [CPU, "qnn-htp"], capacity=CAPACITY, prefill_chunks=CHUNKS, check_tokens=0,
                    decode_placement="cost")
     choice = lm.decode_choice
@@ -186,8 +309,28 @@ def test_decode_placed_by_cost_compares_labelled_figures_and_runs_on_the_cheaper
     assert "decode placed by cost" in lm.report()
     prompt = prompt_of(13, lm.config.vocab_size)
     assert lm.generate(prompt, 8) == reference_tokens(llama_model, prompt, 8)
+    loaded = llm.load(lm.export(tmp_path / "out"))  # the placement and its figures travel with the export
+    assert loaded.decode_choice == choice and "decode placed by cost" in loaded.report()
+    assert [g.moved_to_host for g in loaded.graphs] == [g.moved_to_host for g in lm.graphs]
+    assert loaded.generate(prompt, 8) == lm.generate(prompt, 8)
 
 
 def test_an_unknown_decode_placement_is_a_clear_error(llama_model):
     with pytest.raises(ValueError, match="decode_placement must be 'targets' or 'cost'"):
         llm.build(llama_model, [CPU], capacity=CAPACITY, prefill_chunks=CHUNKS, decode_placement="fastest")
+
+
+def test_the_demo_prefills_a_decoder_on_the_htp_and_decodes_on_the_cpu_beside_the_peer(capsys):
+    """`tvm-hetero demo-htp --part decoder` (scripts/demo.sh's last part): each phase's device, HTP
+    executions per chunk and per token, errors and speed, the tokens against transformers', the peer."""
+    from tvm_hetero.cli import main
+
+    assert main(["demo-htp", "--part", "decoder"]) == 0
+    out = capsys.readouterr().out
+    assert "prefill on cpu:0 + qnn-htp:0: 2 call(s), 1 HTP graph execution(s) per chunk of 8 (2 in all)" in out
+    assert "decode  on cpu:0: 15 call(s), 0 HTP graph execution(s) per token (0 in all)" in out
+    assert "tok/s modeled on the HTP" in out and "tok/s measured here" in out
+    assert "greedy agreement 16/16" in out
+    assert "the same as transformers' fp32 greedy tokens" in out
+    peer_line = next(line for line in out.splitlines() if "ONNX Runtime + QNN EP on the same graph" in line)
+    assert "QNN partition(s)" in peer_line and "relative error" in peer_line, peer_line

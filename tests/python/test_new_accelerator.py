@@ -60,24 +60,26 @@ def _build_and_check(device: str):
 def test_the_new_kind_runs_its_graph_through_the_generic_path(tmp_path, registered) -> None:
     art, out, stats, inputs = _build_and_check("ort-cpu-test")
     offload = art.build_report.offload
-    assert offload["vendor"] == "ORT-CPU" and offload["graph_executions"] == stats["accelerator_graph_executions"] == 1
-    assert offload["verification"]["regions"][0]["ok"]
+    assert offload.vendor == "ORT-CPU" and offload.graph_executions == stats["accelerator_graph_executions"] == 1
+    assert offload.verification.regions[0].ok
     report = art.report()
     assert "accepted by ORT-CPU" in report and "placed on the TESTACC" in report and "ort-cpu-test:0" in report
     art.export(tmp_path / "a")  # its graphs travel in the artifact and open without the build
-    again, _ = _run(tvm_hetero.load(tmp_path / "a"), inputs)
+    loaded = tvm_hetero.load(tmp_path / "a")
+    assert loaded.build_report.offload == offload  # the manifest's JSON form reads back to the same report
+    again, _ = _run(loaded, inputs)
     np.testing.assert_array_equal(again, out)
 
 
 def test_an_op_the_vendor_refuses_stays_on_the_host_with_its_reason() -> None:
     art, _out, _stats, _inputs = _build_and_check("ort-cpu-test:refuse=Relu")
-    refused = {r["op"]: r["reason"] for r in art.build_report.offload["refused"]}
+    refused = {r.op: r.reason for r in art.build_report.offload.refused}
     assert "the test accelerator does not take Relu" in refused.get("relax.nn.relu", ""), refused
 
 
 def test_a_vendor_that_computes_wrongly_is_caught_and_moved_back() -> None:
     art, _out, stats, _inputs = _build_and_check("ort-cpu-test:wrong=1")
-    excluded = art.build_report.offload["excluded"]
+    excluded = art.build_report.offload.excluded
     assert excluded and all("verification" in why for why in excluded.values()), excluded
     assert stats["accelerator_graph_executions"] == 0
 

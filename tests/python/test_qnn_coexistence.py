@@ -51,7 +51,7 @@ _COMMON = textwrap.dedent('''
         from tvm_hetero.importers import from_onnx
 
         art = tvm_hetero.build(from_onnx(MODEL), [(tvm.cpu(0), "llvm"), "qnn-htp"])
-        assert art.build_report.offload["graph_executions"] == 1, art.report()
+        assert art.build_report.offload.graph_executions == 1, art.report()
         return art, run(art)
 
     def run(art):

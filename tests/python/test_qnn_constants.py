@@ -138,7 +138,7 @@ def test_mobilenet_v3_small_from_onnx_builds_for_the_htp_as_one_graph_and_matche
     art = tvm_hetero.build(from_onnx(model), [CPU, "qnn-htp"])
     htp = art.build_report.offload
     # Every op (the hardswish and hardsigmoid clips included) in one QNN graph.
-    assert htp["graph_executions"] == 1 and htp["accepted"] == htp["asked"], art.report()
+    assert htp.graph_executions == 1 and htp.accepted == htp.asked, art.report()
     x = np.random.default_rng(1).standard_normal((1, 3, 96, 96)).astype("float32")
     expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
         None, {"input0": x})[0]
@@ -165,7 +165,7 @@ def test_bert_from_torch_builds_for_the_htp_and_matches() -> None:
     with torch.no_grad():
         expected = bert(ids, mask).last_hidden_state.numpy()
     art = tvm_hetero.build(from_torch(bert, (ids, mask)), [CPU, "qnn-htp"])
-    assert art.build_report.offload["flops_on_device"] > 0.9 * art.build_report.offload["flops"], art.report()
+    assert art.build_report.offload.flops_on_device > 0.9 * art.build_report.offload.flops, art.report()
     rt = art.create()
     rt.run(**dict(zip(art.input_names, [ids.numpy(), mask.numpy()])))
     got = rt.get_output(0).numpy()

@@ -80,10 +80,10 @@ def test_capability_is_asked_of_qnn_and_refused_ops_split_the_graphs() -> None:
     model = conv_unary_conv("Asin")
     art = tvm_hetero.build(_relax(model), [CPU, "qnn-htp"])  # every accepted op on the HTP by default
     htp = art.build_report.offload
-    refused = {r["op"]: r["reason"] for r in htp["refused"]}
+    refused = {r.op: r.reason for r in htp.refused}
     # QNN's own validation said no (the exporter has an ONNX Asin): the reason is QNN's.
     assert "relax.asin" in refused and "backendValidateOpConfig" in refused["relax.asin"], refused
-    assert len(htp["regions"]) == 2 and htp["graph_executions"] == 2
+    assert len(htp.regions) == 2 and htp.graph_executions == 2
     report = art.report()
     assert "relax.asin" in report and "QNN graphs" in report
     rt, y = _run(art, {"x": X["x"] * 0.3})
@@ -95,16 +95,16 @@ def test_capability_is_asked_of_qnn_and_refused_ops_split_the_graphs() -> None:
 def test_a_group_under_the_opt_in_flop_floor_stays_on_the_cpu() -> None:
     art = tvm_hetero.build(_relax(conv_unary_conv("Asin")), [CPU, "qnn-htp"], offload_min_group_flops=10e6)
     htp = art.build_report.offload
-    assert htp["graph_executions"] == 1
-    assert any(reason.startswith("gate:") for reason in htp["excluded"].values())
+    assert htp.graph_executions == 1
+    assert any(reason.startswith("gate:") for reason in htp.excluded.values())
     assert "not worth a QNN graph call" in art.report()
 
 
 def test_whole_model_is_one_qnn_graph_within_fp16_error() -> None:
     model = conv_unary_conv("Relu")
     art = tvm_hetero.build(_relax(model), [CPU, "qnn-htp"])
-    assert art.build_report.offload["graph_executions"] == 1
-    assert art.build_report.offload["verification"]["regions"][0]["ok"]
+    assert art.build_report.offload.graph_executions == 1
+    assert art.build_report.offload.verification.regions[0].ok
     _rt, y = _run(art, X)
     ref = _reference(model, X)
     assert np.abs(y - ref).max() <= 1e-2 * np.abs(ref).max()
@@ -123,8 +123,8 @@ def test_verification_moves_an_overflowing_region_back_to_the_cpu() -> None:
     model = _onnx_model(nodes, [_tensor("x", [1, 4, 8, 8])], [_tensor("y", None)], [weight, small])
     art = tvm_hetero.build(_relax(model), [CPU, "qnn-htp"])
     htp = art.build_report.offload
-    assert htp["excluded"], "the bad region was not moved back"
-    assert any("verification" in reason for reason in htp["excluded"].values())
+    assert htp.excluded, "the bad region was not moved back"
+    assert any("verification" in reason for reason in htp.excluded.values())
     assert "moved back" in art.report()
     _rt, y = _run(art, X)
     ref = _reference(model, X)
@@ -163,7 +163,7 @@ def test_export_and_load_skip_graph_finalization(tmp_path) -> None:
     _rt2, y2 = _run(loaded, X)
     load_seconds = time.perf_counter() - start
     assert np.array_equal(y, y2)
-    assert loaded.build_report.offload["graph_executions"] == 1
+    assert loaded.build_report.offload.graph_executions == 1
     assert load_seconds < build_seconds
 
 
@@ -173,7 +173,7 @@ def test_an_htp_error_mid_run_names_the_region_and_device_and_the_runtime_recove
     model = conv_unary_conv("Sin")
     art = tvm_hetero.build(_relax(model), [CPU, "qnn-htp"])
     rt, first = _run(art, X)
-    region = art.build_report.offload["regions"][0]["name"]
+    region = art.build_report.offload.regions[0].name
     qnn_runner.FAIL_NEXT.add(region)
     with pytest.raises(Exception, match=r"qnn-htp:0.*" + region + "|" + region + r".*qnn-htp:0") as err:
         rt.run()
@@ -218,11 +218,11 @@ def test_qdq_units_run_quantized_within_the_quantization_step() -> None:
     qdq = _qdq_copy(conv_unary_conv("Relu"), (1, 4, 8, 8))
     art = tvm_hetero.build(_relax(qdq), [CPU, "qnn-htp"])
     htp = art.build_report.offload
-    ops = {r["op"] for r in htp["refused"]}
-    assert "relax.nn.conv2d" not in ops and htp["graph_executions"] == 1
+    ops = {r.op for r in htp.refused}
+    assert "relax.nn.conv2d" not in ops and htp.graph_executions == 1
     # Both units whole on the HTP (weight dequantize, conv, quantize; the activation's dequantize):
     # QNN sees DQ -> conv -> Q and runs it quantized.
-    assert sum(r["ops"] for r in htp["regions"]) >= 8
+    assert sum(r.ops for r in htp.regions) >= 8
     _rt, y = _run(art, X)
     ref = _reference(qdq, X)
     step = np.abs(ref).max() / 127  # one output quantization step, at most
@@ -256,9 +256,9 @@ def test_a_qdq_model_with_batch_norm_lrn_and_dropout_is_one_qnn_graph() -> None:
     htp = art.build_report.offload
     # Only the model's edges stay on the CPU: its input's quantize and its output's dequantize,
     # which QNN does not take alone (ONNX Runtime runs them on its CPU EP too).
-    assert sorted(r["op"] for r in htp["refused"] if "folded" not in r["reason"]) == [
+    assert sorted(r.op for r in htp.refused if "folded" not in r.reason) == [
         "relax.dequantize", "relax.quantize"]
-    assert htp["graph_executions"] == 1 and not htp["excluded"]
+    assert htp.graph_executions == 1 and not htp.excluded
     assert "QDQ units quantized" in art.report()
     _rt, y = _run(art, X)
     ref = _reference(qdq, X)
@@ -280,8 +280,8 @@ def test_one_qnn_graph_takes_several_values_the_host_makes() -> None:
                         [_conv_weight("w1", 8, 4, 1), _conv_weight("w2", 8, 4, 2)])
     art = tvm_hetero.build(_relax(model), [CPU, "qnn-htp"], offload_min_group_flops=0)
     htp = art.build_report.offload
-    assert [r["op"] for r in htp["refused"] if r["op"] == "relax.asin"] == ["relax.asin"] * 2
-    assert htp["graph_executions"] == 1 and htp["regions"][0]["ops"] == 3
+    assert [r.op for r in htp.refused if r.op == "relax.asin"] == ["relax.asin"] * 2
+    assert htp.graph_executions == 1 and htp.regions[0].ops == 3
     inputs = {"x": X["x"] * 0.3, "z": X["x"][:, ::-1] * 0.2}
     rt, y = _run(art, inputs)
     assert rt.stats()["accelerator_graph_executions"] == 1
@@ -302,32 +302,35 @@ def _wide_conv_model():
 
 def test_automatic_placement_weighs_each_htp_group_against_the_host(tmp_path, monkeypatch) -> None:
     from tvm_hetero.cli import main
+    from tvm_hetero.placement_judgement import MEASURED, MEASURED_ON_A_DEVICE, MODELED
     from tvm_hetero.qnn import costs as htp_costs
 
     monkeypatch.setenv("TVM_HETERO_CACHE", str(tmp_path))  # an empty device cost table
     # Each group: modeled from QNN's cycles, measured on the host, the faster side chosen. (Which
     # side wins is the machine's: on a loaded host even a tiny group can take milliseconds.)
     tiny = tvm_hetero.build(_relax(conv_unary_conv("Relu")), [CPU, "qnn-htp"], placement="auto")
-    (row,) = tiny.build_report.offload["auto"]
-    assert row["device_source"].startswith("modeled") and row["device_seconds"] > 0.16e-3 and row["host_seconds"] > 0
-    assert row["on_device"] == (row["device_seconds"] < row["host_seconds"])
-    assert tiny.build_report.offload["graph_executions"] == int(row["on_device"])
-    assert ("stays on the HTP" if row["on_device"] else "moved to the host") in tiny.report()
+    (row,) = tiny.build_report.offload.auto
+    device, host = row.verdict.candidate, row.verdict.baseline
+    assert device.source == MODELED and device.seconds > 0.16e-3 and host.source == MEASURED and host.seconds > 0
+    assert row.on_device == (device.seconds < host.seconds)
+    assert tiny.build_report.offload.graph_executions == int(row.on_device)
+    assert ("stays on the HTP" if row.on_device else "moved to the host") in tiny.report()
     model = _wide_conv_model()
     wide = tvm_hetero.build(_relax(model), [CPU, "qnn-htp"], placement="auto")
-    (row,) = wide.build_report.offload["auto"]
-    assert row["device_source"].startswith("modeled") and row["on_device"] == (row["device_seconds"] < row["host_seconds"])
-    assert wide.build_report.offload["graph_executions"] == int(row["on_device"])
+    (row,) = wide.build_report.offload.auto
+    device, host = row.verdict.candidate, row.verdict.baseline
+    assert device.source == MODELED and row.on_device == (device.seconds < host.seconds)
+    assert wide.build_report.offload.graph_executions == int(row.on_device)
     # Costs measured on a device override the model, both ways.
     costs = tmp_path / "costs.json"
     for seconds, on_htp in ((1e-6, True), (0.5, False)):
-        costs.write_text(f'{{"{row["key"]}": {seconds}}}')
+        costs.write_text(f'{{"{row.key}": {seconds}}}')
         assert main(["qnn-costs", str(costs)]) == 0
-        assert htp_costs.device_table()[row["key"]]["seconds"] == seconds
+        assert htp_costs.device_table()[row.key]["seconds"] == seconds
         again = tvm_hetero.build(_relax(model), [CPU, "qnn-htp"], placement="auto")
-        (measured,) = again.build_report.offload["auto"]
-        assert measured["key"] == row["key"] and measured["device_source"].startswith("measured on a device")
-        assert measured["on_device"] is on_htp and again.build_report.offload["graph_executions"] == int(on_htp)
+        (measured,) = again.build_report.offload.auto
+        assert measured.key == row.key and measured.verdict.candidate.source == MEASURED_ON_A_DEVICE
+        assert measured.on_device is on_htp and again.build_report.offload.graph_executions == int(on_htp)
     x = {"x": np.random.default_rng(1).standard_normal((1, 32, 56, 56)).astype("float32")}
     _rt, y = _run(again, x)
     ref = _reference(model, x)
@@ -357,7 +360,7 @@ def test_an_htp_in_a_separate_process_turns_a_vendor_crash_into_an_error() -> No
     rt, y = _run(separate, X)
     np.testing.assert_array_equal(y, expected)  # the same QNN graph, run over there
     assert rt.stats()["accelerator_graph_executions"] == 1
-    (region,) = [r["name"] for r in separate.build_report.offload["regions"]]
+    (region,) = [r.name for r in separate.build_report.offload.regions]
     htp_process.CRASH_NEXT.add(region)  # QNN dies with SIGSEGV in the HTP's process
     with pytest.raises(RuntimeError, match=rf"HTP region {region}: the device's process died \(signal 11, SIGSEGV\)"):
         rt.run()
@@ -379,9 +382,9 @@ def test_a_vendor_crash_while_building_for_a_separate_htp_keeps_the_region_on_th
     art = tvm_hetero.build(_relax(model), [CPU, {"kind": "qnn-htp", "process": "separate"}])
     assert os.getpid() == host and "finalize" not in htp_process.CRASH_NEXT_CALL
     htp = art.build_report.offload
-    reasons = set(htp["excluded"].values())
+    reasons = set(htp.excluded.values())
     assert any("QNN crashed finalizing its graph in the HTP process (signal 11, SIGSEGV)" in r for r in reasons), reasons
-    assert not htp["regions"] and "QNN crashed finalizing" in art.report()
+    assert not htp.regions and "QNN crashed finalizing" in art.report()
     _rt, y = _run(art, X)
     ref = _reference(model, X)
     assert np.abs(y - ref).max() <= 1e-5 * np.abs(ref).max()  # all on the CPU, in fp32
@@ -399,7 +402,7 @@ def test_a_separate_htp_works_from_a_script_without_a_main_guard(tmp_path) -> No
         "import test_qnn_htp as t, tvm_hetero\n"
         "art = tvm_hetero.build(t._relax(t.conv_unary_conv('Relu')), [t.CPU, {'kind': 'qnn-htp', 'process': 'separate'}])\n"
         "rt, y = t._run(art, t.X)\n"
-        "print('graphs', art.build_report.offload['graph_executions'], 'runs', rt.stats()['accelerator_graph_executions'])\n")
+        "print('graphs', art.build_report.offload.graph_executions, 'runs', rt.stats()['accelerator_graph_executions'])\n")
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "graphs 1 runs 1" in done.stdout
@@ -428,8 +431,8 @@ def test_a_qnn_graph_never_waits_for_a_long_host_branch_beside_it() -> None:
                         [_conv_weight("w1", 32, 32, 1), _conv_weight("w2", 32, 32, 2)])
     art = tvm_hetero.build(_relax(model), [CPU, "qnn-htp"], offload_min_group_flops=0)
     htp = art.build_report.offload
-    tower = max(htp["regions"], key=lambda r: r["ops"])
-    assert tower["ops"] == 3 and htp["graph_executions"] == 2  # the tower, and the add on its own
+    tower = max(htp.regions, key=lambda r: r.ops)
+    assert tower.ops == 3 and htp.graph_executions == 2  # the tower, and the add on its own
     x = {"x": np.random.default_rng(2).standard_normal((1, 32, 56, 56)).astype("float32")}
     _rt, y = _run(art, x)
     ref = _reference(model, x)
@@ -453,13 +456,13 @@ def test_a_quantized_bert_takes_no_more_qnn_graphs_than_the_peer_and_all_its_flo
     htp = art.build_report.offload
     theirs = peer.run_peer(qdq, inputs, repeat=1, isolated=True)
     assert theirs.ran, theirs.error
-    assert htp["graph_executions"] <= theirs.partitions, (htp["graph_executions"], theirs.partitions)
-    assert htp["flops_on_device"] >= 0.9 * htp["flops"] > 0
+    assert htp.graph_executions <= theirs.partitions, (htp.graph_executions, theirs.partitions)
+    assert htp.flops_on_device >= 0.9 * htp.flops > 0
     # Only the default gate keeps anything off: the embedding lookup, a group with no conv/matmul work.
-    assert all("no conv/matmul work" in reason for reason in htp["excluded"].values()), htp["excluded"]
-    assert htp["in_context"] > 0 and "asked in context" in art.report()
+    assert all("no conv/matmul work" in reason for reason in htp.excluded.values()), htp.excluded
+    assert htp.in_context > 0 and "asked in context" in art.report()
     rt, y = _run(art, inputs)
-    assert rt.stats()["accelerator_graph_executions"] == htp["graph_executions"]
+    assert rt.stats()["accelerator_graph_executions"] == htp.graph_executions
     ref = _reference(qdq, inputs)  # ONNX Runtime's CPU EP on the same QDQ model
     err = np.abs(y - ref).max() / np.abs(ref).max()
     peer_err = np.abs(theirs.outputs[0] - ref).max() / np.abs(ref).max()
@@ -482,7 +485,7 @@ def test_inception_s_whole_map_average_pool_stays_in_the_graph_and_is_right() ->
     x = {"x": np.random.default_rng(4).standard_normal((1, 4, 6, 6)).astype("float32")}
     art = tvm_hetero.build(_relax(model), [CPU, "qnn-htp"])
     htp = art.build_report.offload
-    assert htp["graph_executions"] == 1 and not htp["excluded"], htp["excluded"]
+    assert htp.graph_executions == 1 and not htp.excluded, htp.excluded
     _rt, y = _run(art, x)
     ref = _reference(model, x)
     assert np.abs(y - ref).max() <= 1e-2 * np.abs(ref).max()
@@ -510,8 +513,8 @@ def test_a_group_without_matmul_work_goes_to_the_htp_only_when_worth_a_call(side
     x = {"x": (np.random.default_rng(6).standard_normal((1, 4, side, side)) * 0.05).astype("float32")}
     art = tvm_hetero.build(_relax(model), [CPU, "qnn-htp"])
     htp = art.build_report.offload
-    gated = [r for r in htp["excluded"].values() if "no conv/matmul work" in r]
-    assert htp["graph_executions"] == (2 if on_htp else 1) and bool(gated) != on_htp, htp["excluded"]
+    gated = [r for r in htp.excluded.values() if "no conv/matmul work" in r]
+    assert htp.graph_executions == (2 if on_htp else 1) and bool(gated) != on_htp, htp.excluded
     _rt, y = _run(art, x)
     ref = _reference(model, x)
     assert np.abs(y - ref).max() <= 1e-2 * np.abs(ref).max()

@@ -24,17 +24,19 @@ def _build(model, **kwargs):
 
 @pytest.mark.slow
 def test_ops_qnn_accepts_but_the_cost_choice_moves_back_are_reported_as_accepted(monkeypatch) -> None:
+    from tvm_hetero.placement_judgement import MEASURED_ON_A_DEVICE, Cost
     from tvm_hetero.qnn import costs as htp_costs
 
     # A device cost table that makes every HTP graph call slower than the host.
-    monkeypatch.setattr(htp_costs, "graph_seconds", lambda key, cycles, options: (1.0, "measured on a device"))
+    monkeypatch.setattr(htp_costs, "graph_seconds", lambda key, cycles, options: Cost(1.0, MEASURED_ON_A_DEVICE))
     art = _build(models.conv_relu_conv(), placement="auto")
     htp = art.build_report.offload
-    assert htp["graph_executions"] == 0 and not htp["regions"]
-    assert htp["accepted"] == htp["asked"] == 3, htp
+    assert htp.graph_executions == 0 and not htp.regions
+    assert htp.accepted == htp.asked == 3, htp
     report = art.report()
     assert "3 of 3 Relax ops accepted by QNN, 0 placed on the HTP (3 moved back to the CPU, below)" in report, report
-    assert "3 ops: auto: the host computes it in" in report and "refused by QNN" not in report
+    assert "3 ops: auto: the HTP 1000.000 ms (measured on a device) against the host " in report, report
+    assert "the HTP not faster: the host kept" in report and "refused by QNN" not in report
 
 
 @pytest.mark.slow
@@ -43,10 +45,10 @@ def test_fp16_underflow_in_verification_is_named_with_a_hint() -> None:
     x = np.random.default_rng(1).standard_normal((1, 4, 8, 8)).astype("float32") * 1e-25
     art = _build(models.conv_relu_conv(), calibration=[{"x": x}])
     htp = art.build_report.offload
-    reasons = set(htp["excluded"].values())
+    reasons = set(htp.excluded.values())
     assert reasons and all("fp16 underflow" in r and "at most" in r and "scale the model's inputs" in r
                            for r in reasons), reasons
-    assert htp["graph_executions"] == 0  # every step underflows: all of it moved back, each saying why
+    assert htp.graph_executions == 0  # every step underflows: all of it moved back, each saying why
     assert "ops: verification: fp16 underflow: the CPU's values are at most" in art.report()
 
 
@@ -54,7 +56,7 @@ def test_fp16_underflow_in_verification_is_named_with_a_hint() -> None:
 def test_fp16_underflow_in_qnn_s_answer_is_named_with_a_hint(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("TVM_HETERO_CACHE", str(tmp_path))  # QNN asked afresh
     art = _build(models.conv_relu_conv(scale=1e-9))
-    refused = {r["op"]: r["reason"] for r in art.build_report.offload["refused"]}
+    refused = {r.op: r.reason for r in art.build_report.offload.refused}
     assert "relax.nn.conv2d" in refused and refused["relax.nn.conv2d"].startswith("fp16 underflow"), refused
 
 
@@ -88,5 +90,5 @@ def test_an_accepted_op_no_htp_pattern_takes_is_reported(monkeypatch) -> None:
     monkeypatch.delitem(qnn._ARITY, "relax.clip")  # as it was: a pattern of one argument for clip's three
     art = _build(model)
     htp = art.build_report.offload
-    assert [r["op"] for r in htp["unplaced"]] == ["relax.clip"], htp["unplaced"]
+    assert [r.op for r in htp.unplaced] == ["relax.clip"], htp.unplaced
     assert "1 ops QNN accepts are in no HTP graph" in art.report() and "1 x relax.clip" in art.report()

@@ -95,6 +95,8 @@ class GenerationSession {
     std::unique_ptr<RunFrame> frame;
     /*! \brief Bound inputs the loop writes: tokens [1, n], positions [n], logit_row [1]. */
     int32_t *tokens = nullptr, *positions = nullptr, *logit_row = nullptr;
+    /*! \brief Where its run leaves the logits [vocab]: the session's logits, or a packed output's part. */
+    const float* logits = nullptr;
     /*! \brief Per layer, the bound outputs of new keys [1, KV, D, n] and values [1, KV, n, D]. */
     std::vector<const float*> new_keys, new_values;
     /*! \brief Every tensor the frame is bound to (kept alive with it). */
@@ -103,6 +105,10 @@ class GenerationSession {
 
   /*! \brief Bind every input and output of graph `graph` (set-up). */
   BoundGraph Bind(const EntryGraph& graph);
+  /*! \brief Bind a graph's one packed output (logits, then each layer's new keys and values, flattened). */
+  void BindPackedOutput(const EntryGraph& graph, BoundGraph* bound);
+  /*! \brief Bind a graph's separate outputs: the session's logits, then new keys and values per layer. */
+  void BindSeparateOutputs(const EntryGraph& graph, BoundGraph* bound);
   /*! \brief Run `graph` on `count` ids at the filled position, then append its new rows. */
   void RunChunk(BoundGraph& graph, const int32_t* ids, int64_t count);
   /*! \brief Copy the first `count` new rows of each layer into the cache and open them in the mask. */
@@ -118,8 +124,10 @@ class GenerationSession {
   std::vector<tvm::ffi::Tensor> key_cache_, value_cache_;
   /*! \brief The additive mask [1, 1, 1, C] every graph reads: 0 on filled rows, -1e30 elsewhere. */
   tvm::ffi::Tensor cache_mask_;
-  /*! \brief The logits [1, 1, vocab] every graph writes (output 0). */
+  /*! \brief The logits [1, 1, vocab] every graph without packed outputs writes (output 0). */
   tvm::ffi::Tensor logits_;
+  /*! \brief The intermediate values of whichever graph runs (FrameOptions::scratch). */
+  tvm::ffi::Tensor scratch_;
   /*! \brief Per graph (the model's order), the bound frame. */
   std::vector<BoundGraph> bound_;
   /*! \brief For each chunk size 1..largest, its position in bound_ (-1: none). */

@@ -20,6 +20,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace tvm_hetero {
@@ -48,6 +49,9 @@ struct EntryGraph {
   int64_t size = 0;
   /*! \brief "prefill" or "decode". */
   std::string phase;
+  /*! \brief Whether its outputs are packed into one [1, total] tensor (a graph with accelerator regions:
+   *         the logits, then each layer's new keys and values, flattened; packed_outputs.py). */
+  bool packed = false;
   /*! \brief The runtime, its weights loaded or shared with the first graph's. */
   std::unique_ptr<GraphRuntime> runtime;
 };
@@ -55,8 +59,9 @@ struct EntryGraph {
 /*! \brief An exported language model, loaded (see the file comment). */
 class LanguageModel {
  public:
-  /*! \brief Load and check the directory `directory` (errors name the file). */
-  static std::shared_ptr<const LanguageModel> Load(const std::string& directory);
+  /*! \brief Load and check the directory `directory` (errors name the file); `num_threads` > 0: the
+   *         threads every graph's kernels run on (TVM's pool and oneDNN's OpenMP team), else the defaults. */
+  static std::shared_ptr<const LanguageModel> Load(const std::string& directory, int num_threads = 0);
 
   const DecoderShape& shape() const { return shape_; }
   /*! \brief Tokens the KV cache holds: the prompt plus the new tokens but the last. */
@@ -77,7 +82,7 @@ class LanguageModel {
   /*! \brief Read the configuration, capacity and graph list of the checked manifest. */
   void ReadManifest(const std::string& manifest_text);
   /*! \brief Create every graph's runtime and load the weights once, sharing them. */
-  void CreateRuntimes();
+  void CreateRuntimes(int num_threads);
 
   /*! \brief The directory it was loaded from. */
   std::string directory_;
@@ -90,6 +95,8 @@ class LanguageModel {
   /*! \brief One graph's files and devices, as the manifest lists them. */
   struct GraphFiles {
     std::string graph, lib;
+    /*! \brief Its parameters beside the weights (those an accelerator's preparation lifted out); "" if none. */
+    std::string constants;
     std::vector<DLDevice> devices;
   };
   /*! \brief Per graph in the manifest's order (used while loading). */
@@ -102,6 +109,13 @@ class LanguageModel {
   DLDevice device_{kDLCPU, 0};
 };
 
+/*!
+ * \brief (offset, shape) of each output inside a packed output of `rows` rows: the logits [1, 1, vocab],
+ *        then per layer the new keys [1, KV, D, rows] and values [1, KV, rows, D] (packed_outputs.py).
+ */
+std::vector<std::pair<int64_t, std::vector<int64_t>>> PackedLayout(const DecoderShape& shape, int64_t rows);
+/*! \brief Elements of a packed output of `rows` rows. */
+int64_t PackedSize(const DecoderShape& shape, int64_t rows);
 /*! \brief The whole file `path`; a missing or unreadable file is an error naming it. */
 std::string ReadWholeFile(const std::string& path);
 

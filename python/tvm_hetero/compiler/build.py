@@ -26,6 +26,7 @@ from ..devices import devices as discover_devices
 from ..graph import Graph
 from ..ir.fold_constant_ops import FoldConstantOps
 from ..kind_record import resolve
+from .autoplace.explanation import AutoplaceReport
 from .copies import copy_stats, insert_copies, shared_edges
 from .kernel_libraries import DeviceLibrary, compile_kernel_libraries
 from .lower import LoweredGraph, lower_to_graph
@@ -48,6 +49,10 @@ def format_size(nbytes: int) -> str:
     return f"{nbytes} B"
 
 
+#: An accelerator report's type where a manifest written before reports named theirs.
+OFFLOAD_REPORT = "tvm_hetero.ep_offload.offload_report:OffloadReport"
+
+
 @dataclass
 class BuildReport:
     """What the compiler decided, for :meth:`Artifact.report`."""
@@ -68,21 +73,35 @@ class BuildReport:
     backend_regions: list[tuple[str, int, int, int]] = field(default_factory=list)
     # tensors read in place on another device that shares memory (no copy)
     shared_edges: int = 0
-    # placement="auto": the choice explained (compiler/autoplace/measured.py), else None
-    autoplace: dict | None = None
+    # placement="auto": the choice explained (compiler/autoplace/explanation.py), else None
+    autoplace: AutoplaceReport | None = None
     # why a default backend did not run (e.g. the library was built without it)
     backend_notes: list[str] = field(default_factory=list)
     # an accelerator reached through a vendor's SDK among the devices: what its vendor refused and
-    # why, its graphs, their verification; its "explain" names the function that writes its lines
-    offload: dict | None = None
+    # why, its graphs, their verification (its backend's report, e.g. ep_offload's OffloadReport:
+    # ``explain`` names the function writing its lines, ``to_dict()`` its JSON form, which names
+    # its type under "report_type" to be read back)
+    offload: Any | None = None
     # (op name, relax op, placed device, run device, backend) for each op a backend pinned to a
     # device took from the device the placement gave it
     moved_by_backend: list[tuple[str, str, int, int, str]] = field(default_factory=list)
     # a convolution or matmul no backend took because its weight is computed: one line each, why
     backend_declined: list[str] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        if isinstance(self.autoplace, dict):  # read back from an artifact's manifest
+            self.autoplace = AutoplaceReport.from_dict(self.autoplace)
+        if isinstance(self.offload, dict):
+            self.offload = resolve(self.offload.get("report_type", OFFLOAD_REPORT)).from_dict(self.offload)
+
     def to_dict(self) -> dict:
-        return dict(self.__dict__)
+        """The JSON form (the artifact's manifest)."""
+        doc = dict(self.__dict__)
+        if self.autoplace is not None:
+            doc["autoplace"] = self.autoplace.to_dict()
+        if self.offload is not None:
+            doc["offload"] = self.offload.to_dict()
+        return doc
 
     def __str__(self) -> str:
         lines = ["tvm-hetero build report"]
@@ -132,7 +151,7 @@ class BuildReport:
         else:
             lines.append("  fallbacks: none")
         if self.offload:  # its backend's own section, by the explainer its summary names
-            lines.extend(resolve(self.offload["explain"])(self.offload, self.devices))
+            lines.extend(resolve(self.offload.explain)(self.offload, self.devices))
         if self.autoplace:
             from .autoplace.report import explain
 
@@ -283,8 +302,8 @@ def build(
         # A block (regions joined after the choice) counts as the regions it runs.
         formed = sum(len(region.spec["steps"]) if region.pattern == "block" else 1
                      for node in lowered.graph.nodes if (region := lowered.regions.get(node.func_name)))
-        if formed != auto.explanation["regions_chosen"]:  # the choice checked against what was built
-            report.autoplace["regions_formed"] = formed
+        if formed != auto.explanation.regions_chosen:  # the choice checked against what was built
+            report.autoplace.regions_formed = formed
     return compiled
 
 

@@ -64,6 +64,7 @@ from .onnx_regions import (
     step_of_node,
 )
 from .split_as_slices import SplitAsSlices
+from .offload_report import OffloadRegion, OffloadReport, RefusedOp, UnplacedOp
 from .vendor_process import VendorProcessDied, vendor_call
 
 _FORMAT = "tvm-hetero-ep-regions/1"
@@ -176,7 +177,7 @@ class EpOffloadBackend(Backend):
         """The vendor's own rewrites, after ONNX Runtime's constant folding (none by default)."""
         return mod
 
-    def build_summary(self, lowered: Any) -> dict:
+    def build_summary(self, lowered: Any) -> OffloadReport:
         return summary(self, lowered)
 
     def describe_options(self) -> str:
@@ -589,29 +590,31 @@ def _save_cache(path: Path, cache: dict) -> None:
         pass  # a cache that cannot be written only costs a probe next time
 
 
-def summary(backend: Any, lowered: Any) -> dict:
+def summary(backend: Any, lowered: Any) -> OffloadReport:
     """What the report keeps of one offload backend's build: each op the vendor refused and why,
     each graph (region) it runs, the FLOPs it took."""
-    regions = [{"name": r.name, "ops": len(r.ops), "device": r.device, "bindings": region_bindings(r)}
-               for r in lowered.regions.values() if r.backend == backend.name]
-    for region in regions:
-        region["flops"] = sum(backend.flops.get(key, 0.0) for key in region["bindings"])
-        region["elements"] = sum(backend.elements.get(key, 0) for key in region["bindings"])
-    covered = {key for r in regions for key in r["bindings"]}  # e.g. an LRN's ops, refused one by one
-    refused = [{"binding": key, "op": op, "reason": reason}
-               for key, (op, ok, reason) in backend.answers.items() if not ok and key not in covered]
-    executions = sum(1 for node in lowered.graph.nodes if node.func_name in {r["name"] for r in regions})
-    return {"explain": "tvm_hetero.ep_offload.report:explain", "backend": backend.name, "vendor": backend.vendor, "device": backend.device_label,
-            "sdk": backend.sdk, "costs": backend.costs, "elements_per_call": backend.elements_per_call,
-            "options": dict(backend.options), "options_text": backend.describe_options(),
-            "process": backend.process, "asked": len(backend.answers),
-            "accepted": sum(1 for _op, ok, _r in backend.answers.values() if ok), "refused": refused,
-            "in_context": sum(1 for _op, ok, reason in backend.answers.values() if ok and reason == WITH_READER),
-            "regions": regions, "graph_executions": executions, "excluded": dict(backend.exclude),
-            # Accepted and kept, yet in no region: a gap in the backend's patterns, said out loud.
-            "unplaced": [{"binding": key, "op": op} for key, (op, ok, _r) in backend.answers.items()
-                         if ok and key not in covered and key not in backend.exclude],
-            "flops": sum(backend.flops.values()),
-            "flops_on_device": sum(f for key, f in backend.flops.items() if key in covered),
-            "steps": {r.name: [step.get("bindings", []) for step in r.spec["steps"]]
-                      for r in lowered.regions.values() if r.backend == backend.name and r.spec.get("op") == "block"}}
+    mine = [r for r in lowered.regions.values() if r.backend == backend.name]
+    regions = []
+    for r in mine:
+        bindings = region_bindings(r)
+        regions.append(OffloadRegion(r.name, len(r.ops), r.device, bindings,
+                                     sum(backend.flops.get(key, 0.0) for key in bindings),
+                                     sum(backend.elements.get(key, 0) for key in bindings)))
+    covered = {key for r in regions for key in r.bindings}  # e.g. an LRN's ops, refused one by one
+    names = {r.name for r in regions}
+    return OffloadReport(
+        backend=backend.name, vendor=backend.vendor, device=backend.device_label, sdk=backend.sdk,
+        costs=backend.costs, elements_per_call=backend.elements_per_call, options=dict(backend.options),
+        options_text=backend.describe_options(), process=backend.process, asked=len(backend.answers),
+        accepted=sum(1 for _op, ok, _r in backend.answers.values() if ok),
+        refused=[RefusedOp(key, op, reason) for key, (op, ok, reason) in backend.answers.items()
+                 if not ok and key not in covered],
+        in_context=sum(1 for _op, ok, reason in backend.answers.values() if ok and reason == WITH_READER),
+        regions=regions, graph_executions=sum(1 for node in lowered.graph.nodes if node.func_name in names),
+        excluded=dict(backend.exclude),
+        # Accepted and kept, yet in no region: a gap in the backend's patterns, said out loud.
+        unplaced=[UnplacedOp(key, op) for key, (op, ok, _r) in backend.answers.items()
+                  if ok and key not in covered and key not in backend.exclude],
+        flops=sum(backend.flops.values()),
+        flops_on_device=sum(f for key, f in backend.flops.items() if key in covered),
+        steps={r.name: [step.get("bindings", []) for step in r.spec["steps"]] for r in mine if r.spec.get("op") == "block"})

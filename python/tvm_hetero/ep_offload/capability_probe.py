@@ -16,16 +16,14 @@ every model gets an answer, and nothing the vendor does can take the caller down
 from __future__ import annotations
 
 import json
-import os
-import pickle
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import with_type
+from ..sample_inputs import onnx_index_bounds, sample_values
+from .child_process import ChildFailed, run_once, serve_once
 
 #: Relative tolerance of one op in fp16 (to the largest reference value).
 OP_TOLERANCE = 1e-2
@@ -50,82 +48,54 @@ def underflow_hint(largest: float) -> str:
 def probe(models: list[bytes], options: dict, sdk: str, vendor: str = "the vendor",
           timeout: float = 600.0) -> list[tuple[bool, str]]:
     """``(accepted, reason)`` for each ONNX model, asked of the vendor (its SDK module ``sdk``) in
-    child processes."""
+    child processes (:func:`.child_process.run_once`); the child writes each answer to a file as it
+    goes, so a child that dies leaves the answers it gave."""
     answers: list[tuple[bool, str] | None] = [None] * len(models)
     start = 0
     with tempfile.TemporaryDirectory(prefix="tvm_hetero_probe_") as tmp:
-        work = Path(tmp)
+        out = Path(tmp) / "answers.jsonl"
         while start < len(models):
-            (work / "job.pkl").write_bytes(pickle.dumps({"models": models, "start": start, "options": options,
-                                                             "sdk": sdk, "vendor": vendor}))
-            out = work / "answers.jsonl"
             out.unlink(missing_ok=True)
-            env = dict(os.environ, PYTHONUNBUFFERED="1")
+            failed = None
             try:
-                proc = subprocess.run([sys.executable, "-m", "tvm_hetero.ep_offload.capability_probe", str(work)],
-                                      check=False, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                      timeout=timeout)
-                code = proc.returncode
-            except subprocess.TimeoutExpired:
-                code = "timeout"
+                run_once("tvm_hetero.ep_offload.capability_probe",
+                         {"models": models, "start": start, "options": options, "sdk": sdk, "vendor": vendor,
+                          "answers": str(out)}, f"probing {vendor}'s ops", timeout)
+            except ChildFailed as err:
+                failed = err
             done = 0
             if out.exists():
                 for line in out.read_text().splitlines():
                     item = json.loads(line)
                     answers[item["index"]] = (bool(item["ok"]), str(item["reason"]))
                     done = max(done, item["index"] + 1)
-            if done >= len(models) and code == 0:
+            if done >= len(models) and failed is None:
                 break
             crashed = max(done, start)
             if crashed < len(models) and answers[crashed] is None:
-                why = f"timed out after {timeout:.0f} s" if code == "timeout" else f"signal {-code}" if isinstance(
-                    code, int) and code < 0 else f"exit status {code}"
+                why = failed.ended or str(failed) if failed is not None else "it stopped without an answer"
                 answers[crashed] = (False, f"{vendor} crashed running it ({why})")
             start = crashed + 1
     return [a if a is not None else (False, "not probed") for a in answers]
 
 
-def _index_bounds(model: bytes) -> dict[str, int]:
-    """Per graph input that a Gather takes as its indices: the length of the axis it indexes (random
-    indices beyond it would ask the vendor about an error, not the op)."""
-    import onnx
-
-    proto = onnx.shape_inference.infer_shapes(onnx.load_from_string(model))
-    values = [*proto.graph.input, *proto.graph.value_info]  # a Gather may index a value the graph makes
-    dims = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in values}
-    dims.update({i.name: list(i.dims) for i in proto.graph.initializer})
-    bounds = {}
-    for node in proto.graph.node:
-        if node.op_type != "Gather" or len(node.input) < 2:
-            continue
-        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
-        shape = dims.get(node.input[0])
-        # a length ONNX's shape inference cannot tell (after an op it has no schema for): index 0 only
-        length = shape[axis % len(shape)] if shape and shape[axis % len(shape)] > 0 else 1
-        bounds[node.input[1]] = min(bounds.get(node.input[1], 1 << 30), length)
-    return bounds
+#: Integer inputs other than a Gather's indices are drawn below this.
+INDEX_BOUND = 4
 
 
-def _inputs(session, rng: np.random.Generator, index_bounds: dict[str, int] | None = None) -> dict[str, np.ndarray]:
-    feeds = {}
-    for spec in session.get_inputs():
-        shape = [d if isinstance(d, int) else 1 for d in spec.shape]
-        kind = spec.type
-        if "float" in kind:
-            # Away from zero (a denominator near 0 would overflow fp16 and say nothing of the op) and
-            # of both signs.
-            values = rng.choice([-1.0, 1.0], size=shape) * rng.uniform(0.25, 2.0, size=shape)
-            feeds[spec.name] = values.astype("float16" if "float16" in kind else "float32")
-        elif "bool" in kind:
-            feeds[spec.name] = rng.integers(0, 2, shape).astype(bool)
-        elif "uint8" in kind:
-            feeds[spec.name] = rng.integers(0, 256, shape).astype("uint8")
-        elif "int8" in kind:
-            feeds[spec.name] = rng.integers(-128, 128, shape).astype("int8")
-        else:
-            high = min(4, (index_bounds or {}).get(spec.name, 4))
-            feeds[spec.name] = rng.integers(0, high, shape).astype("int64" if "int64" in kind else "int32")
-    return {name: np.asarray(value) for name, value in feeds.items()}  # a 0-d draw is a numpy scalar
+def _inputs(session, seed: int, index_bounds: dict[str, int]) -> dict[str, np.ndarray]:
+    """The probe's inputs of a session's model: floats of both signs away from zero, indices below
+    ``INDEX_BOUND`` and within the axis a Gather indexes."""
+    specs = [(spec.name, [d if isinstance(d, int) else 1 for d in spec.shape], _numpy_dtype(spec.type))
+             for spec in session.get_inputs()]
+    bounds = {name: min(INDEX_BOUND, bound) for name, bound in index_bounds.items()}
+    return sample_values(specs, seed, floats="away_from_zero", index_bounds=bounds, default_bound=INDEX_BOUND)
+
+
+def _numpy_dtype(onnxruntime_type: str) -> str:
+    """``tensor(float)`` -> ``float32``: ONNX Runtime's name of an input's type, as numpy's."""
+    name = onnxruntime_type.removeprefix("tensor(").removesuffix(")")
+    return {"float": "float32", "double": "float64"}.get(name, name)
 
 
 def sample_feeds(model: bytes, seed: int = 0) -> dict[str, np.ndarray]:
@@ -133,7 +103,7 @@ def sample_feeds(model: bytes, seed: int = 0) -> dict[str, np.ndarray]:
     a Gather's indices within the axis it indexes)."""
     from tvm_hetero.ep_offload import sdk as vendor_sdk
 
-    return _inputs(vendor_sdk.cpu_session(model), np.random.default_rng(seed), _index_bounds(model))
+    return _inputs(vendor_sdk.cpu_session(model), seed, onnx_index_bounds(model))
 
 
 def answer(model: bytes, options: dict, sdk: str, vendor: str = "the vendor") -> tuple[bool, str]:
@@ -145,7 +115,7 @@ def answer(model: bytes, options: dict, sdk: str, vendor: str = "the vendor") ->
     if not ok:
         return False, reason
     reference = vendor_sdk.cpu_session(model)
-    feeds = _inputs(reference, np.random.default_rng(0), _index_bounds(model))
+    feeds = _inputs(reference, 0, onnx_index_bounds(model))
     expected = reference.run(None, feeds)
     got = functions.accelerator_session(model, options).run(None, feeds)
     for e, g in zip(expected, got):
@@ -183,9 +153,9 @@ def judge(expected: np.ndarray, got: np.ndarray, precision: str = "fp16", vendor
     return f"{vendor} computes it wrongly: relative error {error:.1e} against the CPU on random inputs"
 
 
-def _child(work: Path) -> int:
-    job = pickle.loads((work / "job.pkl").read_bytes())
-    with open(work / "answers.jsonl", "a") as out:
+def _child(job: dict) -> int:
+    """The child's job: answer the models from ``job["start"]`` on, one JSON line each as it goes."""
+    with open(job["answers"], "a") as out:
         for index in range(job["start"], len(job["models"])):
             try:
                 ok, reason = answer(job["models"][index], job["options"], job["sdk"], job["vendor"])
@@ -193,8 +163,8 @@ def _child(work: Path) -> int:
                 ok, reason = False, with_type(err)
             out.write(json.dumps({"index": index, "ok": ok, "reason": reason}) + "\n")
             out.flush()
-    return 0
+    return len(job["models"]) - job["start"]
 
 
 if __name__ == "__main__":
-    raise SystemExit(_child(Path(sys.argv[1])))
+    raise SystemExit(serve_once(_child))

@@ -82,9 +82,10 @@ class Choice:
     rule: str = ""
 
 
-def attribute(region: str, model: bytes | None, feeds: dict | None, offload: dict) -> list[StepError] | None:
+def attribute(region: str, model: bytes | None, feeds: dict | None, offload: Any) -> list[StepError] | None:
     """Each step's own and inherited error on the device (see the module), in step order; None when
-    it cannot be told (no model or inputs, or the vendor will not run the combined graph)."""
+    it cannot be told (no model or inputs, or the vendor will not run the combined graph). ``offload``:
+    the build report's section (its vendor SDK, process and options)."""
     if model is None or not feeds:
         return None
     try:
@@ -95,7 +96,7 @@ def attribute(region: str, model: bytes | None, feeds: dict | None, offload: dic
         reference = dict(zip(produced, cpu_session(reference_model).run(produced, feeds)))
         combined, references = _chained_and_cut(proto, produced, reference)
         names = produced + [_CUT + name for name in produced]
-        values = vendor_call(offload["sdk"], offload.get("process", "same"), offload["options"],
+        values = vendor_call(offload.sdk, offload.process, offload.options,
                              "accelerator_outputs", region, combined, {**feeds, **references}, names)
     except Exception:  # noqa: BLE001 (a graph the vendor will not take with extra inputs and outputs: no attribution)
         return None

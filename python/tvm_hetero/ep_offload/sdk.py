@@ -13,13 +13,14 @@ A vendor package names one module (its backend's ``sdk``, a dotted module path) 
 - ``profiled_cycles(model, options, feeds) -> (cycles, microseconds)``: NaNs where it has no profile.
 
 A cost module (the backend's ``costs``; optional) has ``graph_key(model, options) -> str``,
-``graph_seconds(key, cycles, options) -> (seconds, source)`` and ``modeled(options, cycles, calls) ->
-dict`` (``seconds``, ``cycles``, ``calls``, ...): the accelerator's time, never an emulator's wall time. Everything is looked up by name, so a child process can import it too.
+``graph_seconds(key, cycles, options) -> placement_judgement.Cost`` (seconds, labelled) and ``modeled(options, cycles, calls) ->
+ModeledLatency``: the accelerator's time, never an emulator's wall time. Everything is looked up by name, so a child process can import it too.
 """
 
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
@@ -28,6 +29,19 @@ REQUIRED = ("require", "available", "version", "accelerator_session", "accepts",
             "accelerator_outputs", "profiled_cycles")
 #: The functions the build may ask of it by name, in this process or in the vendor's (vendor_process.py).
 CALLABLE = ("finalize", "unsupported_nodes", "profiled_cycles", "accelerator_outputs")
+
+
+@dataclass(frozen=True)
+class ModeledLatency:
+    """A cost module's modeled time per inference: cycles times the device's microseconds per cycle
+    (and where that factor comes from), plus a fixed cost per graph call."""
+
+    seconds: float
+    cycles: float
+    us_per_cycle: float
+    factor_source: str
+    calls: int
+    call_seconds: float
 
 
 class VendorUnavailable(RuntimeError):

@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import with_type
 from . import sdk as vendor_sdk
+from .child_process import ChildFailed, child_env, error, how_it_ended, ok, unwrap
 
 #: Test hook: region names whose next call makes the child die with SIGSEGV (a vendor crash).
 CRASH_NEXT: set[str] = set()
@@ -39,12 +39,8 @@ CRASH_NEXT: set[str] = set()
 CRASH_NEXT_CALL: set[str] = set()
 
 
-class VendorProcessDied(RuntimeError):
+class VendorProcessDied(ChildFailed):
     """The device's process ended while it worked for a call (a signal in the vendor library)."""
-
-    def __init__(self, message: str, ended: str) -> None:
-        super().__init__(message)
-        self.ended = ended
 
 
 def vendor_call(sdk: str, process: str, options: dict, function: str, what: str, model: bytes, *args: Any) -> Any:
@@ -101,7 +97,7 @@ class VendorProcess:
                 return self._answer(what)
             except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
                 ended = self._reap()
-                raise VendorProcessDied(f"{what}: the device's process died ({ended}) running its graph; "
+                raise VendorProcessDied(what, f"the device's process died ({ended}) running its graph; "
                                         "a new one starts at the next call", ended) from None
 
     def call(self, what: str, function: str, model: bytes, *args: Any) -> Any:
@@ -118,7 +114,7 @@ class VendorProcess:
                 return self._answer(what, f"the vendor's {function}")
             except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
                 ended = self._reap()
-                raise VendorProcessDied(f"{what}: the device's process died ({ended}) in the vendor's "
+                raise VendorProcessDied(what, f"the device's process died ({ended}) in the vendor's "
                                         f"{function}; a new one starts at the next call", ended) from None
 
     def close(self) -> None:
@@ -128,22 +124,17 @@ class VendorProcess:
             self._reap()
 
     def _start(self) -> None:
-        # A fresh interpreter (never a fork of a process with running threads) that imports only this
-        # module: unlike multiprocessing's spawn, it does not import the user's main script again, so
-        # a script without a ``__main__`` guard works.
+        # The protocol's fresh interpreter (child_process.py), importing only this module.
         ours, theirs = socket.socketpair()
         self._process = subprocess.Popen(
             [sys.executable, "-c", _CHILD, str(theirs.fileno()), self.sdk, json.dumps(self.options)],
-            pass_fds=[theirs.fileno()], env=_child_env())
+            pass_fds=[theirs.fileno()], env=child_env())
         theirs.close()
         self._conn = Connection(ours.detach())
         self._opened = set()
 
     def _answer(self, region: str, doing: str = "its graph's execution") -> Any:
-        kind, value = self._conn.recv()
-        if kind == "error":
-            raise RuntimeError(f"{region}: {doing} failed in the device's process: {value}")
-        return value
+        return unwrap(self._conn.recv(), f"{region}: {doing}")
 
     def _reap(self) -> str:
         if self._process is None:
@@ -156,9 +147,7 @@ class VendorProcess:
         if self._conn is not None:
             self._conn.close()
         self._process, self._conn, self._opened = None, None, set()
-        if code is not None and code < 0:
-            return f"signal {-code}, {signal.Signals(-code).name}"
-        return f"exit code {code}"
+        return how_it_ended(code)
 
 
 def _serve(conn: Any, sdk: str, options: dict) -> None:
@@ -178,22 +167,15 @@ def _serve(conn: Any, sdk: str, options: dict) -> None:
                 os.kill(os.getpid(), signal.SIGSEGV)
             if message[0] == "open":
                 sessions[message[1]] = accelerator_session(message[2], options)
-                conn.send(("ok", None))
+                conn.send(ok(None))
             elif message[0] == "run":
                 _kind, region, feeds, output = message
-                conn.send(("ok", sessions[region].run([output], feeds)[0]))
+                conn.send(ok(sessions[region].run([output], feeds)[0]))
             elif message[0] == "call":
                 _kind, function, model, args = message
-                conn.send(("ok", vendor_sdk.function(sdk, function)(model, options, *args)))
+                conn.send(ok(vendor_sdk.function(sdk, function)(model, options, *args)))
         except Exception as err:  # noqa: BLE001 (ONNX Runtime's own error types, reported to the caller)
-            conn.send(("error", with_type(err)))
-
-
-def _child_env() -> dict[str, str]:
-    """The child finds this package where the parent found it."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    path = os.environ.get("PYTHONPATH", "")
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, path) if p))
+            conn.send(error(err))
 
 
 def serve_child(argv: list[str]) -> None:

@@ -16,8 +16,8 @@ Algorithm (each round builds once):
    to compare) its graph is run once more with every intermediate value as an output and the first
    step whose value is off is kept off the device, for up to ``LOCALIZED_ROUNDS`` rounds (also where
    :mod:`.fewest_ops` cannot tell, and for an fp16 underflow, which is the inputs' scale, not one
-   op's). When neither can tell, or after those rounds, the whole region is
-   kept off. Then the next round.
+   op's). When neither can tell, or after those rounds, the whole region is kept off. Then the next
+   round.
 
 Guarantee: every round keeps at least one more op off the device, so the loop ends; the artifact
 returned has every region verified on the sample inputs in its last round, and the report names
@@ -35,9 +35,11 @@ import numpy as np
 from ..compiler import build as compiler_build
 from ..graph import Graph
 from ..kind_record import resolve
+from ..sample_inputs import sample_values
 from .backend import RegionRefused
 from .capability_probe import FP16_SMALLEST_NORMAL, underflow_hint
 from .fewest_ops import attribute, choose
+from .offload_report import MoveBack, MovedStep, MoveRound, OffloadReport, RegionCheck, Verification
 from .onnx_regions import step_of_node
 from .sdk import cpu_session
 from .vendor_process import vendor_call
@@ -72,12 +74,11 @@ def build_verified(mod: Any, targets: Any, placement: Any, args: tuple, kwargs: 
     min_group_flops = float(kwargs.pop("offload_min_group_flops", MIN_GROUP_FLOPS))
     say: Callable[[str], None] = kwargs.get("progress") or (lambda _msg: None)
     exclude: dict[str, str] = dict(kwargs.pop("offload_exclude", None) or {})
-    move_back = kwargs.pop("offload_move_back", "fewest")
-    if move_back not in MOVE_BACK_RULES:
-        raise ValueError(f"offload_move_back={move_back!r}: expected one of {', '.join(MOVE_BACK_RULES)}")
+    rule = kwargs.pop("offload_move_back", "fewest")
+    if rule not in MOVE_BACK_RULES:
+        raise ValueError(f"offload_move_back={rule!r}: expected one of {', '.join(MOVE_BACK_RULES)}")
     # Each verification round's FLOPs on the device against its worst error, and each step moved back.
-    history: list[dict] = []
-    moved_back: list[dict] = []
+    move_back = MoveBack(rule)
     build_up_attempts = 0
 
     host_target = _host_target(targets) if auto else None
@@ -96,62 +97,55 @@ def build_verified(mod: Any, targets: Any, placement: Any, args: tuple, kwargs: 
         artifact = wrap(compiled)
         offload = artifact.build_report.offload if artifact.build_report else None
         if offload and decided is not None:
-            offload["auto"] = decided
-        if offload and history and not offload["regions"]:  # verification moved every graph back
-            history.append({"round": rounds, "graphs": 0, "flops_on_device": 0.0, "flops": offload.get("flops", 0.0),
-                            "worst_error": 0.0, "bad_graphs": 0})
-            offload["move_back"] = {"rule": move_back, "rounds": history, "steps": moved_back}
-        if not verify or not offload or not offload["regions"]:
+            offload.auto = decided
+        if offload and move_back.rounds and not offload.regions:  # verification moved every graph back
+            move_back.rounds.append(MoveRound(rounds, 0, 0.0, offload.flops, 0.0, 0))
+            offload.move_back = move_back
+        if not verify or not offload or not offload.regions:
             return artifact
         # The gate runs once, on the first build the vendor finalizes whole: moving a group back re-forms the
         # others, and gating those again would eat the graph from its edges.
         if not gated and min_group_flops > 0:
             gated = True
             if _gate_small_groups(offload, exclude, min_group_flops):
-                say(f"small {offload['device']} groups stay on the CPU; building again")
+                say(f"small {offload.device} groups stay on the CPU; building again")
                 continue
         tol = tolerance if tolerance is not None else (
-            FP16_TOLERANCE if offload["options"].get("precision") == "fp16" and not _quantized(offload) else QUANTIZED_TOLERANCE)
+            FP16_TOLERANCE if offload.options.get("precision") == "fp16" and not _quantized(offload) else QUANTIZED_TOLERANCE)
         inputs = _sample_inputs(artifact, calibration)
-        say(f"verifying {len(offload['regions'])} {offload['device']} graph(s) against the CPU")
+        say(f"verifying {len(offload.regions)} {offload.device} graph(s) against the CPU")
         checks = _verify(artifact, inputs)
         results = []
         bad = []
-        for region in offload["regions"]:
-            check = checks.get(region["name"])
+        for region in offload.regions:
+            check = checks.get(region.name)
             ok = check is not None and check.finite and check.relative_error <= tol
-            results.append({"region": region["name"], "ops": region["ops"], "ok": ok,
-                            "relative_error": float(check.relative_error) if check else float("nan"),
-                            "finite": bool(check.finite) if check else False,
-                            "reference_scale": float(check.reference_scale) if check else float("nan"),
-                            "underflow": _underflow(check, offload)})
+            results.append(RegionCheck(region.name, region.ops, ok,
+                                       float(check.relative_error) if check else float("nan"),
+                                       bool(check.finite) if check else False,
+                                       float(check.reference_scale) if check else float("nan"),
+                                       _underflow(check, offload)))
             if not ok:
                 bad.append((region, check))
-        offload["quantized"] = _quantized(offload)
-        offload["verification"] = {"tolerance": tol, "rounds": rounds, "regions": results,
-                               "inputs": "calibration data" if calibration is not None else "seeded random inputs"}
-        history.append({"round": rounds, "graphs": len(offload["regions"]),
-                        "flops_on_device": offload.get("flops_on_device", 0.0), "flops": offload.get("flops", 0.0),
-                        "worst_error": max((r["relative_error"] for r in results), default=0.0),
-                        "bad_graphs": len(bad)})
-        offload["move_back"] = {"rule": move_back, "rounds": history, "steps": moved_back}
+        offload.quantized = _quantized(offload)
+        offload.verification = Verification(tol, rounds, results,
+                                            "calibration data" if calibration is not None else "seeded random inputs")
+        move_back.rounds.append(MoveRound(rounds, len(offload.regions), offload.flops_on_device, offload.flops,
+                                          max((r.relative_error for r in results), default=0.0), len(bad)))
+        offload.move_back = move_back
         if not bad:
-            if offload.get("costs"):
+            if offload.costs:
                 cycles = sum(c.cycles for c in checks.values() if c.cycles == c.cycles)
-                offload["modeled"] = resolve(offload["costs"] + ":modeled")(offload["options"], cycles,
-                                                                            offload["graph_executions"])
+                offload.modeled = resolve(offload.costs + ":modeled")(offload.options, cycles, offload.graph_executions)
             if auto and decided is None:
                 from .auto_placement import decide
 
-                say(f"automatic placement: each {offload['device']} group's call against the host computing it")
-                decided = offload["auto"] = decide(artifact, offload, checks, host_target)
-                slower = [row for row in decided if not row["on_device"]]
-                for row in slower:
-                    region = next(r for r in offload["regions"] if r["name"] == row["region"])
-                    for key in region["bindings"]:
-                        exclude[key] = (f"auto: the host computes it in {row['host_seconds'] * 1e3:.3f} ms (measured), "
-                                        f"the {offload['device']} in {row['device_seconds'] * 1e3:.3f} ms "
-                                        f"({row['device_source']})")
+                say(f"automatic placement: each {offload.device} group's call against the host computing it")
+                decided = offload.auto = decide(artifact, offload, checks, host_target)
+                slower = [choice for choice in decided if not choice.on_device]
+                for choice in slower:
+                    for key in offload.region(choice.region).bindings:
+                        exclude[key] = f"auto: {choice.verdict.explain()}"
                 if slower:
                     continue
             return artifact
@@ -160,39 +154,38 @@ def build_verified(mod: Any, targets: Any, placement: Any, args: tuple, kwargs: 
             reason = (f"verification: {underflow_hint(check.reference_scale)} (relative error "
                       f"{check.relative_error:.2e} > {tol:g})" if _underflow(check, offload)
                       else f"verification: relative error {check.relative_error:.2e} > {tol:g}" if check and check.finite
-                      else f"verification: non-finite values on the {offload['device']} (fp16 overflow)" if check
+                      else f"verification: non-finite values on the {offload.device} (fp16 overflow)" if check
                       else "verification: the region did not run")
-            keys = region["bindings"]
+            keys = region.bindings
             # An underflow is the inputs' scale, not one op's (every step computes ~0): no attribution.
-            if (move_back == "fewest" and len(history) <= FEWEST_OPS_ROUNDS and check is not None and len(keys) > 1
+            if (rule == "fewest" and len(move_back.rounds) <= FEWEST_OPS_ROUNDS and check is not None and len(keys) > 1
                     and not _underflow(check, offload)):
-                chosen = _fewest_ops(region, artifact, check, offload, tol, exclude, build_up_attempts + 1)
-                if chosen is not None:
-                    build_up_attempts += any(row["rule"] == "build-up" for row in chosen)
+                chosen = _fewest_ops(region.name, artifact, check, offload, tol, exclude, build_up_attempts + 1)
+                if chosen:
+                    build_up_attempts += any(row.rule == "build-up" for row in chosen)
                     for row in chosen:
-                        exclude.update(dict.fromkeys(row["bindings"], row["reason"]))
-                    moved_back.extend(chosen)
-                    say(f"{offload['device']} graph {region['name']} failed verification ({reason}); "
-                        f"{sum(len(row['bindings']) for row in chosen)} op(s) of {len(chosen)} step(s) move back "
-                        "to the CPU")
+                        exclude.update(dict.fromkeys(row.bindings, row.reason))
+                    move_back.steps.extend(chosen)
+                    say(f"{offload.device} graph {region.name} failed verification ({reason}); "
+                        f"{sum(len(row.bindings) for row in chosen)} op(s) of {len(chosen)} step(s) move back to the CPU")
                     continue
             # The earlier rule, also where the fewest ops cannot be told (the vendor would not run the cut graph).
             if rounds <= LOCALIZED_ROUNDS and check is not None and len(keys) > 1:
-                step = _first_bad_step(region["name"], artifact.offload_references.get(region["name"]), check.feeds,
+                step = _first_bad_step(region.name, artifact.offload_references.get(region.name), check.feeds,
                                        offload, tol)
-                steps = _steps_of(artifact, region["name"])
+                steps = _steps_of(artifact, region.name)
                 if step is not None and steps and step < len(steps):
                     keys = steps[step]
             if not set(keys) - set(exclude):  # the localized step is off already: the whole region
-                keys = region["bindings"]
+                keys = region.bindings
             for key in keys:
                 exclude[key] = reason
-            moved_back.append({"region": region["name"], "step": None, "ops": [], "bindings": list(keys),
-                               "reason": reason, "rule": "whole region" if keys == region["bindings"] else "first bad step"})
-            say(f"{offload['device']} graph {region['name']} failed verification ({reason}); "
+            move_back.steps.append(MovedStep(region.name, None, [], list(keys), reason,
+                                             "whole region" if keys == region.bindings else "first bad step"))
+            say(f"{offload.device} graph {region.name} failed verification ({reason}); "
                 f"{len(keys)} op(s) move back to the CPU")
         if len(exclude) == before:  # nothing more can move: never loop, never return an unverified region
-            raise RuntimeError(f"{offload['device']} verification failed for {[r['name'] for r, _c in bad]} and their ops cannot be "
+            raise RuntimeError(f"{offload.device} verification failed for {[r.name for r, _c in bad]} and their ops cannot be "
                                "moved back to the CPU (their bindings are unknown)")
 
 
@@ -206,41 +199,41 @@ def _host_target(targets: Any) -> Any:
     raise ValueError("placement='auto' with an offload device needs a host device that runs TVM kernels in targets")
 
 
-def _gate_small_groups(offload: dict, exclude: dict[str, str], min_flops: float) -> bool:
+def _gate_small_groups(offload: OffloadReport, exclude: dict[str, str], min_flops: float) -> bool:
     """Keep groups below ``min_flops`` and below a call's worth of elements off the device (never
     the largest); whether any moved."""
-    per_call = offload["elements_per_call"]
+    per_call = offload.elements_per_call
 
-    regions = offload["regions"]
+    regions = offload.regions
     if len(regions) < 2:
         return False
-    largest = max(regions, key=lambda r: (r.get("flops", 0.0), r["ops"]))
+    largest = max(regions, key=lambda r: (r.flops, r.ops))
     moved = False
     for region in regions:
-        if region is largest or region.get("flops", 0.0) >= min_flops or region.get("elements", 0) >= per_call:
+        if region is largest or region.flops >= min_flops or region.elements >= per_call:
             continue
-        for key in region["bindings"]:
-            work = (f"a group of {region['flops'] / 1e6:.1f} MFLOP" if region.get("flops")
+        for key in region.bindings:
+            work = (f"a group of {region.flops / 1e6:.1f} MFLOP" if region.flops
                     else "a group with no conv/matmul work")
-            exclude[key] = f"gate: {work} is not worth a {offload['vendor']} graph call (a fixed cost per call)"
+            exclude[key] = f"gate: {work} is not worth a {offload.vendor} graph call (a fixed cost per call)"
             moved = True
     return moved
 
 
-def _underflow(check: Any, offload: dict) -> bool:
+def _underflow(check: Any, offload: OffloadReport) -> bool:
     """An fp16 region whose every reference value is below fp16's normal range (it computes ~0)."""
-    return (check is not None and check.finite and offload["options"].get("precision") == "fp16"
+    return (check is not None and check.finite and offload.options.get("precision") == "fp16"
             and check.reference_scale < FP16_SMALLEST_NORMAL)
 
 
-def _quantized(offload: dict) -> bool:
-    return any(r["op"] in ("relax.quantize", "relax.dequantize") for r in offload.get("refused", [])) or any(
-        "quantize" in key for region in offload["regions"] for key in region.get("bindings", []))
+def _quantized(offload: OffloadReport) -> bool:
+    return any(r.op in ("relax.quantize", "relax.dequantize") for r in offload.refused) or any(
+        "quantize" in key for region in offload.regions for key in region.bindings)
 
 
 def _steps_of(artifact: Any, region: str) -> list[list[str]] | None:
     """Per step of a device's block, the bindings it covers (None when unknown)."""
-    steps = artifact.build_report.offload.get("steps", {}).get(region) if artifact.build_report.offload else None
+    steps = artifact.build_report.offload.steps.get(region) if artifact.build_report.offload else None
     return steps
 
 
@@ -248,16 +241,9 @@ def _sample_inputs(artifact: Any, calibration: Any) -> dict[str, np.ndarray]:
     if calibration is not None:
         first = calibration[0] if isinstance(calibration, (list, tuple)) else calibration
         return {k: np.asarray(v) for k, v in first.items()}
-    rng = np.random.default_rng(0)
-    out = {}
-    for name, (shape, dtype) in Graph.from_json(artifact.graph_json).inputs().items():
-        if name not in artifact.input_names or name in artifact.params:
-            continue
-        if dtype.startswith("float"):
-            out[name] = rng.standard_normal(shape).astype(dtype)
-        else:
-            out[name] = rng.integers(0, 8, size=shape).astype(dtype)
-    return out
+    found = Graph.from_json(artifact.graph_json).inputs().items()
+    return sample_values({name: spec for name, spec in found
+                          if name in artifact.input_names and name not in artifact.params}, default_bound=8)
 
 
 def _verify(artifact: Any, inputs: dict[str, np.ndarray]) -> dict:
@@ -274,26 +260,24 @@ def _verify(artifact: Any, inputs: dict[str, np.ndarray]) -> dict:
     return dict(results)
 
 
-def _fewest_ops(region: dict, artifact: Any, check: Any, offload: dict, tol: float, exclude: dict[str, str],
-                attempt: int) -> list[dict] | None:
-    """The steps of a bad region :mod:`.fewest_ops` moves back, one row each (region, step, its ONNX
-    ops, bindings, errors, reason, rule); None when it cannot tell or names nothing new."""
-    steps = _steps_of(artifact, region["name"])
+def _fewest_ops(region: str, artifact: Any, check: Any, offload: OffloadReport, tol: float, exclude: dict[str, str],
+                attempt: int) -> list[MovedStep]:
+    """The steps of a bad region :mod:`.fewest_ops` moves back, each with its errors and reason; none
+    when it cannot tell or names nothing new."""
+    steps = _steps_of(artifact, region)
     if not steps:
-        return None
-    errors = attribute(region["name"], artifact.offload_references.get(region["name"]), check.feeds, offload)
+        return []
+    errors = attribute(region, artifact.offload_references.get(region), check.feeds, offload)
     if errors is None:
-        return None
+        return []
     movable = {s for s, keys in enumerate(steps) if set(keys) - set(exclude)}
     chosen = choose(errors, tol, attempt, movable)
     by_step = {e.step: e for e in errors}
-    rows = [{"region": region["name"], "step": s, "ops": by_step[s].ops, "bindings": list(steps[s]),
-             "own_error": by_step[s].own, "inherited_error": by_step[s].inherited, "reason": chosen.reasons[s],
-             "rule": chosen.rule} for s in chosen.steps if s < len(steps)]
-    return rows or None
+    return [MovedStep(region, s, by_step[s].ops, list(steps[s]), chosen.reasons[s], chosen.rule, by_step[s].own,
+                      by_step[s].inherited) for s in chosen.steps if s < len(steps)]
 
 
-def _first_bad_step(region: str, model: bytes | None, feeds: dict | None, offload: dict, tol: float) -> int | None:
+def _first_bad_step(region: str, model: bytes | None, feeds: dict | None, offload: OffloadReport, tol: float) -> int | None:
     """The first step of a region's graph whose value is off on the device (every intermediate value
     compared with the CPU's; the device's run where the device runs its graphs), or None when that
     cannot be told."""
@@ -310,7 +294,7 @@ def _first_bad_step(region: str, model: bytes | None, feeds: dict | None, offloa
         debug = proto.SerializeToString()
         names = [o.name for o in proto.graph.output]
         cpu = cpu_session(debug).run(names, feeds)
-        device = vendor_call(offload["sdk"], offload.get("process", "same"), offload["options"], "accelerator_outputs",
+        device = vendor_call(offload.sdk, offload.process, offload.options, "accelerator_outputs",
                              region, debug, feeds, names)
     except Exception:  # noqa: BLE001 (a graph the vendor will not take with extra outputs: no localization)
         return None

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import tvm
 from tvm import relax, tirx
 
 from .config import DecoderConfig
@@ -27,6 +28,7 @@ from .graph_io import (
     value_cache,
 )
 from .int8_weights import ZERO_POINT_WEIGHT, quantized_names, scale_name
+from .one_row_attention import decode_attention
 
 op = relax.op
 
@@ -34,11 +36,14 @@ op = relax.op
 class GraphBuilder:
     """One entry function under construction: its inputs by name and an ``emit`` for its body."""
 
-    def __init__(self, cfg: DecoderConfig, capacity: int, weight_shapes: dict[str, tuple[int, ...]]):
+    def __init__(self, cfg: DecoderConfig, capacity: int, weight_shapes: dict[str, tuple[int, ...]],
+                 rows: int | None = None):
         self.cfg = cfg
         self.capacity = capacity
-        #: The symbolic chunk length; each bucket binds it (relax.transform.BindSymbolicVars).
-        self.n = tirx.Var("n", "int64")
+        #: The symbolic chunk length, which each bucket binds (relax.transform.BindSymbolicVars), or
+        #: ``rows`` for a graph built for one size (1: the decode graph's one-row attention kernel).
+        self.n = tirx.Var("n", "int64") if rows is None else rows
+        self._one_row_kernel: relax.GlobalVar | None = None
         self.builder = relax.BlockBuilder()
         self.inputs: dict[str, relax.Var] = {}
         for name, shape, dtype in data_inputs(cfg, capacity, self.n):
@@ -109,6 +114,8 @@ class GraphBuilder:
         """Attention of the chunk (q [1, n, H, D], k/v [1, n, KV, D]) over the cache's filled rows
         and its own rows; returns (output [1, n, H * D], new keys [1, KV, D, n], new values
         [1, KV, n, D]). Query head h reads key/value head h // (H / KV) (grouped-query attention)."""
+        if isinstance(self.n, int) and self.n == 1:
+            return self._one_row_attention(layer, q, k, v)
         cfg, n = self.cfg, self.n
         kv, d, group = cfg.num_kv_heads, cfg.head_dim, cfg.num_heads // cfg.num_kv_heads
         rows = group * n  # each key/value head's query rows: (head in group, token)
@@ -129,6 +136,23 @@ class GraphBuilder:
                                op.matmul(own_probs, new_values)))  # [1, KV, rows, D]
         out = self.emit(op.reshape(op.permute_dims(op.reshape(out, [1, kv, group, n, d]), [0, 3, 1, 2, 4]),
                                    [1, n, cfg.num_heads * d]))
+        return out, new_keys, new_values
+
+    def _one_row_attention(self, layer: int, q: relax.Expr, k: relax.Expr, v: relax.Expr) -> tuple[relax.Var, ...]:
+        """cache_attention for one row, as one kernel over the filled rows only (one_row_attention.py)."""
+        cfg = self.cfg
+        kv, d, group = cfg.num_kv_heads, cfg.head_dim, cfg.num_heads // cfg.num_kv_heads
+        if self._one_row_kernel is None:
+            self._one_row_kernel = self.builder.add_func(decode_attention(kv, group, d, self.capacity),
+                                                         "one_row_attention")
+        q = self.emit(op.reshape(op.multiply(q, relax.const(1.0 / np.sqrt(d), "float32")), [1, kv, group, d]))
+        new_keys = self.emit(op.permute_dims(k, [0, 2, 3, 1]))  # [1, KV, D, 1]
+        new_values = self.emit(op.permute_dims(v, [0, 2, 1, 3]))  # [1, KV, 1, D]
+        args = [q, self[key_cache(layer)], self[value_cache(layer)], new_keys, new_values, self[POSITIONS],
+                self[CACHE_MASK]]
+        result = self.emit(relax.call_tir(self._one_row_kernel, relax.Tuple(args), out_ty=[
+            relax.TensorType([1, kv, group, d], "float32"), relax.TensorType([kv, group, self.capacity + 1], "float32")]))
+        out = self.emit(op.reshape(relax.TupleGetItem(result, 0), [1, 1, cfg.num_heads * d]))
         return out, new_keys, new_values
 
     def finish(self, hidden: relax.Expr, norm: Any, lm_head: str, new_rows: list[relax.Var]) -> relax.Function:
@@ -152,11 +176,12 @@ def rope_tables(cfg: DecoderConfig, capacity: int) -> dict[str, np.ndarray]:
     return {ROPE_COS: np.cos(angles).astype(np.float32), ROPE_SIN: np.sin(angles).astype(np.float32)}
 
 
-def make_function(graph: GraphBuilder, body: Any) -> relax.Function:
-    """Wrap ``body(graph) -> outputs`` into the entry function ``main`` (data inputs first)."""
+def make_module(graph: GraphBuilder, body: Any) -> tvm.IRModule:
+    """Wrap ``body(graph) -> outputs`` into the entry function ``main`` (data inputs first), in a module
+    with the kernels it calls (the one-row attention's)."""
     with graph.builder.function("main", list(graph.inputs.values())):
         with graph.builder.dataflow():
             outputs = body(graph)
             result = graph.builder.emit_output(outputs)
         graph.builder.emit_func_output(result)
-    return graph.builder.get()["main"]
+    return graph.builder.get()

@@ -38,6 +38,7 @@ from .int8_weights import check_weight_format, quantize_weights, quantized_shape
 from .model import LanguageModel
 from .packed_outputs import pack_outputs
 from .phase_check import LOGITS_TOLERANCE, teacher_forced
+from .this_cpu import compiled_for, for_this_cpu
 
 PHASES = ("prefill", "decode")
 DEFAULT_PREFILL_CHUNKS = (16, 64, 256)
@@ -79,7 +80,8 @@ def build(model: Any, targets: Any = None, *, capacity: int = 512,
     check_weight_format(weights)
     if decode_placement not in ("targets", "cost"):
         raise ValueError(f"decode_placement must be 'targets' or 'cost', got {decode_placement!r}")
-    phase_targets = _per_phase(targets if targets is not None else [(tvm.cpu(0), "llvm")], "targets")
+    phase_targets = {phase: for_this_cpu(t) for phase, t in
+                     _per_phase(targets if targets is not None else [(tvm.cpu(0), "llvm")], "targets").items()}
     phase_options = _per_phase(device_options, "device_options")
     sizes = check_sizes(prefill_chunks, capacity)
     checkpoint = read_checkpoint(model)
@@ -91,17 +93,21 @@ def build(model: Any, targets: Any = None, *, capacity: int = 512,
     if weights == "int8":
         names = family.matmul_weights(cfg)
         params, shapes = quantize_weights(dict(params), names), quantized_shapes(shapes, names)
-    symbolic = tvm.IRModule({"main": family.entry_function(cfg, capacity, shapes)})
+    symbolic = family.entry_module(cfg, capacity, shapes)
+    # A decode graph on the host alone is built for one row: its attention is one kernel over the
+    # cache's filled rows (one_row_attention.py); an accelerator's takes the chunk graphs' form.
+    decode = symbolic if _has_accelerator(phase_targets["decode"]) else family.entry_module(cfg, capacity, shapes, 1)
     graphs = []
     for size in sorted(set(sizes) | {1}):
         phase = "decode" if size == 1 else "prefill"
         say(f"building the {phase} graph of {size} row(s)")
-        graphs.append(_entry_graph(symbolic, size, phase, phase_targets[phase], params, backends, build_options, cfg,
-                                   capacity))
+        graphs.append(_entry_graph(decode if size == 1 else symbolic, size, phase, phase_targets[phase], params,
+                                   backends, build_options, cfg, capacity))
     blob = _params_blob(params)
     create_runtimes(graphs, blob, "weights", phase_options)
     weight_bytes = sum(v.nbytes for v in params.values())
     lm = LanguageModel(cfg, capacity, graphs, weight_bytes, checkpoint.tokenizer_file, checkpoint.source, weights)
+    lm.compiled_for = compiled_for([e for t in phase_targets.values() if isinstance(t, (list, tuple)) for e in t])
     if (check_tokens or decode_placement == "cost") and any(g.accelerator_executions for g in graphs):
         _check_whole_path(lm, symbolic, phase_targets, params, blob, backends, phase_options, check_tokens,
                           phase_tolerance, decode_placement == "cost", say)
@@ -109,7 +115,7 @@ def build(model: Any, targets: Any = None, *, capacity: int = 512,
     if reference is not None:
         say("comparing the 8-bit model with float32")
         float_shapes, float_params = reference
-        float_symbolic = tvm.IRModule({"main": family.entry_function(cfg, capacity, float_shapes)})
+        float_symbolic = family.entry_module(cfg, capacity, float_shapes)
         float_graphs = [_entry_graph(float_symbolic, 1, "decode", _host_targets(phase_targets["decode"]), float_params,
                                      backends, {}, cfg, capacity)]
         create_runtimes(float_graphs, _params_blob(float_params), "float32 weights", phase_options)
@@ -127,8 +133,9 @@ def _entry_graph(symbolic: tvm.IRModule, size: int, phase: str, targets: Any, we
     from ..devices import parse_spec, runs_tvm_kernels
 
     start = time.perf_counter()
-    static = relax.transform.BindSymbolicVars({"n": size})(symbolic)
-    packed = any(not runs_tvm_kernels(parse_spec(t).device) for t in targets)  # one graph output for an accelerator
+    free = relax.analysis.defined_symbolic_vars(symbolic["main"])
+    static = relax.transform.BindSymbolicVars({"n": size})(symbolic) if free else symbolic  # else built for `size`
+    packed = _has_accelerator(targets)  # one graph output for an accelerator
     if packed:
         static = pack_outputs(static)
         # the accelerator's graphs are verified on the inputs of a real call (ids in the vocabulary, ...);
@@ -141,6 +148,13 @@ def _entry_graph(symbolic: tvm.IRModule, size: int, phase: str, targets: Any, we
     return EntryGraph(size, phase, artifact.graph_json, artifact.lib, list(artifact.devices), artifact.build_report,
                       time.perf_counter() - start, constants=constants, packed=packed,
                       accelerator_models=dict(getattr(artifact, "offload_references", None) or {}))
+
+
+def _has_accelerator(targets: Any) -> bool:
+    """Whether an entry of ``targets`` runs no TVM kernels (an accelerator reached through its vendor)."""
+    from ..devices import parse_spec, runs_tvm_kernels
+
+    return any(not runs_tvm_kernels(parse_spec(t).device) for t in targets)
 
 
 def _host_targets(targets: Any) -> list:
@@ -227,4 +241,6 @@ def load(path: str | os.PathLike, device_options: Any = None) -> LanguageModel:
     lm = LanguageModel(exported.config, exported.capacity, exported.graphs, exported.weight_bytes,
                        exported.tokenizer_file, str(path), exported.weights)
     lm.agreement = exported.agreement
+    lm.phase_check, lm.decode_choice = exported.phase_check, exported.decode_choice
+    lm.compiled_for = exported.compiled_for
     return lm

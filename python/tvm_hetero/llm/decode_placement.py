@@ -30,15 +30,16 @@ HOST_RUNS = 20
 def accelerator_seconds(graph: Any) -> tuple[float, str]:
     """One call of ``graph``'s accelerator work: ``(seconds, where the figure comes from)``."""
     offload = graph.offload
-    modeled = offload.get("modeled")
-    if not offload.get("costs") or not modeled:
+    modeled = offload.modeled
+    if not offload.costs or not modeled:
         raise ValueError("the accelerator has no cost model (its backend names no costs module)")
     if len(graph.accelerator_models) == 1:  # one graph: the device table may hold its measured cost
         (model,) = graph.accelerator_models.values()
-        key = resolve(offload["costs"] + ":graph_key")(model, offload["options"])
-        return resolve(offload["costs"] + ":graph_seconds")(key, modeled["cycles"], offload["options"])
-    return modeled["seconds"], (f"modeled: {modeled['cycles'] / 1e6:.1f} M cycles x {modeled['us_per_cycle']:.3g} us "
-                                f"+ {modeled['calls']} call(s)")
+        key = resolve(offload.costs + ":graph_key")(model, offload.options)
+        cost = resolve(offload.costs + ":graph_seconds")(key, modeled.cycles, offload.options)
+        return cost.seconds, cost.source + (f": {cost.detail}" if cost.detail else "")
+    return modeled.seconds, (f"modeled: {modeled.cycles / 1e6:.1f} M cycles x {modeled.us_per_cycle:.3g} us "
+                             f"+ {modeled.calls} call(s)")
 
 
 def host_seconds(session: Any) -> float:
@@ -59,6 +60,6 @@ def choose(graph: Any, host_session: Any) -> dict:
     device, source = accelerator_seconds(graph)
     load = os.getloadavg()[0]
     host = host_seconds(host_session)
-    return {"device": graph.offload.get("device", "accelerator"), "device_seconds": device, "device_source": source,
+    return {"device": graph.offload.device, "device_seconds": device, "device_source": source,
             "host_seconds": host, "host_source": f"measured here (fastest of {HOST_RUNS}, load {load:.1f})",
             "on_device": device < host}

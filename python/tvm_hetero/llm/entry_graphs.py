@@ -48,7 +48,7 @@ class EntryGraph:
     accelerator_models: dict[str, bytes] = field(default_factory=dict, repr=False)
 
     @property
-    def offload(self) -> dict | None:
+    def offload(self) -> Any | None:
         """The build report's accelerator section (None: no accelerator, or loaded from disk)."""
         offload = getattr(self.build_report, "offload", None) if self.build_report is not None else None
         return offload or None
@@ -57,7 +57,7 @@ class EntryGraph:
     def accelerator_executions(self) -> int:
         """Accelerator graph executions per call of this graph (0 when it runs on the host alone)."""
         offload = self.offload
-        return int(offload["graph_executions"]) if offload and offload.get("regions") else 0
+        return int(offload.graph_executions) if offload and offload.regions else 0
 
 
 def create_runtimes(graphs: Sequence[EntryGraph], params_blob: bytes, what: str,
@@ -73,11 +73,12 @@ def create_runtimes(graphs: Sequence[EntryGraph], params_blob: bytes, what: str,
         runtime = graph_runtime.create(graph.graph_json, graph.lib, graph.devices, device_options=options)
         key = (graph.devices[0].dlpack_device_type(), graph.devices[0].index)
         if key in owners:
-            names_blob = names_blob or _names_only(owners[key].param_names)
             runtime.share_params(owners[key], names_blob)
         else:
             runtime.load_params(params_blob, what)
             owners[key] = runtime
+            # the weights alone, named before this graph's own constants are set (theirs are not shared)
+            names_blob = names_blob or _names_only(runtime.param_names)
         if graph.constants:
             runtime.set_params(graph.constants)
         graph.runtime = runtime

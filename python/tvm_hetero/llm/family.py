@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
-from tvm import relax
+import tvm
 
 from .config import DecoderConfig
 
@@ -31,7 +31,9 @@ class Family(NamedTuple):
     transposed: Callable[[DecoderConfig], set[str]]
     fused: Callable[[DecoderConfig], dict[str, list[str]]]
     derived_weights: Callable[[DecoderConfig, int], dict[str, np.ndarray]]
-    entry_function: Callable[[DecoderConfig, int, dict[str, tuple[int, ...]]], relax.Function]
+    #: (config, capacity, weight shapes, rows=None) -> the module of ``main`` (symbolic chunk length,
+    #: or built for ``rows``) and the kernels it calls.
+    entry_module: Callable[..., tvm.IRModule]
     matmul_weights: Callable[[DecoderConfig], set[str]]
 
 

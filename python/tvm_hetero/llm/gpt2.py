@@ -4,9 +4,10 @@ gelu_new (tanh GELU), LM head tied to the token embedding."""
 from __future__ import annotations
 
 import numpy as np
+import tvm
 from tvm import relax
 
-from .blocks import GraphBuilder, make_function
+from .blocks import GraphBuilder, make_module
 from .config import DecoderConfig
 from .family import Family
 from .graph_io import POSITIONS
@@ -51,12 +52,14 @@ def fused(cfg: DecoderConfig) -> dict[str, list[str]]:
     return {}
 
 
-def entry_function(cfg: DecoderConfig, capacity: int, shapes: dict[str, tuple[int, ...]]) -> relax.Function:
-    """The chunk graph with a symbolic chunk length ``n`` (inputs and outputs: :mod:`.graph_io`)."""
+def entry_module(cfg: DecoderConfig, capacity: int, shapes: dict[str, tuple[int, ...]],
+                   rows: int | None = None) -> tvm.IRModule:
+    """The chunk graph with a symbolic chunk length ``n``, or built for ``rows`` (inputs and outputs:
+    :mod:`.graph_io`)."""
     if cfg.max_positions is not None and capacity > cfg.max_positions:
         raise ValueError(f"gpt2: a cache capacity of {capacity} tokens exceeds the model's {cfg.max_positions} "
                          "learned positions (n_positions)")
-    return make_function(GraphBuilder(cfg, capacity, shapes), lambda g: _body(g, cfg))
+    return make_module(GraphBuilder(cfg, capacity, shapes, rows), lambda g: _body(g, cfg))
 
 
 def _body(g: GraphBuilder, cfg: DecoderConfig) -> relax.Var:
@@ -90,4 +93,4 @@ def matmul_weights(cfg: DecoderConfig) -> set[str]:
     return names
 
 
-FAMILY = Family(weight_shapes, transposed, fused, derived_weights, entry_function, matmul_weights)
+FAMILY = Family(weight_shapes, transposed, fused, derived_weights, entry_module, matmul_weights)

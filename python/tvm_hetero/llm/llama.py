@@ -9,9 +9,10 @@ by the bias on q, k and v (``cfg.qkv_bias``). The RoPE tables are derived weight
 from __future__ import annotations
 
 import numpy as np
+import tvm
 from tvm import relax
 
-from .blocks import GraphBuilder, make_function, rope_tables
+from .blocks import GraphBuilder, make_module, rope_tables
 from .config import DecoderConfig
 from .family import Family
 
@@ -67,9 +68,11 @@ def fused(cfg: DecoderConfig) -> dict[str, list[str]]:
     return groups
 
 
-def entry_function(cfg: DecoderConfig, capacity: int, shapes: dict[str, tuple[int, ...]]) -> relax.Function:
-    """The chunk graph with a symbolic chunk length ``n`` (inputs and outputs: :mod:`.graph_io`)."""
-    return make_function(GraphBuilder(cfg, capacity, shapes), lambda g: _body(g, cfg))
+def entry_module(cfg: DecoderConfig, capacity: int, shapes: dict[str, tuple[int, ...]],
+                   rows: int | None = None) -> tvm.IRModule:
+    """The chunk graph with a symbolic chunk length ``n``, or built for ``rows`` (inputs and outputs:
+    :mod:`.graph_io`)."""
+    return make_module(GraphBuilder(cfg, capacity, shapes, rows), lambda g: _body(g, cfg))
 
 
 def _bias(name: str, present: bool) -> str | None:
@@ -114,4 +117,4 @@ def matmul_weights(cfg: DecoderConfig) -> set[str]:
     return names
 
 
-FAMILY = Family(weight_shapes, transposed, fused, derived_weights, entry_function, matmul_weights)
+FAMILY = Family(weight_shapes, transposed, fused, derived_weights, entry_module, matmul_weights)

@@ -45,6 +45,9 @@ class LanguageModel:
         self.phase_check: dict | None = None
         #: The decode's placement by cost (decode_placement.py), when the build was asked for it.
         self.decode_choice: dict | None = None
+        #: The CPU name and features the host kernels were compiled for (this_cpu.py; None: any CPU
+        #: of the architecture).
+        self.compiled_for: dict | None = None
 
     @property
     def prefill_chunks(self) -> tuple[int, ...]:

@@ -46,9 +46,12 @@ def plan_chunks(length: int, sizes: Iterable[int]) -> list[tuple[int, int]]:
 class NativeGenerator:
     """An exported language model run by the C++ loop; one session per thread, made on demand."""
 
-    def __init__(self, directory: str | os.PathLike):
+    def __init__(self, directory: str | os.PathLike, num_threads: int | None = None):
+        """``num_threads``: the threads every graph's kernels run on (None: the runtime's defaults)."""
+        if num_threads is not None and (not isinstance(num_threads, int) or num_threads < 1):
+            raise ValueError(f"num_threads must be a positive integer, got {num_threads!r}")
         self.directory = os.fspath(directory)
-        self._model = tvm_ffi.get_global_func("tvm_hetero.llm.load")(self.directory)
+        self._model = tvm_ffi.get_global_func("tvm_hetero.llm.load")(self.directory, num_threads or 0)
         self.vocab_size = int(self._model["vocab_size"]())
         self.capacity = int(self._model["capacity"]())
         self.chunk_sizes = tuple(int(s) for s in self._model["chunk_sizes"]())

@@ -37,6 +37,8 @@ def describe(model: Any) -> str:
         f"  prefill chunks {list(model.prefill_chunks)} (last chunk padded), decode 1; capacity {model.capacity} tokens",
         f"  weights: {format_size(model.weight_bytes)} once per device holding them ({holders}); every graph shares them",
         f"  matmul weights: {_weight_format(model)}",
+        ("  host kernels compiled for: " + (f"CPU {model.compiled_for['cpu']} (its vector features; checked at load)"
+                                             if getattr(model, "compiled_for", None) else "the architecture's baseline")),
         (f"  KV cache: {format_size(kv_cache_bytes(model))} per generation session "
         f"({format_size(kv_cache_bytes(model) // model.capacity)} per token, written in place)"),
         "  graphs:",
@@ -69,18 +71,18 @@ def _accelerator_lines(graph: Any) -> list[str]:
     if graph.moved_to_host:
         return [f"             MOVED TO THE HOST: {graph.moved_to_host}"]
     offload = graph.offload
-    if not offload or not offload.get("regions"):
+    if not offload or not offload.regions:
         return []
-    device = offload.get("device", "accelerator")
-    share = offload["flops_on_device"] / offload["flops"] if offload.get("flops") else 0.0
-    verification = offload.get("verification") or {}
-    worst = max((r["relative_error"] for r in verification.get("regions", [])), default=float("nan"))
-    lines = [(f"             {device}: {offload['graph_executions']} graph execution(s) per call, {share:.1%} of the "
+    device = offload.device
+    share = offload.flops_on_device / offload.flops if offload.flops else 0.0
+    verification = offload.verification
+    worst = max((r.relative_error for r in verification.regions), default=float("nan")) if verification else float("nan")
+    lines = [(f"             {device}: {offload.graph_executions} graph execution(s) per call, {share:.1%} of the "
              f"matmul FLOPs; verified per graph: worst relative error {worst:.2e} (tolerance "
-             f"{verification.get('tolerance', float('nan')):g})")]
-    refused = [r for r in offload["refused"] if r["reason"] != FOLDED]
-    for op, reason in sorted({(r["op"], r["reason"]) for r in refused}):
-        lines.append(f"             refused by {offload.get('vendor', 'the vendor')}, on the host: {op}: {reason}")
+             f"{verification.tolerance if verification else float('nan'):g})")]
+    refused = [r for r in offload.refused if r.reason != FOLDED]
+    for op, reason in sorted({(r.op, r.reason) for r in refused}):
+        lines.append(f"             refused by {offload.vendor}, on the host: {op}: {reason}")
     return lines
 
 

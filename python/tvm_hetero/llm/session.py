@@ -58,11 +58,11 @@ class ChunkRunner:
     """One entry graph's frame with its inputs and outputs bound (zero copy) to this session."""
 
     def __init__(self, graph: EntryGraph, cfg: DecoderConfig, cache: KVCache,
-                 logits: tuple[tvm.runtime.Tensor, np.ndarray]):
+                 logits: tuple[tvm.runtime.Tensor, np.ndarray], scratch: tvm.runtime.Tensor):
         n, device = graph.size, cache.mask.device
         self.size = n
         self.capacity = cache.capacity
-        self.frame = graph.runtime.frame()
+        self.frame = graph.runtime.frame(scratch)
         self.tokens_tensor, self.tokens = host_tensor((1, n), "int32", device)
         self.positions_tensor, self.positions = host_tensor((n,), "int32", device)
         self.row_tensor, self.logit_row = host_tensor((1,), "int32", device)
@@ -119,7 +119,11 @@ class GenerationSession:
         device = graphs[0].devices[0]
         self.cache = KVCache(cfg, capacity, device)
         self._logits = host_tensor((1, 1, cfg.vocab_size), "float32", device)
-        self.runners = {g.size: ChunkRunner(g, cfg, self.cache, self._logits) for g in graphs}
+        # One graph runs at a time, so the graphs' intermediate values share one scratch: the
+        # session holds the largest graph's, not their sum.
+        self.scratch_bytes = max(g.runtime.scratch_bytes(device) for g in graphs)
+        self._scratch = tvm.runtime.empty((max(self.scratch_bytes, 1),), "uint8", device)
+        self.runners = {g.size: ChunkRunner(g, cfg, self.cache, self._logits, self._scratch) for g in graphs}
         #: The logits of the last processed row (a view, overwritten by a later step).
         self.logits = self.runners[1].logits
         self.sizes = tuple(sorted(self.runners))

@@ -17,6 +17,9 @@ def add_commands(subparsers: Any) -> None:
                           help="a light ONNX model's name (squeezenet, inception_v1, ...) or an .onnx file")
     demo_htp.add_argument("--repeat", type=int, default=3, metavar="N",
                           help="timed runs of ours and of the peer (default 3)")
+    demo_htp.add_argument("--part", choices=("all", "model", "decoder"), default="all",
+                          help="the model part, the decoder part (a tiny Llama-shaped checkpoint: prefill on the "
+                               "HTP, decode on the CPU), or both (default)")
     demo_htp.set_defaults(fn=cmd_demo_htp)
     fit = subparsers.add_parser("qnn-fit", help="import a QNN profile taken on a real device: its microseconds per HTP "
                                          "cycle, used for modeled HTP latencies")
@@ -34,6 +37,35 @@ def add_commands(subparsers: Any) -> None:
 
 
 def cmd_demo_htp(args: argparse.Namespace) -> int:
+    """A light model, then a decoder, over the host CPU and a Qualcomm HTP (emulated here), each against
+    ONNX Runtime + QNN."""
+    code = _demo_model(args) if args.part in ("all", "model") else 0
+    if args.part in ("all", "decoder"):
+        if args.part == "all":
+            print()
+        code = _demo_decoder() or code
+    return code
+
+
+def _demo_decoder() -> int:
+    """A tiny Llama-shaped checkpoint (made once, offline): prompt prefilled on the HTP, tokens decoded
+    on the CPU, beside ONNX Runtime + QNN EP on the same prefill graph (decoder_demo.py)."""
+    from tvm_hetero.progress import Progress
+    from tvm_hetero.qnn import decoder_demo
+    from tvm_hetero.testing.tiny_decoder import SHAPE, reference_tokens, tiny_llama_checkpoint
+
+    say = Progress(start=time.perf_counter())
+    checkpoint = tiny_llama_checkpoint()
+    print(f"tvm-hetero demo-htp: a decoder, tiny Llama-shaped ({SHAPE['num_hidden_layers']} layers, hidden "
+          f"{SHAPE['hidden_size']}, vocab {SHAPE['vocab_size']}, seeded random weights, initializer_range 0.5; "
+          f"{checkpoint}): prefill on cpu:0 + qnn-htp, decode on cpu:0")
+    demo = decoder_demo.run(checkpoint, lambda prompt, n: reference_tokens(checkpoint, prompt, n), say=say)
+    decoder_demo.print_demo(demo)
+    print("(modeled HTP speeds come from QNN's cycle counts, never the emulator's wall time)")
+    return 0 if demo.same_tokens and demo.check and not demo.check["failed"] else 1
+
+
+def _demo_model(args: argparse.Namespace) -> int:
     """A light model over the host CPU and a Qualcomm HTP (emulated here), against ONNX Runtime + QNN."""
     import numpy as np
     import tvm

@@ -19,6 +19,8 @@ import math
 import os
 
 from ..cache_dir import cache_root
+from ..ep_offload.sdk import ModeledLatency
+from ..placement_judgement import MEASURED_ON_A_DEVICE, MODELED, Cost
 from .ep import CALL_SECONDS, read_profile, us_per_cycle
 
 
@@ -73,21 +75,20 @@ def import_costs(path: str, key: str | None = None) -> dict[str, dict]:
     return added
 
 
-def graph_seconds(key: str, cycles: float, options: dict) -> tuple[float, str]:
-    """One call of a graph on the device: ``(seconds, where the figure comes from)``."""
+def graph_seconds(key: str, cycles: float, options: dict) -> Cost:
+    """One call of a graph on the device, labelled with where the figure comes from."""
     entry = device_table().get(key)
     if entry is not None:
-        return float(entry["seconds"]) + CALL_SECONDS, f"measured on a device ({entry.get('source', 'table')})"
+        return Cost(float(entry["seconds"]) + CALL_SECONDS, MEASURED_ON_A_DEVICE, entry.get("source", "table"))
     if math.isnan(cycles):  # the graph was not profiled
         raise ValueError(f"HTP graph {key[:12]}: no device cost and no cycle count to model one from")
     factor, source = us_per_cycle(options)
-    return cycles * factor * 1e-6 + CALL_SECONDS, f"modeled: {cycles / 1e6:.1f} M cycles x {factor:.3g} us ({source})"
+    return Cost(cycles * factor * 1e-6 + CALL_SECONDS, MODELED, f"{cycles / 1e6:.1f} M cycles x {factor:.3g} us ({source})")
 
 
 
-def modeled(options: dict, cycles: float, calls: int) -> dict:
+def modeled(options: dict, cycles: float, calls: int) -> ModeledLatency:
     """The HTP's modeled time per inference: its cycles (QNN's profile) times the device's us per
     cycle, plus a fixed cost per graph call. Never the emulator's wall time."""
     factor, source = us_per_cycle(options)
-    return {"cycles": cycles, "us_per_cycle": factor, "factor_source": source, "calls": calls,
-            "call_seconds": CALL_SECONDS, "seconds": cycles * factor * 1e-6 + calls * CALL_SECONDS}
+    return ModeledLatency(cycles * factor * 1e-6 + calls * CALL_SECONDS, cycles, factor, source, calls, CALL_SECONDS)

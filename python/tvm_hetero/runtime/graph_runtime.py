@@ -233,6 +233,7 @@ class GraphModule:
         self._bind_input = module["bind_input"]
         self._bind_output = module["bind_output"]
         self._frame = module["frame"]
+        self._scratch_bytes = module["scratch_bytes"]
         self._plan = module["plan"]
 
     # ---- inputs ----------------------------------------------------------------------------
@@ -332,7 +333,7 @@ class GraphModule:
         ``set_input(..., copy=False)``)."""
         self._bind_output(index, _as_bindable(out, f"output {index}"))
 
-    def frame(self) -> Frame:
+    def frame(self, scratch: tvm.runtime.Tensor | None = None) -> Frame:
         """A new frame: the per-run memory of this model, sharing its plan and parameters (set the
         parameters first). Each thread that runs at the same time as others takes its own frame::
 
@@ -340,8 +341,17 @@ class GraphModule:
             frame.set_input("x", x)
             frame.run()
             y = frame.get_output(0).numpy()
+
+        ``scratch``: memory (a uint8 tensor of at least :meth:`scratch_bytes` of its device) for the
+        values a run computes, instead of the frame's own. Frames that never run at the same time
+        (the graphs of one generation session) may share one scratch (two frames running at once
+        must not); an output not bound is then valid until any of them runs.
         """
-        return Frame(self._frame(), self)
+        return Frame(self._frame(scratch), self)
+
+    def scratch_bytes(self, device: tvm.runtime.Device | None = None) -> int:
+        """Bytes a frame takes from a scratch on ``device`` (default: the primary device)."""
+        return int(self._scratch_bytes(device if device is not None else self.primary_device))
 
     def plan(self) -> str:
         """The execution plan, one line per step: kind, node, device, arguments, memory touched."""

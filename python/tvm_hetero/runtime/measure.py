@@ -1,4 +1,5 @@
-"""Measuring kernels as a pipeline stage's worker runs them: thread pinning and per-node profiles."""
+"""Measuring kernels as a pipeline stage's worker runs them (thread pinning, per-node profiles), and the
+one timing loop of repeated calls (:func:`wall_times`)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import tvm
 import tvm_ffi
 
 from ..graph import Graph
+from ..sample_inputs import sample_values
 from . import graph_runtime
 
 
@@ -56,20 +57,6 @@ def wall_times(fn: Callable[[], Any], repeat: int) -> list[float]:
     return times
 
 
-def sample_inputs(graph_json: str, names: Sequence[str], seed: int = 0) -> dict[str, np.ndarray]:
-    """Random values (zeros for integer inputs) for the named inputs of a graph JSON document."""
-    found = Graph.from_json(graph_json).inputs()
-    rng = np.random.default_rng(seed)
-    values = {}
-    for name in names:
-        shape, dtype = found[name]
-        if np.dtype(dtype).kind == "f":
-            values[name] = rng.standard_normal(shape).astype(dtype)
-        else:
-            values[name] = np.zeros(shape, dtype)
-    return values
-
-
 def measure_kernels(
     compiled: Any,
     device: tvm.runtime.Device,
@@ -79,7 +66,8 @@ def measure_kernels(
 ) -> Mapping[int, float]:
     """Median µs of each kernel node of a compiled graph (``graph_json``, ``lib``, ``params``,
     ``input_names``) on ``device``, in a thread set up like a pipeline stage's worker."""
-    inputs = sample_inputs(compiled.graph_json, compiled.input_names)
+    found = Graph.from_json(compiled.graph_json).inputs()
+    inputs = sample_values({name: found[name] for name in compiled.input_names})
 
     def measure() -> dict[int, float]:
         with graph_runtime.create(compiled.graph_json, compiled.lib, [device]) as runtime:

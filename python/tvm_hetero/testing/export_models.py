@@ -28,6 +28,8 @@ import warnings
 
 import numpy as np
 
+from ..sample_inputs import onnx_inputs, sample_value
+
 OPSET = 17
 IR_VERSION = 9
 MOBILENET_INPUT = (1, 3, 96, 96)
@@ -151,23 +153,19 @@ def transformers_mobilenet_v2_onnx(seed: int = 0, image_size: int = 96, dynamic_
 def sample_inputs(model, seed: int = 1) -> dict[str, np.ndarray]:
     """Seeded inputs for each graph input of ``model``: float32 standard normal; int64 token ids
     for names ending in ``ids``; an int64 attention mask (ones, last quarter zero) for ``mask``."""
-    from onnx import TensorProto
-
     rng = np.random.default_rng(seed)
     out: dict[str, np.ndarray] = {}
-    for value in model.graph.input:
-        tensor = value.type.tensor_type
-        shape = [d.dim_value or 1 for d in tensor.shape.dim]
-        if tensor.elem_type == TensorProto.FLOAT:
-            out[value.name] = rng.standard_normal(shape).astype(np.float32)
-        elif value.name.endswith("mask"):
+    for name, shape, dtype in onnx_inputs(model):
+        if dtype == "float32":
+            out[name] = sample_value(shape, dtype, rng)
+        elif name.endswith("mask"):
             mask = np.ones(shape, dtype=np.int64)
             mask[..., shape[-1] - shape[-1] // 4:] = 0
-            out[value.name] = mask
-        elif value.name.endswith("ids"):
-            out[value.name] = rng.integers(0, BERT_VOCAB, size=shape, dtype=np.int64)
+            out[name] = mask
+        elif name.endswith("ids"):
+            out[name] = sample_value(shape, "int64", rng, bound=BERT_VOCAB)
         else:
-            raise ValueError(f"no sample rule for input {value.name!r} of element type {tensor.elem_type}")
+            raise ValueError(f"no sample rule for input {name!r} of type {dtype}")
     return out
 
 

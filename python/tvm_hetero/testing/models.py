@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..sample_inputs import onnx_inputs, sample_values
+
 LIGHT_MODELS = ("resnet50", "shufflenet", "squeezenet", "inception_v1", "inception_v2", "densenet121",
                 "vgg19", "bvlc_alexnet", "zfnet512")
 
@@ -179,13 +181,8 @@ def _random_weight(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarr
 
 
 def model_inputs(model, seed: int = 1) -> dict[str, np.ndarray]:
-    """Seeded random float32 values for each graph input of an ONNX model."""
-    rng = np.random.default_rng(seed)
-    out = {}
-    for value in model.graph.input:
-        shape = [d.dim_value or 1 for d in value.type.tensor_type.shape.dim]
-        out[value.name] = rng.standard_normal(shape).astype(np.float32)
-    return out
+    """Seeded random float32 values (standard normal) for each graph input of an ONNX model."""
+    return sample_values([(name, shape, "float32") for name, shape, _dtype in onnx_inputs(model)], seed)
 
 
 def onnxruntime_session(model, threads: int = 1):

@@ -16,9 +16,11 @@ in the measuring graph and in the model's graph.
 
 Judging (:func:`judge_candidates`): every single-device placement (each unit's fastest variant,
 and every region the backend forms there), the solver's split (both ways) and a split solved on
-the block-aware unit model (:func:`block_aware_model`) are predicted as built. Guarantee: the
-choice is never predicted slower than the best single-device candidate, and a split is chosen
-only if it is predicted ``min_gain`` faster than it. A better split the solver does not propose
+the block-aware unit model (:func:`block_aware_model`) are predicted as built, and the best split
+is judged against the best single device the one way every placement is
+(:func:`tvm_hetero.placement_judgement.judge`, both figures modeled). Guarantee: the choice is
+never predicted slower than the best single-device candidate, and a split is chosen only if it is
+predicted more than ``min_gain`` faster than it. A better split the solver does not propose
 stays unfound: the unit model sees blocks only through calibrated edge savings.
 """
 
@@ -31,6 +33,8 @@ from typing import Any
 
 from ...backends import Backend
 from ...graph import Graph
+from ...placement_judgement import MODELED, Cost
+from ...placement_judgement import judge as judge_placement
 from ..lower import LoweredGraph
 from ..placement import OpInfo
 from ..schedule_model import CostModel, simulate
@@ -142,7 +146,7 @@ def judge_candidates(judge: Judge, model: CostModel, split: Sequence[int],
     """Judge as built every single-device placement (each unit's fastest variant; every region the
     backends form there), the solver's ``split`` (both ways), and the split solved on the
     block-aware model (:func:`block_aware_model`, calibrated on the single-device builds); keep the
-    best split only if it is predicted ``min_gain`` faster than the best single device. Returns the
+    best split only if it is predicted more than ``min_gain`` faster than the best single device. Returns the
     decision as JSON: its label, assignment and variants, every candidate's predicted seconds and
     details, and the best split's prediction where a single device was kept."""
     num_units, num_devices = model.num_kernels, model.num_devices
@@ -176,15 +180,19 @@ def judge_candidates(judge: Judge, model: CostModel, split: Sequence[int],
     splits = [c for c in candidates.values() if len(set(c.assignment)) > 1]
     best_single = min(singles, key=lambda c: predicted[c.label].seconds, default=None)
     best_split = min(splits, key=lambda c: predicted[c.label].seconds, default=None)
-    chosen = best_split
-    if best_split is None or (best_single is not None and predicted[best_split.label].seconds
-                              > (1.0 - min_gain) * predicted[best_single.label].seconds):
-        chosen = best_single
+    verdict = None
+    if best_split is not None and best_single is not None:
+        how = "as built, from measured kernels and blocks"
+        verdict = judge_placement(Cost(predicted[best_split.label].seconds, MODELED, how),
+                                  Cost(predicted[best_single.label].seconds, MODELED, how),
+                                  min_gain=min_gain, candidate_name=best_split.label, baseline_name=best_single.label)
+    chosen = best_single if verdict is not None and not verdict.kept else best_split or best_single
     if chosen is None:
         raise ValueError("automatic placement: no placement to judge (no device may run every unit, no split)")
     kept_single = best_split is not None and chosen is best_single
     return {
         "label": chosen.label, "assignment": chosen.assignment, "variants": chosen.variants,
+        "verdict": verdict.explain() if verdict is not None else None,
         "predicted": {label: p.seconds for label, p in predicted.items()},
         "split_predicted": predicted[best_split.label].seconds if kept_single else None,
         # "device": the one device a candidate puts everything on (None: a split).

@@ -22,7 +22,7 @@ Steps (:func:`choose_placement`):
    blocks: with the build's lowering at hand (``lower``), the solver's split and every
    single-device placement are lowered as built and predicted on their own kernels and blocks
    (:mod:`.as_built`), a split corrected for blocks is solved and judged too, and a split is kept
-   only if it is predicted ``min_gain`` (5%) faster than the best single device (its gain would
+   only if it is predicted more than ``min_gain`` (5%) faster than the best single device (its gain would
    otherwise be within the model's unmodelled costs and the noise). Without ``lower`` the same
    rule is applied to the unit model's predictions;
 7. every op gets its unit's device; an op folded at build time (no unit) goes with a unit that
@@ -35,8 +35,9 @@ answer (under the cost model's content) and the judged decision (under the same 
 module). A rebuild whose costs are all cached lowers nothing for measuring or judging and does
 not solve again.
 
-The decision, its alternatives and the largest single choices are returned as a plain dict (it
-goes into the build report and the artifact's manifest); :mod:`.report` writes it out.
+The decision, its alternatives and the largest single choices are returned as an
+:class:`~.explanation.AutoplaceReport` (the build report's ``autoplace``; its ``to_dict`` goes into
+the artifact's manifest); :mod:`.report` writes it out.
 """
 
 from __future__ import annotations
@@ -54,13 +55,14 @@ import tvm_ffi
 
 from ...backends import Backend
 from ...devices import name_of
+from ...placement_judgement import MODELED, Cost, judge
 from ..lower import lower_to_graph, op_infos
 from ..placement import Capabilities, OpInfo
 from ..schedule_model import CostModel, simulate
 from .as_built import BuiltPrediction, Candidate, Judge, LowerAsBuilt, every_region, judge_candidates
 from .backend_choice import ChosenRegions, partition_with_ops, prepare
 from .cost_cache import CostCache, node_key, settings_key
-from .explanation import explain_choice
+from .explanation import Alternative, AsBuilt, AutoplaceReport, SingleDevice, explain_choice
 from .kernel_times import KernelTimes, Measurer
 from .solver import OBJECTIVES, Solution, single_device_placements, solve
 from .units import TVM, Part, Units, make_units, unique_binding_names
@@ -81,7 +83,7 @@ class AutoPlacement:
     regions, the prepared module both apply to, and the explanation."""
 
     choose: Callable[[OpInfo], int]
-    explanation: dict[str, Any] = field(default_factory=dict)
+    explanation: AutoplaceReport | None = None
     model: CostModel | None = None
     kernel_devices: list[int] = field(default_factory=list)
     #: The unit DAG decided on, and the ops it was lowered from (to predict other placements).
@@ -199,37 +201,41 @@ def choose_placement(
     variant_table = alone_variants if len(set(assignment)) == 1 else variant_costs
     explanation = explain_choice(model, units, assignment, unit_variants, variant_table,
                                  [name_of(d) for d in devices], objective, counts)
-    explanation["as_built_measured"] = times.measured - counts["measured"]  # kernels and blocks of candidates
-    explanation["unconfirmed"] = times.unconfirmed  # used for this build, kept out of the cache
+    explanation.as_built_measured = times.measured - counts["measured"]  # kernels and blocks of candidates
+    explanation.unconfirmed = times.unconfirmed  # used for this build, kept out of the cache
     # The executor settings every time was measured with: run the artifact with them (targets="auto"
     # resolves them from discovery, so its caller has not seen them).
-    explanation["device_options"] = options[:num_devices]
+    explanation.device_options = options[:num_devices]
     if decision.predicted:
-        explanation["unit_predicted_seconds"] = explanation["predicted_seconds"]
-        explanation["predicted_seconds"] = decision.predicted.get(chosen.label, explanation["predicted_seconds"])
-        explanation["alternatives"] = {**{k: v for k, v in decision.predicted.items() if k.startswith("all on")},
-                                       **{k: v for k, v in explanation["alternatives"].items()
-                                          if not k.startswith("all on")}}
-        explanation["as_built"] = decision.details.get(chosen.label)
+        explanation.unit_predicted_seconds = explanation.predicted_seconds
+        explanation.predicted_seconds = decision.predicted.get(chosen.label, explanation.predicted_seconds)
+        # The one-device placements as built replace the unit model's; the others stay.
+        one_device = [Alternative(label, seconds, decision.details.get(label, {}).get("device"))
+                      for label, seconds in decision.predicted.items()]
+        explanation.alternatives = ([a for a in one_device if a.device is not None]
+                                    + [a for a in explanation.alternatives if a.device is None])
+        built = decision.details.get(chosen.label)
+        explanation.as_built = AsBuilt(**built) if built is not None else None
         # Per device, its best single-device prediction (the build driver's measured check reads it).
-        singles: dict[str, dict] = {}
-        for label, seconds in decision.predicted.items():
-            d = decision.details.get(label, {}).get("device")
-            if d is not None and (str(d) not in singles or seconds < singles[str(d)]["seconds"]):
-                singles[str(d)] = {"label": label, "seconds": seconds}
-        explanation["single_device"] = singles
-        if explanation["as_built"] is not None:  # each device's busy time as built, blocks and all
-            for row, busy in zip(explanation["per_device"], explanation["as_built"]["device_busy"]):
-                row["busy_seconds"] = busy
-    explanation["split_predicted_seconds"] = decision.split_predicted
-    explanation["measured_check_device"] = (None if decision.verdict_device is None
-                                            else name_of(devices[decision.verdict_device]))
-    explanation["min_gain"] = min_gain
+        singles: dict[int, SingleDevice] = {}
+        for alternative in one_device:
+            d = alternative.device
+            if d is not None and (d not in singles or alternative.seconds < singles[d].seconds):
+                singles[d] = SingleDevice(alternative.label, alternative.seconds)
+        explanation.single_device = singles
+        if explanation.as_built is not None:  # each device's busy time as built, blocks and all
+            for row, busy in zip(explanation.per_device, explanation.as_built.device_busy):
+                row.busy_seconds = busy
+    explanation.split_predicted_seconds = decision.split_predicted
+    explanation.verdict = decision.verdict
+    explanation.measured_check_device = (None if decision.verdict_device is None
+                                         else name_of(devices[decision.verdict_device]))
+    explanation.min_gain = min_gain
     # What a built graph's measured latency is kept under, with the graph: the module and the
     # devices' settings (with targets="auto" its caller never saw the settings to key it by).
-    explanation["module_key"] = hashlib.sha256(json.dumps([plan_key, times.settings]).encode()).hexdigest()
-    explanation["decision_key"] = decision_key
-    explanation["regions_chosen"] = len(chosen_anchors)
+    explanation.module_key = hashlib.sha256(json.dumps([plan_key, times.settings]).encode()).hexdigest()
+    explanation.decision_key = decision_key
+    explanation.regions_chosen = len(chosen_anchors)
     return AutoPlacement(choose, explanation, model, assignment, units, ops, prepared, final_backends,
                          unit_variants, judge)
 
@@ -246,6 +252,8 @@ class _Decision:
     split_predicted: float | None = None
     #: The device an earlier measured check found faster than the split.
     verdict_device: int | None = None
+    #: The judgement of the best split against the best single device, as text (None: no split to judge).
+    verdict: str | None = None
 
 
 def _judged(judge: Judge, model: CostModel, solution: Solution, variants_of, together, apart, cache: CostCache,
@@ -258,7 +266,8 @@ def _judged(judge: Judge, model: CostModel, solution: Solution, variants_of, tog
                                    lambda m: _solve(m, "latency", cache), min_gain, say)
         cache.put_plan("decision", decision_key, decided)
     decision = _Decision(Candidate(decided["label"], decided["assignment"], decided["variants"]),
-                         decided["predicted"], decided.get("details", {}), decided.get("split_predicted"))
+                         decided["predicted"], decided.get("details", {}), decided.get("split_predicted"),
+                         verdict=decided.get("verdict"))
     verdict = cache.get_plan(MEASURED_CHECK, decision_key)
     if verdict is not None and verdict.get("device") is not None:  # a one-device build measured faster
         decision.chosen = _every_region_on(verdict["device"], apart, variants_of)
@@ -267,14 +276,19 @@ def _judged(judge: Judge, model: CostModel, solution: Solution, variants_of, tog
 
 
 def _solved(model: CostModel, solution: Solution, objective: str, min_gain: float, variants_of) -> _Decision:
-    """The solver's answer on the unit model; for latency, a split predicted less than ``min_gain``
-    faster than the best single device gives way to that device."""
-    assignment, split_predicted = solution.placement, None
+    """The solver's answer on the unit model; for latency, a split judged against the best single
+    device (:func:`~tvm_hetero.placement_judgement.judge`: not more than ``min_gain`` faster, it
+    gives way to that device)."""
+    assignment, split_predicted, verdict = solution.placement, None, None
     single = min(single_device_placements(model), key=lambda p: simulate(model, p).makespan, default=None)
-    if (single is not None and len(set(assignment)) > 1 and objective == "latency"
-            and simulate(model, assignment).makespan > (1.0 - min_gain) * simulate(model, single).makespan):
-        split_predicted, assignment = solution.latency, single
-    return _Decision(Candidate("solved", assignment, variants_of(assignment)), split_predicted=split_predicted)
+    if single is not None and len(set(assignment)) > 1 and objective == "latency":
+        verdict = judge(Cost(simulate(model, assignment).makespan, MODELED, "the unit model"),
+                        Cost(simulate(model, single).makespan, MODELED, "the unit model"),
+                        min_gain=min_gain, candidate_name="the split", baseline_name=f"all on device {single[0]}")
+        if not verdict.kept:
+            split_predicted, assignment = solution.latency, single
+    return _Decision(Candidate("solved", assignment, variants_of(assignment)), split_predicted=split_predicted,
+                     verdict=verdict.explain() if verdict is not None else None)
 
 
 def _allowed(units: Units, info_of: dict[str, OpInfo], capabilities: Capabilities | None,
@@ -370,7 +384,7 @@ def _decision_key(model: CostModel, plan_key: str, objective: str, min_gain: flo
 
 
 #: Changes whenever :func:`.as_built.judge_candidates` decides differently (old decisions unused).
-JUDGE_VERSION = 3
+JUDGE_VERSION = 4  # 4: the one judgement (placement_judgement.py): a tie goes to the single device
 
 
 #: Changes whenever what :func:`_analyse` makes of a module changes (old cached units are then unused).
