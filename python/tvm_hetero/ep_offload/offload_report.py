@@ -76,6 +76,44 @@ class Verification:
 
 
 @dataclass
+class MovedStep:
+    """Ops verification moved back: one step of a region (``step``), or a whole region (``step`` None)."""
+
+    region: str
+    step: int | None
+    #: The step's ONNX ops ([] for a whole region).
+    ops: list[str]
+    bindings: list[str]
+    reason: str
+    #: "culprits" or "build-up" (:mod:`.fewest_ops`), "first bad step" or "whole region".
+    rule: str
+    #: The step's error fed the CPU's inputs, and in the device's own chain (NaN where not measured).
+    own_error: float = float("nan")
+    inherited_error: float = float("nan")
+
+
+@dataclass
+class MoveRound:
+    """One verification round: conv/matmul FLOPs on the device against the worst graph's error."""
+
+    round: int
+    graphs: int
+    flops_on_device: float
+    flops: float
+    worst_error: float
+    bad_graphs: int
+
+
+@dataclass
+class MoveBack:
+    """What verification moved back, round by round (``rule``: the build's ``offload_move_back``)."""
+
+    rule: str
+    rounds: list[MoveRound] = field(default_factory=list)
+    steps: list[MovedStep] = field(default_factory=list)
+
+
+@dataclass
 class OffloadReport:
     """The build report's section for an accelerator reached through its vendor's SDK."""
 
@@ -111,6 +149,8 @@ class OffloadReport:
     modeled: ModeledLatency | None = None
     #: placement="auto": each group's judgement (:mod:`.auto_placement`).
     auto: list[GroupChoice] | None = None
+    #: Each op verification moved back and why, and each round's FLOPs on the device against its error.
+    move_back: MoveBack | None = None
     #: The function writing this section's lines, by name (:func:`.report.explain`).
     explain: str = "tvm_hetero.ep_offload.report:explain"
 
@@ -138,4 +178,8 @@ class OffloadReport:
             doc["modeled"] = ModeledLatency(**doc["modeled"])
         if doc.get("auto") is not None:
             doc["auto"] = [GroupChoice.from_dict(row) for row in doc["auto"]]
+        if doc.get("move_back") is not None:
+            moved = doc["move_back"]
+            doc["move_back"] = MoveBack(moved["rule"], [MoveRound(**r) for r in moved["rounds"]],
+                                        [MovedStep(**r) for r in moved["steps"]])
         return cls(**doc)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import Counter
 
 from .backend import FOLDED
-from .offload_report import OffloadReport
+from .offload_report import MoveBack, OffloadReport
 from .region_quantization import quantizes
 
 
@@ -52,10 +52,15 @@ def explain(offload: OffloadReport, devices: list[str]) -> list[str]:
                      "takes them; they run on the CPU):")
         for op, count in sorted(Counter(r.op for r in offload.unplaced).items()):
             lines.append(f"    {count} x {op}")
+    # Ops verification moved back step by step are listed with their step below, not once more here.
+    by_step = {key for row in (offload.move_back.steps if offload.move_back else []) if row.step is not None
+               for key in row.bindings} & set(offload.excluded)
     if offload.excluded:
         lines.append(f"  {device}: {len(offload.excluded)} ops moved back to the CPU:")
-        for reason, count in sorted(Counter(offload.excluded.values()).items()):
+        for reason, count in sorted(Counter(r for key, r in offload.excluded.items() if key not in by_step).items()):
             lines.append(f"    {count} ops: {reason}")
+        if by_step:
+            lines.append(f"    {len(by_step)} ops: verification, each step listed below")
     if offload.auto:
         lines.append(f"  {device} automatic placement (each group: one call of its {vendor} graph against the host "
                      "computing it, measured on the host):")
@@ -78,4 +83,22 @@ def explain(offload: OffloadReport, devices: list[str]) -> list[str]:
                    if check.underflow else "")
             lines.append(f"    {check.region} ({check.ops} ops): relative error {check.relative_error:.2e}"
                          f"{why}: {verdict}")
+    lines.extend(_move_back_lines(offload.move_back, device))
+    return lines
+
+
+def _move_back_lines(move_back: MoveBack | None, device: str) -> list[str]:
+    """Each step verification moved back and why; each round's FLOPs on the device against its worst error."""
+    if not move_back or not move_back.steps:
+        return []
+    lines = [f"  {device} steps moved back by verification (rule {move_back.rule!r}; own error: the step fed the "
+             "CPU's inputs; inherited: in the device's own chain):"]
+    for row in move_back.steps:
+        what = f"step {row.step} ({', '.join(row.ops)})" if row.step is not None else row.rule
+        lines.append(f"    {row.region} {what}, {len(row.bindings)} op(s): {row.reason}")
+    lines.append(f"  {device} conv/matmul FLOPs on the {device} against the worst graph error, per verification round:")
+    for row in move_back.rounds:
+        share = row.flops_on_device / row.flops if row.flops else 0.0
+        lines.append(f"    round {row.round}: {share:.1%} in {row.graphs} graph(s), worst error "
+                     f"{row.worst_error:.2e} ({row.bad_graphs} over the tolerance)")
     return lines

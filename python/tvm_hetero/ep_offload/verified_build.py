@@ -9,10 +9,15 @@ Algorithm (each round builds once):
    received (:mod:`.region_runner`). A region is bad when its error relative to the largest
    reference value exceeds the tolerance, or when it yields non-finite values where the CPU does not
    (fp16 overflow beyond 65504).
-3. A bad region of several steps is localized: its graph is run once more with every intermediate
-   value as an output, on the device and on the CPU, and the first step whose value is off is kept
-   off the device, so the rest of the region stays; when that cannot tell (or after
-   ``LOCALIZED_ROUNDS`` rounds) the whole region is kept off. Then the next round.
+3. A bad region of several steps moves back the fewest ops that :mod:`.fewest_ops` can tell: each
+   step's own error (fed the CPU's inputs) and inherited error are measured in one vendor call, the
+   steps that fail alone move back, else the steps where error builds up; for up to
+   ``FEWEST_OPS_ROUNDS`` rounds. With ``offload_move_back="first_bad_step"`` (the earlier rule, kept
+   to compare) its graph is run once more with every intermediate value as an output and the first
+   step whose value is off is kept off the device, for up to ``LOCALIZED_ROUNDS`` rounds (also where
+   :mod:`.fewest_ops` cannot tell, and for an fp16 underflow, which is the inputs' scale, not one
+   op's). When neither can tell, or after those rounds, the whole region is kept off. Then the next
+   round.
 
 For a device whose ``precision`` the build quantizes for (``"a16w8"``), step 1 is two builds: one
 that records every region's inputs over the calibration data, then the device's, each region
@@ -21,7 +26,8 @@ its steps, run one by one in float on the device, would not say which quantized 
 
 Guarantee: every round keeps at least one more op off the device, so the loop ends; the artifact
 returned has every region verified on the sample inputs in its last round, and the report names
-each region's error, each op moved back and why.
+each region's error, each op moved back and why, and each round's FLOPs on the device against its
+worst error.
 """
 
 from __future__ import annotations
@@ -38,7 +44,8 @@ from ..sample_inputs import sample_values
 from . import region_quantization
 from .backend import RegionRefused
 from .capability_probe import FP16_SMALLEST_NORMAL, underflow_hint
-from .offload_report import OffloadReport, RegionCheck, Verification
+from .fewest_ops import attribute, choose
+from .offload_report import MoveBack, MovedStep, MoveRound, OffloadReport, RegionCheck, Verification
 from .onnx_regions import step_of_node
 from .sdk import cpu_session
 from .vendor_process import vendor_call
@@ -48,6 +55,10 @@ FP16_TOLERANCE = 1e-2
 #: ... and of a quantized one (int8 steps compound across a graph: a few steps of 1/256).
 QUANTIZED_TOLERANCE = 5e-2
 LOCALIZED_ROUNDS = 3
+#: Verification rounds in which a bad region moves back only the steps :mod:`.fewest_ops` names.
+FEWEST_OPS_ROUNDS = 8
+#: How a bad region is narrowed down (``offload_move_back``): the fewest ops, or its first bad step.
+MOVE_BACK_RULES = ("fewest", "first_bad_step")
 #: A group of fewer conv/matmul FLOPs than this (``offload_min_group_flops``) whose ops make fewer elements
 #: than one graph call is worth (the backend's ``elements_per_call``) stays on the CPU, unless it is the
 #: build's largest. By default that is a group with no conv/matmul work and little else (a join, an
@@ -69,6 +80,12 @@ def build_verified(mod: Any, targets: Any, placement: Any, args: tuple, kwargs: 
     min_group_flops = float(kwargs.pop("offload_min_group_flops", MIN_GROUP_FLOPS))
     say: Callable[[str], None] = kwargs.get("progress") or (lambda _msg: None)
     exclude: dict[str, str] = dict(kwargs.pop("offload_exclude", None) or {})
+    rule = kwargs.pop("offload_move_back", "fewest")
+    if rule not in MOVE_BACK_RULES:
+        raise ValueError(f"offload_move_back={rule!r}: expected one of {', '.join(MOVE_BACK_RULES)}")
+    # Each verification round's FLOPs on the device against its worst error, and each step moved back.
+    move_back = MoveBack(rule)
+    build_up_attempts = 0
 
     calibrated = _calibrated(targets)
     host_target = _host_target(targets) if auto else None
@@ -94,6 +111,9 @@ def build_verified(mod: Any, targets: Any, placement: Any, args: tuple, kwargs: 
         offload = artifact.build_report.offload if artifact.build_report else None
         if offload and decided is not None:
             offload.auto = decided
+        if offload and move_back.rounds and not offload.regions:  # verification moved every graph back
+            move_back.rounds.append(MoveRound(rounds, 0, 0.0, offload.flops, 0.0, 0))
+            offload.move_back = move_back
         if not verify or not offload or not offload.regions:
             return artifact
         # The gate runs once, on the first build the vendor finalizes whole: moving a group back re-forms the
@@ -123,6 +143,9 @@ def build_verified(mod: Any, targets: Any, placement: Any, args: tuple, kwargs: 
         offload.quantized = _quantized(offload)
         offload.verification = Verification(tol, rounds, results,
                                             "calibration data" if calibration is not None else "seeded random inputs")
+        move_back.rounds.append(MoveRound(rounds, len(offload.regions), offload.flops_on_device, offload.flops,
+                                          max((r.relative_error for r in results), default=0.0), len(bad)))
+        offload.move_back = move_back
         if not bad:
             if offload.costs:
                 cycles = sum(c.cycles for c in checks.values() if c.cycles == c.cycles)
@@ -148,6 +171,19 @@ def build_verified(mod: Any, targets: Any, placement: Any, args: tuple, kwargs: 
                       else "verification: the region did not run")
             keys = region.bindings
             localizable = not region_quantization.quantizes(offload.options)  # its steps are float ops
+            # An underflow is the inputs' scale, not one op's (every step computes ~0): no attribution.
+            if (rule == "fewest" and localizable and len(move_back.rounds) <= FEWEST_OPS_ROUNDS and check is not None
+                    and len(keys) > 1 and not _underflow(check, offload)):
+                chosen = _fewest_ops(region.name, artifact, check, offload, tol, exclude, build_up_attempts + 1)
+                if chosen:
+                    build_up_attempts += any(row.rule == "build-up" for row in chosen)
+                    for row in chosen:
+                        exclude.update(dict.fromkeys(row.bindings, row.reason))
+                    move_back.steps.extend(chosen)
+                    say(f"{offload.device} graph {region.name} failed verification ({reason}); "
+                        f"{sum(len(row.bindings) for row in chosen)} op(s) of {len(chosen)} step(s) move back to the CPU")
+                    continue
+            # The earlier rule, also where the fewest ops cannot be told (the vendor would not run the cut graph).
             if rounds <= LOCALIZED_ROUNDS and check is not None and len(keys) > 1 and localizable:
                 step = _first_bad_step(region.name, artifact.offload_references.get(region.name), check.feeds,
                                        offload, tol)
@@ -158,6 +194,8 @@ def build_verified(mod: Any, targets: Any, placement: Any, args: tuple, kwargs: 
                 keys = region.bindings
             for key in keys:
                 exclude[key] = reason
+            move_back.steps.append(MovedStep(region.name, None, [], list(keys), reason,
+                                             "whole region" if keys == region.bindings else "first bad step"))
             say(f"{offload.device} graph {region.name} failed verification ({reason}); "
                 f"{len(keys)} op(s) move back to the CPU")
         if len(exclude) == before:  # nothing more can move: never loop, never return an unverified region
@@ -261,6 +299,23 @@ def _verify(artifact: Any, inputs: dict[str, np.ndarray]) -> dict:
         finally:
             runtime.close()
     return dict(results)
+
+
+def _fewest_ops(region: str, artifact: Any, check: Any, offload: OffloadReport, tol: float, exclude: dict[str, str],
+                attempt: int) -> list[MovedStep]:
+    """The steps of a bad region :mod:`.fewest_ops` moves back, each with its errors and reason; none
+    when it cannot tell or names nothing new."""
+    steps = _steps_of(artifact, region)
+    if not steps:
+        return []
+    errors = attribute(region, artifact.offload_references.get(region), check.feeds, offload)
+    if errors is None:
+        return []
+    movable = {s for s, keys in enumerate(steps) if set(keys) - set(exclude)}
+    chosen = choose(errors, tol, attempt, movable)
+    by_step = {e.step: e for e in errors}
+    return [MovedStep(region, s, by_step[s].ops, list(steps[s]), chosen.reasons[s], chosen.rule, by_step[s].own,
+                      by_step[s].inherited) for s in chosen.steps if s < len(steps)]
 
 
 def _first_bad_step(region: str, model: bytes | None, feeds: dict | None, offload: OffloadReport, tol: float) -> int | None:
