@@ -16,16 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .graph_io import (
-    CACHE_MASK,
-    CHUNK_MASK,
-    LOGIT_ROW,
-    MASKED,
-    POSITIONS,
-    TOKENS,
-    key_cache,
-    value_cache,
-)
+from .graph_io import chunk_inputs, key_cache, value_cache
 
 #: Calibration calls per graph. On the tiny Llama's 8-row A16W8 graph, 8 calls it was not calibrated
 #: on were 5-22e-2 off fp32 after 4 calibration calls, 3-12e-2 after 16 and the same after 32.
@@ -54,11 +45,7 @@ def real_calls(host_model: Any, size: int, samples: int = SAMPLES, seed: int = 0
         session.cache.reset()
         for token in tokens[:filled]:
             session.decode(int(token))
-        cache_mask = np.full((1, 1, 1, capacity), MASKED, np.float32)
-        cache_mask[..., :filled] = 0.0
-        call = {TOKENS: tokens[filled:].reshape(1, size), POSITIONS: (filled + np.arange(size)).astype(np.int32),
-                LOGIT_ROW: np.array([size - 1], np.int32), CACHE_MASK: cache_mask,
-                CHUNK_MASK: np.triu(np.full((size, size), MASKED, np.float32), k=1)}
+        call = chunk_inputs(tokens[filled:], filled, capacity)
         for layer, (keys, values) in enumerate(session.cache.tensors):
             call[key_cache(layer)], call[value_cache(layer)] = keys.numpy().copy(), values.numpy().copy()
         out.append(call)

@@ -73,18 +73,24 @@ def new_value_output(layer: int) -> int:
     return 2 + 2 * layer
 
 
+def chunk_inputs(tokens: np.ndarray, filled: int, capacity: int) -> dict[str, np.ndarray]:
+    """The data inputs but the cache of a call of the ``len(tokens)``-row graph after ``filled`` rows:
+    the ids, their positions, the last row, the mask over the filled rows and the causal chunk mask."""
+    n = len(tokens)
+    cache_mask = np.full((1, 1, 1, capacity), MASKED, np.float32)
+    cache_mask[..., :filled] = 0.0
+    return {TOKENS: np.asarray(tokens, np.int32).reshape(1, n), POSITIONS: (filled + np.arange(n)).astype(np.int32),
+            LOGIT_ROW: np.array([n - 1], np.int32), CACHE_MASK: cache_mask,
+            CHUNK_MASK: np.triu(np.full((n, n), MASKED, np.float32), k=1)}
+
+
 def sample_inputs(cfg: DecoderConfig, capacity: int, n: int, seed: int = 0) -> dict[str, np.ndarray]:
     """Data inputs of a real call of the ``n``-row graph (what an accelerator graph is verified on at
     build): a chunk of random token ids after a random prefix filling about half the cache, its
     positions and masks, and that prefix's cache rows (random, zero beyond it)."""
     rng = np.random.default_rng(seed)
     filled = min(capacity - n, capacity // 2)
-    cache_mask = np.full((1, 1, 1, capacity), MASKED, np.float32)
-    cache_mask[..., :filled] = 0.0
-    out = {TOKENS: rng.integers(0, cfg.vocab_size, (1, n)).astype(np.int32),
-           POSITIONS: (filled + np.arange(n)).astype(np.int32),
-           LOGIT_ROW: np.array([n - 1], np.int32), CACHE_MASK: cache_mask,
-           CHUNK_MASK: np.triu(np.full((n, n), MASKED, np.float32), k=1)}
+    out = chunk_inputs(rng.integers(0, cfg.vocab_size, n), filled, capacity)
     for layer in range(cfg.num_layers):
         keys = np.zeros(key_cache_shape(cfg, capacity), np.float32)
         values = np.zeros(value_cache_shape(cfg, capacity), np.float32)

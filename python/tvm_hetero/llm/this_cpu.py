@@ -40,22 +40,9 @@ def for_this_cpu(targets: Any) -> Any:
             out.append(entry)
         elif isinstance(entry, (tuple, list)):
             out.append((entry[0], this_cpu()))
-        else:  # a kind string or dict: the same entry with the target given
-            name, _, rest = entry.partition(":") if isinstance(entry, str) else ("", "", "")
-            options = dict(entry) if isinstance(entry, dict) else {"kind": name, **_string_options(rest)}
-            out.append({**options, "target": this_cpu()})
+        else:  # a kind string or dict: the same device and options, with the target given
+            out.append({"kind": spec.kind.name, "index": spec.device.index, **spec.options, "target": this_cpu()})
     return out
-
-
-def _string_options(rest: str) -> dict[str, Any]:
-    options: dict[str, Any] = {}
-    for item in filter(None, rest.split(",")):
-        key, sep, value = item.partition("=")
-        if not sep:
-            options["index"] = int(key)
-        else:
-            options[key] = int(value) if value.isdigit() else value
-    return options
 
 
 def compiled_for(targets: list) -> dict | None:
