@@ -271,8 +271,10 @@ class RegionExec {
    *         prepared: the call arguments holding its weight, scales, zero point (uint8, one) and
    *         bias (-1: none), its sizes, and the memories of its input, output and scratch (arena). */
   struct OwnStep {
-    /*! \brief True: 8-bit weights (N, K); false: one float32 row against float32 weights (K, N). */
+    /*! \brief True: 8-bit weights (N, K); false: one float32 row against float32 weights, (K, N) or
+     *         in panels (`panels`). */
     bool int8 = true;
+    bool panels = false;
     int weight = -1, scale = -1, zero_point = -1, bias = -1;
     int64_t rows = 0, out = 0, in = 0;
     memory src, dst, scratch;
@@ -857,14 +859,22 @@ class RegionExec {
     if (s.weight < 0 || s.weight >= spec_.num_inputs) Fail(k, "matmul needs weights among the region's inputs");
     memory::dims x = values_[s.data].desc.dims(), y = OutputDims(k, t);
     const DLTensor* w = t[s.weight];
-    if (x.size() < 2 || w->ndim != 2 || y.size() != x.size()) Fail(k, "matmul needs data of rank 2-5 and a 2-D weight");
+    if (x.size() < 2 || w->ndim != (s.weight_panels ? 3 : 2) || y.size() != x.size()) {
+      Fail(k, s.weight_panels ? "matmul needs data of rank 2-5 and a weight in panels (N / 16, K, 16)"
+                              : "matmul needs data of rank 2-5 and a 2-D weight");
+    }
     // Data of higher rank is contiguous, so it is read as rows x K (and written as rows x N).
     int64_t kk = x.back(), n = y.back(), rows = Elements(x) / kk;
     Types ty = StepTypes(k, values_[s.data].desc.data_type());
     memory::desc src_md({rows, kk}, ty.src, tag::ab), dst_md({rows, n}, ty.dst, tag::ab);
     memory::desc w_md({kk, n}, ty.weights, s.weight_transposed ? tag::ba : tag::ab);
     memory::desc b_md = s.bias >= 0 ? memory::desc({1, n}, ty.bias, tag::ab) : memory::desc();
-    if (rows == 1 && !s.quant.on) {
+    if (s.weight_panels) {
+      CheckPanels(k, w, kk, n);
+      if (rows == 1 && s.residual < 0) return SetupOneRowStored(k, y, t);
+      w_md = memory::desc({kk, n}, ty.weights, tag::BA16a16b);  // the same bytes, as 16 divides K
+    }
+    if (rows == 1 && !s.quant.on && !s.weight_panels) {
       OneRowKernel kernel = OneRowChoice();
       if (kernel == OneRowKernel::kStored && !s.weight_transposed && s.residual < 0) return SetupOneRowStored(k, y, t);
       if (kernel != OneRowKernel::kMatmul) return SetupOneRow(k, y, src_md, dst_md);
@@ -881,6 +891,19 @@ class RegionExec {
     if (s.bias >= 0) c.args[DNNL_ARG_BIAS] = Vector(k, s.bias, b_md);
     if (s.residual >= 0) Residual(k, s.residual, dst);
     calls_.push_back(std::move(c));
+  }
+
+  /*! \brief A weight in panels must be float32 (N / 16, K, 16) with 16 dividing K (oneDNN's BA16a16b
+   *         then holds the same bytes) and the step must take no quantized data. */
+  void CheckPanels(size_t k, const DLTensor* w, int64_t kk, int64_t n) {
+    const StepSpec& s = spec_.steps[k];
+    int64_t width = one_row_matmul::kPanelWidth;
+    if (TypeOf(w) != dt::f32 || s.quant.on) Fail(k, "a weight in panels must be float32, and the data too");
+    if (kk % width != 0 || n % width != 0 || w->shape[0] != n / width || w->shape[1] != kk || w->shape[2] != width) {
+      Fail(k, "a weight in panels must be (N / 16, K, 16) with 16 dividing K and N; got (" +
+                  std::to_string(w->shape[0]) + ", " + std::to_string(w->shape[1]) + ", " + std::to_string(w->shape[2]) +
+                  ") for K " + std::to_string(kk) + ", N " + std::to_string(n));
+    }
   }
 
   /*!
@@ -962,9 +985,9 @@ class RegionExec {
   void ExecuteOwn(const OwnStep& step, const ffi::PackedArgs& args) {
     const float* bias = step.bias >= 0 ? static_cast<const float*>(Arg(args, step.bias)->data) : nullptr;
     if (!step.int8) {
-      one_row_matmul::Multiply(static_cast<const float*>(step.src.get_data_handle()),
-                               static_cast<const float*>(Arg(args, step.weight)->data), bias,
-                               static_cast<float*>(step.dst.get_data_handle()), step.in, step.out);
+      auto multiply = step.panels ? one_row_matmul::MultiplyPanels : one_row_matmul::Multiply;
+      multiply(static_cast<const float*>(step.src.get_data_handle()), static_cast<const float*>(Arg(args, step.weight)->data),
+               bias, static_cast<float*>(step.dst.get_data_handle()), step.in, step.out);
       return;
     }
     int8_matmul::Weights w;
@@ -990,8 +1013,8 @@ class RegionExec {
   }
 
   /*!
-   * \brief A one-row float32 matmul on the weights as stored (K, N): one_row_matmul.h, reading every
-   *        weight once and copying none (as fast as the inner product on its reordered copy for a
+   * \brief A one-row float32 matmul on the weights as stored, (K, N) or in panels: one_row_matmul.h,
+   *        reading every weight once and copying none (as fast as the inner product on its reordered copy for a
    *        decode step's shapes, bench/llm_gemv.py); its activation, if any, in place after it.
    */
   void SetupOneRowStored(size_t k, const memory::dims& y, const std::vector<DLTensor*>& t) {
@@ -999,11 +1022,12 @@ class RegionExec {
     const DLTensor* w = t[s.weight];
     OwnStep step;
     step.int8 = false;
+    step.panels = s.weight_panels != 0;
     step.weight = s.weight;
     step.bias = s.bias;
     step.rows = 1;
-    step.in = w->shape[0];
-    step.out = w->shape[1];
+    step.in = step.panels ? w->shape[1] : w->shape[0];
+    step.out = step.panels ? w->shape[0] * w->shape[2] : w->shape[1];
     if (TypeOf(w) != dt::f32) Fail(k, "the weight must be float32");
     if (values_[s.data].desc.dims().back() != step.in || y.back() != step.out) {
       Fail(k, "the data's last axis must be the weight's rows and the output's its columns");

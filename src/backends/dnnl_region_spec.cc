@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/one_row_matmul.h"
 #include "support/json_reader.h"
 
 namespace tvm_hetero {
@@ -127,6 +128,11 @@ StepSpec ParseStep(const json::Object& obj, const std::vector<int64_t>& args, in
   s.alpha = static_cast<float>(FloatOr(obj, "alpha", 0.0));
   s.beta = static_cast<float>(FloatOr(obj, "beta", 0.0));
   s.weight_transposed = BoolOr(obj, "weight_transposed", false, where);
+  s.weight_panels = IntOr(obj, "weight_panels", 0, where);
+  if (s.weight_panels != 0 && (s.weight_panels != one_row_matmul::kPanelWidth || s.weight_transposed)) {
+    kReader.Fail(where, "weight_panels: " + std::to_string(s.weight_panels) + " (only " +
+                            std::to_string(one_row_matmul::kPanelWidth) + ", of a weight not transposed)");
+  }
   s.count_include_pad = BoolOr(obj, "count_include_pad", false, where);
   s.strides = IntList(obj, "strides", where);
   s.padding = IntList(obj, "padding", where);

@@ -1,5 +1,5 @@
 // The matmul kernels of tvm_hetero.llm's decode and 8-bit weights (src/backends/int8_matmul.h,
-// one_row_matmul.h) against plain reference loops.
+// one_row_matmul.h: rows and panels) against plain reference loops.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <random>
 #include <vector>
+
+#include <omp.h>
 
 #include "backends/int8_matmul.h"
 #include "backends/one_row_matmul.h"
@@ -79,6 +81,36 @@ TEST(OneRowMatmul, EqualsAPlainLoopOnTheStoredLayout) {
       ASSERT_NEAR(y[c], want, 1e-4 * (1.0 + std::fabs(want))) << "k " << k << ", n " << n << ", output " << c;
     }
   }
+}
+
+// Panels (N / 16, K, 16): group sizes 4, 3, 2 and 1 all reached (1, 2, 3, 5, 7 and 60 panels), with
+// and without a bias, on one thread and on a team of two.
+TEST(OneRowMatmul, PanelsEqualAPlainLoopOverTheColumnsTheyHold) {
+  const int64_t width = one_row_matmul::kPanelWidth;
+  for (int threads : {1, 2}) {
+    for (auto [k, panels] : {std::pair<int64_t, int64_t>{576, 60}, {16, 1}, {64, 2}, {48, 3}, {1536, 5}, {32, 7}}) {
+      int64_t n = panels * width;
+      std::mt19937 rng(static_cast<unsigned>(k * 3 + n));
+      std::normal_distribution<float> normal;
+      std::vector<float> w(k * n), stored(k * n), x(k), bias(n), y(n, NAN);
+      for (auto& v : w) v = normal(rng);
+      for (auto& v : x) v = normal(rng);
+      for (auto& v : bias) v = normal(rng);
+      for (int64_t r = 0; r < k; ++r) {
+        for (int64_t c = 0; c < n; ++c) stored[((c / width) * k + r) * width + c % width] = w[r * n + c];
+      }
+      bool with_bias = panels % 2 == 1;
+      omp_set_num_threads(threads);
+      one_row_matmul::MultiplyPanels(x.data(), stored.data(), with_bias ? bias.data() : nullptr, y.data(), k, n);
+      for (int64_t c = 0; c < n; ++c) {
+        double want = with_bias ? bias[c] : 0.0;
+        for (int64_t r = 0; r < k; ++r) want += static_cast<double>(x[r]) * w[r * n + c];
+        ASSERT_NEAR(y[c], want, 1e-4 * (1.0 + std::fabs(want)))
+            << threads << " thread(s), k " << k << ", n " << n << ", output " << c;
+      }
+    }
+  }
+  omp_set_num_threads(1);
 }
 
 }  // namespace

@@ -95,6 +95,9 @@ struct StepSpec {
   float alpha = 0.f, beta = 0.f;
   /*! \brief matmul: the weight is stored (N, K) (ONNX Gemm transB), not (K, N). */
   bool weight_transposed = false;
+  /*! \brief matmul: the weight is stored in panels of (K, N)'s columns, (N / w, K, w) for this width
+   *         w (one_row_matmul.h's layout; oneDNN's BA16a16b for w = 16); 0: not in panels. */
+  int64_t weight_panels = 0;
   /*! \brief avg_pool2d: padded elements count in the average. */
   bool count_include_pad = false;
   /*! \brief conv2d / pooling attributes, Relax conventions (padding is top, left, bottom, right). */

@@ -163,7 +163,8 @@ class DnnlBackend(Backend):
 
     def _matmul_pattern(self, bias: bool, act: str | None, is_weight: WeightPredicate) -> FusionPattern:
         data, weight_src = wildcard(), wildcard()
-        weight = is_op("relax.permute_dims")(weight_src) | weight_src
+        panels = is_op("relax.reshape")(is_op("relax.permute_dims")(weight_src), wildcard())  # weight_panels
+        weight = is_op("relax.permute_dims")(weight_src) | panels | weight_src
         top = mm = is_op("relax.matmul")(data, weight)
         ann = {"matmul": mm, "anchor": mm, "weight": weight_src}
         if bias:
@@ -215,6 +216,8 @@ class DnnlBackend(Backend):
                 axes = bound.attrs.axes
                 if axes is not None and [int(v) for v in axes] != [1, 0]:
                     return False
+            if weight_panels(weight_arg, ctx.matched_bindings) < 0:
+                return False
         if not is_weight(ctx.annotated_expr["weight"]):
             return False
         if 2.0 * np.prod(x) * w[1] < self.min_flops:
@@ -575,6 +578,8 @@ def _describe(composite: relax.Function, pattern: str) -> dict:
                     spec["weight_transposed"] = (
                         isinstance(w, relax.Call) and w.op.name == "relax.permute_dims"
                     )
+                    if weight_panels(value.args[1], bound) > 0:
+                        spec["weight_panels"] = PANEL_WIDTH
                 else:
                     spec.update(_ints(a, "strides", "padding", "dilation", "pool_size"))
                     spec["count_include_pad"] = bool(a.count_include_pad)
@@ -603,6 +608,30 @@ _ACTIVATION_OF_OP = {v: k for k, v in _UNARY_ACTIVATIONS.items() if k != "relu"}
 
 def _ints(attrs: Any, *names: str) -> dict[str, list[int]]:
     return {n: [int(v) for v in getattr(attrs, n)] for n in names}
+
+
+#: Columns per panel of a matmul weight stored in panels: (N / 16, K, 16), which the graph reads as
+#: ``reshape(permute_dims(P, [1, 0, 2]), [K, N])`` and the region reads as stored
+#: (src/backends/one_row_matmul.h; oneDNN's BA16a16b layout of (K, N) when 16 divides K).
+PANEL_WIDTH = 16
+
+
+def weight_panels(weight: Any, bound: dict) -> int:
+    """For a matmul's weight operand: :data:`PANEL_WIDTH` when it is a weight in panels read as (K, N)
+    (16 dividing K), 0 when it is no reshape at all, -1 for any other reshape (not a region's weight)."""
+    value = bound.get(weight) if isinstance(weight, relax.Var) else None
+    if not isinstance(value, relax.Call) or value.op.name != "relax.reshape":
+        return 0
+    inner = bound.get(value.args[0]) if isinstance(value.args[0], relax.Var) else value.args[0]
+    if not isinstance(inner, relax.Call) or inner.op.name != "relax.permute_dims" or inner.attrs.axes is None:
+        return -1
+    stored, shape = expr_shape(inner.args[0]), expr_shape(weight)
+    if [int(v) for v in inner.attrs.axes] != [1, 0, 2] or stored is None or shape is None or len(stored) != 3:
+        return -1
+    n_panels, k, width = stored
+    if width != PANEL_WIDTH or k % PANEL_WIDTH or list(shape) != [k, n_panels * width]:
+        return -1
+    return PANEL_WIDTH
 
 
 def _input(expr: Any, index: dict, bound: dict) -> int:

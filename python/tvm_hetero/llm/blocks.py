@@ -29,6 +29,7 @@ from .graph_io import (
 )
 from .int8_weights import ZERO_POINT_WEIGHT, quantized_names, scale_name
 from .one_row_attention import decode_attention
+from .panel_weights import PANEL_WIDTH, panelled_names
 
 op = relax.op
 
@@ -50,6 +51,8 @@ class GraphBuilder:
             self.inputs[name] = relax.Var(name, relax.TensorType(list(shape), dtype))
         #: Weights stored in 8 bits (int8_weights.py): (out, in) uint8, their scales beside them.
         self.int8 = quantized_names(weight_shapes)
+        #: Float32 weights stored in 16-column panels (panel_weights.py): (out / 16, in, 16).
+        self.panels = panelled_names(weight_shapes)
         for name, shape in weight_shapes.items():
             dtype = "uint8" if name in self.int8 or name == ZERO_POINT_WEIGHT else "float32"
             self.inputs[name] = relax.Var(name, relax.TensorType(list(shape), dtype))
@@ -65,6 +68,9 @@ class GraphBuilder:
         dequantize(W)ᵀ (+ b)`` for an 8-bit (out, in) one; one oneDNN region either way."""
         if weight in self.int8:
             y = self.emit(op.matmul(x, op.permute_dims(self.dequantized(weight))))
+        elif weight in self.panels:
+            count, k, width = (int(v) for v in self[weight].ty.shape)
+            y = self.emit(op.matmul(x, op.reshape(op.permute_dims(self[weight], [1, 0, 2]), [k, count * width])))
         else:
             y = self.emit(op.matmul(x, self[weight]))
         return self.emit(op.add(y, self[bias])) if bias else y
@@ -79,6 +85,13 @@ class GraphBuilder:
             return self.emit(op.dequantize(rows, scales, self[ZERO_POINT_WEIGHT], axis=1))
         if not transposed:
             return self.emit(op.take(self[table], tokens, axis=0))
+        if table in self.panels:  # each token's panel, then its column within the panel
+            hidden = int(self[table].ty.shape[1])
+            width = relax.const(PANEL_WIDTH, tokens.ty.dtype)
+            panels = self.emit(op.take(self[table], op.floor_divide(tokens, width), axis=0))  # [1, n, hidden, 16]
+            column = op.reshape(op.floor_mod(tokens, width), [1, self.n, 1, 1])
+            column = op.broadcast_to(column, [1, self.n, hidden, 1])
+            return self.emit(op.reshape(op.gather_elements(panels, column, axis=3), [1, self.n, hidden]))
         return self.emit(op.permute_dims(op.take(self[table], tokens, axis=1), [1, 2, 0]))
 
     def dequantized(self, weight: str) -> relax.Var:

@@ -6,7 +6,8 @@ The family's entry function has a symbolic chunk length; each chunk size (the pr
 static build (``tvm_hetero.build``, oneDNN for the matmuls). The weights are function parameters
 (given as ``params``, so no bucket embeds them), stored once and shared by every runtime.
 
-``weights="int8"`` stores the matmul weights in 8 bits (int8_weights.py) and measures, once, how
+Float32 matmul weights are stored in 16-column panels when every phase runs on local CPUs with
+oneDNN (panel_weights.py). ``weights="int8"`` stores the matmul weights in 8 bits (int8_weights.py) and measures, once, how
 closely the result follows float32 (int8_agreement.py): a float32 decode graph is built beside it
 for that and dropped afterwards. A graph with an accelerator among its devices is checked along the
 whole path against the same graphs built for the host (phase_check.py).
@@ -38,6 +39,7 @@ from .int8_agreement import measure_agreement
 from .int8_weights import check_weight_format, quantize_weights, quantized_shapes
 from .model import LanguageModel
 from .packed_outputs import pack_outputs
+from .panel_weights import panelled_names, store_in_panels, wanted_for
 from .phase_check import LOGITS_TOLERANCE, teacher_forced
 from .this_cpu import compiled_for, for_this_cpu
 
@@ -97,6 +99,9 @@ def build(model: Any, targets: Any = None, *, capacity: int = 512,
     if weights == "int8":
         names = family.matmul_weights(cfg)
         params, shapes = quantize_weights(dict(params), names), quantized_shapes(shapes, names)
+    elif wanted_for(phase_targets, backends):
+        params, shapes = store_in_panels(params, shapes, family.matmul_weights(cfg))
+    in_panels = len(panelled_names(shapes))
     symbolic = family.entry_module(cfg, capacity, shapes)
     calibrator = _calibrator(symbolic, phase_targets, params, backends, cfg, capacity, say)
     # A decode graph on the host alone is built for one row: its attention is one kernel over the
@@ -113,6 +118,7 @@ def build(model: Any, targets: Any = None, *, capacity: int = 512,
     create_runtimes(graphs, blob, "weights", phase_options)
     weight_bytes = sum(v.nbytes for v in params.values())
     lm = LanguageModel(cfg, capacity, graphs, weight_bytes, checkpoint.tokenizer_file, checkpoint.source, weights)
+    lm.weights_in_panels = in_panels
     lm.compiled_for = compiled_for([e for t in phase_targets.values() if isinstance(t, (list, tuple)) for e in t])
     if (check_tokens or decode_placement == "cost") and any(g.accelerator_executions for g in graphs):
         _check_whole_path(lm, symbolic, phase_targets, params, blob, backends, phase_options, check_tokens,
@@ -263,4 +269,5 @@ def load(path: str | os.PathLike, device_options: Any = None) -> LanguageModel:
     lm.agreement = exported.agreement
     lm.phase_check, lm.decode_choice = exported.phase_check, exported.decode_choice
     lm.compiled_for = exported.compiled_for
+    lm.weights_in_panels = exported.weights_in_panels
     return lm

@@ -61,6 +61,8 @@ class ExportedModel:
     agreement: Agreement | None = None
     #: The CPU its host kernels were compiled for (this_cpu.py), checked against this one.
     compiled_for: dict | None = None
+    #: How many float32 matmul weights are stored in 16-column panels (panel_weights.py).
+    weights_in_panels: int = 0
     #: The whole-path check and the decode placement of a model with accelerator graphs (None: not run).
     phase_check: dict | None = None
     decode_choice: dict | None = None
@@ -97,6 +99,7 @@ def export(model: Any, out: Path) -> Path:
                    for name, t in sorted(weights.items())],
         "weight_bytes": model.weight_bytes,
         "weights": model.weights,
+        "weights_in_panels": model.weights_in_panels,
         "int8_agreement": model.agreement.to_dict() if model.agreement is not None else None,
         "compiled_for": model.compiled_for,
         "phase_check": phase_check_to_manifest(model.phase_check),
@@ -130,6 +133,7 @@ def read_exported(path: str | Path, device_options: dict[str, Any] | None = None
         table = {row["name"]: (list(row["shape"]), row["dtype"]) for row in manifest["params"]}
         weight_bytes = int(manifest["weight_bytes"])
         weights = check_weight_format(manifest.get("weights", "float32"))
+        in_panels = int(manifest.get("weights_in_panels", 0))
         agreement = manifest.get("int8_agreement")
         agreement = Agreement.from_dict(agreement) if agreement is not None else None
         phase_check = phase_check_from_manifest(manifest.get("phase_check"))
@@ -160,5 +164,5 @@ def read_exported(path: str | Path, device_options: dict[str, Any] | None = None
     release_freed_memory()
     tokenizer = src / TOKENIZER_FILE
     return ExportedModel(cfg, capacity, graphs, weight_bytes, tokenizer if tokenizer.is_file() else None, weights,
-                         agreement, manifest.get("compiled_for"), phase_check, decode_choice)
+                         agreement, manifest.get("compiled_for"), in_panels, phase_check, decode_choice)
 

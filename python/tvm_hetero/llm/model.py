@@ -33,6 +33,8 @@ class LanguageModel:
         self.weight_bytes = weight_bytes
         #: How the matmul weights are stored: "float32" or "int8" (int8_weights.py).
         self.weights = weights
+        #: How many float32 matmul weights are stored in 16-column panels (panel_weights.py).
+        self.weights_in_panels = 0
         #: For 8-bit weights: how its greedy tokens and logits follow float32 (int8_agreement.py).
         self.agreement: Agreement | None = None
         self.tokenizer_file = tokenizer_file

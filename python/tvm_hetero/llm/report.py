@@ -24,7 +24,8 @@ def kv_cache_bytes(model: Any) -> int:
 
 def _weight_format(model: Any) -> str:
     if model.weights != "int8":
-        return "float32"
+        panels = getattr(model, "weights_in_panels", 0)
+        return f"float32, {panels} of them in 16-column panels (one layout for decode and prefill)" if panels else "float32"
     text = "8-bit (uint8, zero point 128, a float32 scale per output channel; rows quantized per call)"
     return text + (f"; {model.agreement.describe()}" if model.agreement is not None else "")
 
