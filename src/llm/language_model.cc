@@ -14,6 +14,7 @@
 
 #include "llm/python_json.h"
 #include "llm/sha256.h"
+#include "support/cpu_features.h"
 #include "support/device.h"
 #include "support/json_reader.h"
 
@@ -107,7 +108,8 @@ std::string ReadWholeFile(const std::string& path) {
   return buffer.str();
 }
 
-std::shared_ptr<const LanguageModel> LanguageModel::Load(const std::string& directory, int num_threads) {
+std::shared_ptr<const LanguageModel> LanguageModel::Load(const std::string& directory, int num_threads,
+                                                         const std::optional<std::set<std::string>>& cpu_features) {
   if (num_threads < 0) {
     TVM_FFI_THROW(ValueError) << directory << ": num_threads must be positive (0: the defaults), got " << num_threads;
   }
@@ -118,6 +120,7 @@ std::shared_ptr<const LanguageModel> LanguageModel::Load(const std::string& dire
     TVM_FFI_THROW(ValueError) << directory << ": not an exported language model (no " << kManifestFile << ")";
   }
   model->ReadManifest(ReadWholeFile(directory + "/" + kManifestFile));
+  model->CheckRunsOn(cpu_features ? *cpu_features : support::ThisCpuFeatures(), cpu_features.has_value());
   model->CreateRuntimes(num_threads);
   model->planner_ = std::make_unique<ChunkPlanner>(
       [&] {
@@ -148,6 +151,17 @@ void LanguageModel::ReadManifest(const std::string& manifest_text) {
   shape_.head_dim = reader.Int(reader.Require(config, "head_dim", "config"), "config.head_dim");
   if (auto eos = support::JsonReader::Find(config, "eos_token_ids")) {
     for (int64_t id : reader.IntList(*eos, "config.eos_token_ids")) shape_.eos_token_ids.push_back(static_cast<int32_t>(id));
+  }
+  auto compiled_for = support::JsonReader::Find(manifest, "compiled_for");
+  if (compiled_for && compiled_for->type_index() != ffi::TypeIndex::kTVMFFINone) {
+    json::Object record = reader.Object(*compiled_for, "compiled_for");
+    CompiledFor cpu;
+    cpu.cpu = reader.String(reader.Require(record, "cpu", "compiled_for"), "compiled_for.cpu");
+    json::Array features = reader.Array(reader.Require(record, "features", "compiled_for"), "compiled_for.features");
+    for (size_t i = 0; i < features.size(); ++i) {
+      cpu.features.push_back(reader.String(features[i], "compiled_for.features[" + std::to_string(i) + "]"));
+    }
+    compiled_for_ = std::move(cpu);
   }
   capacity_ = reader.Int(reader.Require(manifest, "capacity", "manifest"), "capacity");
   weight_bytes_ = reader.Int(reader.Require(manifest, "weight_bytes", "manifest"), "weight_bytes");
@@ -191,6 +205,21 @@ void LanguageModel::ReadManifest(const std::string& manifest_text) {
   bool has_decode = false;
   for (const EntryGraph& g : graphs_) has_decode |= g.size == 1;
   if (!has_decode) reader.Fail("graphs", "no decode graph (chunk size 1)");
+}
+
+void LanguageModel::CheckRunsOn(const std::set<std::string>& has, bool stated) const {
+  if (!compiled_for_) return;
+  std::vector<std::string> missing = support::MissingFeatures(compiled_for_->features, has);
+  if (missing.empty()) return;
+  std::ostringstream names;
+  for (size_t i = 0; i < missing.size(); ++i) {
+    names << (i ? ", " : "") << missing[i];
+    if (!stated && !support::IsReadableFeature(missing[i])) names << " (which this loader cannot read from the CPU)";
+  }
+  TVM_FFI_THROW(RuntimeError) << directory_ << ": its kernels were compiled for CPU '" << compiled_for_->cpu
+                              << "', and " << (stated ? "the stated CPU" : "this CPU") << " lacks " << names.str()
+                              << "; build it again here (tvm_hetero.llm.build), or build it with the target "
+                                 "tvm.target.Target('llvm') (a Target, not the string) for any CPU of the architecture";
 }
 
 namespace {

@@ -13,6 +13,8 @@
 #include <tvm_hetero/llm/generation_session.h>
 
 #include <memory>
+#include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -144,10 +146,16 @@ class ModelModule : public ffi::ModuleObj {
 TVM_FFI_STATIC_INIT_BLOCK() {
   namespace refl = tvm::ffi::reflection;
   refl::GlobalDef()
+      // cpu_features: the CPU to check the export's record against (None: this CPU).
       .def("tvm_hetero.llm.load",
-           [](ffi::String directory, int num_threads) {
+           [](ffi::String directory, int num_threads, ffi::Optional<ffi::Array<ffi::String>> cpu_features) {
+             std::optional<std::set<std::string>> stated;
+             if (cpu_features.has_value()) {
+               stated.emplace();
+               for (const ffi::String& name : *cpu_features) stated->insert(std::string(name));
+             }
              return ffi::Module(
-                 ffi::make_object<ModelModule>(LanguageModel::Load(std::string(directory), num_threads)));
+                 ffi::make_object<ModelModule>(LanguageModel::Load(std::string(directory), num_threads, stated)));
            })
       .def("tvm_hetero.llm.plan_chunks", [](int64_t length, ffi::Array<int64_t> sizes) {
         ffi::Array<ffi::Array<int64_t>> plan;

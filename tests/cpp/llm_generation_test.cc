@@ -3,7 +3,8 @@
  * \brief The C++ generation loop on a tiny exported Llama (examples/export_tiny_llm.py, run by ctest
  *        as the fixture llm_artifact; its directory comes in TVM_HETERO_LLM_DIR): greedy tokens equal
  *        the Python loop's, streaming, seeds, stop tokens, the cache written only at its new rows,
- *        bad input and damaged files refused naming them, two sessions on two threads as serial.
+ *        bad input and damaged files refused naming them, a CPU lacking a recorded feature refused
+ *        naming it, two sessions on two threads as serial.
  */
 #include <gtest/gtest.h>
 #include <tvm/ffi/error.h>
@@ -12,8 +13,9 @@
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
-#include <new>
 #include <fstream>
+#include <new>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -238,6 +240,30 @@ TEST(LlmGeneration, AMissingOrDamagedFileIsRefusedNamingIt) {
   error = ErrorOf([&] { LanguageModel::Load((damaged / "nowhere").string()); });
   EXPECT_NE(error.find("not an exported language model (no manifest.json)"), std::string::npos) << error;
   for (const fs::path& dir : {damaged, missing, edited}) fs::remove_all(dir);
+}
+
+TEST(LlmGeneration, ACpuLackingARecordedFeatureIsRefusedNamingItAndOneWithAllOfThemLoads) {
+  const Exported& e = TinyModel();
+  if (!e.model->compiled_for()) GTEST_SKIP() << "the export targets its architecture's baseline: nothing to check";
+  const CompiledFor& record = *e.model->compiled_for();
+  std::set<std::string> all(record.features.begin(), record.features.end());
+  std::string lacking;
+  for (const char* vector_isa : {"avx2", "sse2", "neon"}) {
+    if (all.count(vector_isa)) {
+      lacking = vector_isa;
+      break;
+    }
+  }
+  if (lacking.empty()) GTEST_SKIP() << "the record names no vector extension this test knows";
+  std::set<std::string> stated = all;
+  stated.erase(lacking);
+  std::string dir = ExportedDirectory();
+  std::string error = ErrorOf([&] { LanguageModel::Load(dir, 0, stated); });
+  EXPECT_NE(error.find(dir + ": its kernels were compiled for CPU '" + record.cpu + "', and the stated CPU lacks " +
+                       lacking + ";"),
+            std::string::npos)
+      << error;
+  EXPECT_EQ(LanguageModel::Load(dir, 0, all)->graphs().size(), e.model->graphs().size());
 }
 
 TEST(ConcurrentGeneration, TwoSessionsOnTwoThreadsMatchSerial) {

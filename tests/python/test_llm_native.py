@@ -1,12 +1,17 @@
 """The C++ generation loop (src/llm/, wrapped by tvm_hetero.llm.native) on exported tiny Llama, Qwen2
 and GPT-2 models: greedy tokens equal the Python loop's and transformers'; the chunk plan equals
-buckets.py's; streaming, seeds and stop tokens; bad input and damaged files refused naming them."""
+buckets.py's; streaming, seeds and stop tokens; bad input and damaged files refused naming them; a CPU
+lacking the export's recorded features refused as the Python loader refuses it."""
 
 from __future__ import annotations
 
+import platform
+import re
 import shutil
 
 import pytest
+import tvm
+import tvm_ffi
 from test_llm import prompt_of, reference_tokens, tiny_model
 from tvm_hetero import llm
 from tvm_hetero.llm.buckets import plan_chunks
@@ -142,3 +147,65 @@ def test_a_thread_count_gives_the_same_tokens(llama_export, threads):
 def test_a_bad_thread_count_is_refused(llama_export, threads):
     with pytest.raises(ValueError, match="num_threads must be a positive integer"):
         NativeGenerator(llama_export[2], num_threads=threads)
+
+
+# Extensions whose instructions compiled kernels may use (LLVM's names): a loader must never ignore them.
+INSTRUCTION_EXTENSIONS = {
+    "sse3", "ssse3", "sse4.1", "sse4.2", "sse4a", "crc32", "popcnt", "lzcnt", "bmi", "bmi2", "adx", "movbe",
+    "cx16", "sahf", "prfchw", "aes", "pclmul", "sha", "gfni", "vaes", "vpclmulqdq", "avx", "avx2", "fma",
+    "f16c", "avx512f", "avx512dq", "avx512cd", "avx512bw", "avx512vl", "avx512ifma", "avx512vbmi",
+    "avx512vbmi2", "avx512vnni", "avx512bitalg", "avx512vpopcntdq", "avx512bf16", "avx512fp16", "avxvnni",
+}
+
+
+def _lacking(error: pytest.ExceptionInfo) -> set[str]:
+    return set(re.search(r" lacks (.*?); build it again", str(error.value)).group(1).split(", "))
+
+
+def _with_a_broken_library(out, copy):
+    """A copy of the export whose first graph's library is not a library, its checksums made to match:
+    a loader reaching that library fails there."""
+    import json
+
+    from tvm_hetero.artifact import MANIFEST_DIGEST_KEY, manifest_digest, sha256
+
+    shutil.copytree(out, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    lib = manifest["graphs"][0]["lib"]
+    (copy / lib).write_bytes(b"not a library")
+    manifest["files"][lib] = sha256(b"not a library")
+    manifest[MANIFEST_DIGEST_KEY] = manifest_digest(manifest)
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    return copy, lib
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="states an x86-64 baseline CPU")
+def test_the_cpp_loader_refuses_a_cpu_lacking_the_records_features_as_the_python_loader_does(
+        llama_export, tmp_path, monkeypatch):
+    """The same record, checked by both loaders against a baseline x86-64 CPU (stated to C++, pretended
+    to Python): both refuse before loading any library (one here is broken) and name the same
+    instruction extensions; the names Python alone counts are LLVM's tuning and system names, whose
+    absence faults nothing."""
+    from tvm.target import codegen
+
+    from tvm_hetero.llm import this_cpu
+
+    lm, native, out = llama_export  # NativeGenerator loaded it: both loaders accept this CPU
+    if lm.compiled_for is None:
+        pytest.skip("the export targets the architecture's baseline: nothing to check")
+    load = tvm_ffi.get_global_func("tvm_hetero.llm.load")
+    assert tuple(load(str(out), 0, lm.compiled_for["features"])["chunk_sizes"]()) == native.chunk_sizes
+    broken, lib = _with_a_broken_library(out, tmp_path / "broken")
+    with pytest.raises(Exception, match=re.escape(lib)):
+        load(str(broken), 0, None)  # this CPU passes the check, so the broken library is reached
+    baseline = tvm.target.Target({"kind": "llvm", "mcpu": "x86-64"})
+    with pytest.raises(RuntimeError, match="and the stated CPU lacks") as cpp:
+        load(str(broken), 0, sorted(codegen.llvm_get_cpu_features(baseline)))
+    monkeypatch.setattr(this_cpu, "this_cpu", lambda: baseline)
+    with pytest.raises(RuntimeError) as python:
+        llm.load(broken)
+    for error in (cpp, python):
+        assert f"{broken}: its kernels were compiled for CPU '{lm.compiled_for['cpu']}'" in str(error.value)
+    in_cpp, in_python = _lacking(cpp), _lacking(python)
+    assert in_cpp <= in_python
+    assert in_cpp & INSTRUCTION_EXTENSIONS == in_python & INSTRUCTION_EXTENSIONS != set()

@@ -5,8 +5,10 @@
  *        by every graph (GraphRuntime::ShareParams), and the chunk plan of every prompt length.
  *
  * Loading checks what export.py's read_exported checks, before anything is parsed: the manifest's
- * format and its own SHA-256, the SHA-256 of every file it lists; then that every graph's weights
- * are in params.bin and its data inputs are those of the contract (python/tvm_hetero/llm/graph_io.py).
+ * format and its own SHA-256, the SHA-256 of every file it lists; then, before any library is
+ * loaded, that this CPU has the features the kernels were compiled for (the manifest's
+ * "compiled_for", support/cpu_features.h); then that every graph's weights are in params.bin and its
+ * data inputs are those of the contract (python/tvm_hetero/llm/graph_io.py).
  * Each error names the file. The model is immutable once loaded; sessions (generation_session.h)
  * run it from several threads at once.
  */
@@ -19,6 +21,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -56,12 +59,26 @@ struct EntryGraph {
   std::unique_ptr<GraphRuntime> runtime;
 };
 
+/*! \brief What an export records of the CPU its kernels need (this_cpu.py's compiled_for). */
+struct CompiledFor {
+  /*! \brief LLVM's name of the CPU they were compiled for ("znver4"). */
+  std::string cpu;
+  /*! \brief LLVM's names of its features the compilation used. */
+  std::vector<std::string> features;
+};
+
 /*! \brief An exported language model, loaded (see the file comment). */
 class LanguageModel {
  public:
-  /*! \brief Load and check the directory `directory` (errors name the file); `num_threads` > 0: the
-   *         threads every graph's kernels run on (TVM's pool and oneDNN's OpenMP team), else the defaults. */
-  static std::shared_ptr<const LanguageModel> Load(const std::string& directory, int num_threads = 0);
+  /*!
+   * \brief Load and check the directory `directory` (errors name the file); `num_threads` > 0: the
+   *        threads every graph's kernels run on (TVM's pool and oneDNN's OpenMP team), else the defaults.
+   *        `cpu_features`: the LLVM feature names of the CPU to check the export's record against, as
+   *        if this CPU had exactly those (none: this CPU's, read from the hardware).
+   */
+  static std::shared_ptr<const LanguageModel> Load(const std::string& directory, int num_threads = 0,
+                                                   const std::optional<std::set<std::string>>& cpu_features =
+                                                       std::nullopt);
 
   const DecoderShape& shape() const { return shape_; }
   /*! \brief Tokens the KV cache holds: the prompt plus the new tokens but the last. */
@@ -76,11 +93,15 @@ class LanguageModel {
   DLDevice device() const { return device_; }
   /*! \brief Bytes of the weights, held once. */
   int64_t weight_bytes() const { return weight_bytes_; }
+  /*! \brief The CPU its kernels were compiled for; none: its architecture's baseline. */
+  const std::optional<CompiledFor>& compiled_for() const { return compiled_for_; }
 
  private:
   LanguageModel() = default;
   /*! \brief Read the configuration, capacity and graph list of the checked manifest. */
   void ReadManifest(const std::string& manifest_text);
+  /*! \brief Throw naming the features of compiled_for_ that a CPU with `has` lacks. */
+  void CheckRunsOn(const std::set<std::string>& has, bool stated) const;
   /*! \brief Create every graph's runtime and load the weights once, sharing them. */
   void CreateRuntimes(int num_threads);
 
@@ -92,6 +113,8 @@ class LanguageModel {
   int64_t capacity_ = 0;
   /*! \brief Bytes of the weights. */
   int64_t weight_bytes_ = 0;
+  /*! \brief The CPU the kernels need (none recorded: the baseline). */
+  std::optional<CompiledFor> compiled_for_;
   /*! \brief One graph's files and devices, as the manifest lists them. */
   struct GraphFiles {
     std::string graph, lib;

@@ -1,7 +1,8 @@
 """The C++ generation loop (src/llm/, no Python per token) on an exported directory.
 
 ``NativeGenerator(directory)`` loads a directory written by ``LanguageModel.export`` (format
-``tvm-hetero-llm/1``) through ``libtvm_hetero``: the checksums are verified and the weights loaded
+``tvm-hetero-llm/1``) through ``libtvm_hetero``: the checksums are verified, this CPU is checked
+against the export's ``compiled_for`` record before any library is loaded, and the weights are loaded
 once in C++. ``generate`` returns the new token ids, ``stream`` yields them as they are chosen.
 Greedy tokens equal the Python loop's; sampled tokens come from the C++ generator (SplitMix64,
 ``include/tvm_hetero/llm/sampler.h``), reproducible by seed but not the Python loop's draws.
@@ -51,7 +52,7 @@ class NativeGenerator:
         if num_threads is not None and (not isinstance(num_threads, int) or num_threads < 1):
             raise ValueError(f"num_threads must be a positive integer, got {num_threads!r}")
         self.directory = os.fspath(directory)
-        self._model = tvm_ffi.get_global_func("tvm_hetero.llm.load")(self.directory, num_threads or 0)
+        self._model = tvm_ffi.get_global_func("tvm_hetero.llm.load")(self.directory, num_threads or 0, None)
         self.vocab_size = int(self._model["vocab_size"]())
         self.capacity = int(self._model["capacity"]())
         self.chunk_sizes = tuple(int(s) for s in self._model["chunk_sizes"]())

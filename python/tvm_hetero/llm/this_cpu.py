@@ -8,7 +8,8 @@ turns each local CPU entry of a phase's targets whose target is the plain ``"llv
 choice and kept (``tvm.target.Target("llvm")``, a Target rather than the string, compiles for any CPU of
 the architecture). An export records the features its kernels were compiled with
 (:func:`compiled_for`), and :func:`check_runs_here` refuses to load it on a CPU lacking any of them,
-naming them, instead of failing with an illegal instruction.
+naming them, instead of failing with an illegal instruction. The C++ loader checks the same record
+(src/support/cpu_features.h), counting only the names whose absence can fault.
 """
 
 from __future__ import annotations
