@@ -18,7 +18,7 @@ pass keeps its accumulators in vector registers:
    over BLOCK consecutive positions. For each of the D rows one vector of keys is loaded and
    multiplied into every query head's accumulators. The last block's loads are masked at f, so
    no row at or beyond f is read. A lane-wise running max comes along.
-2. Softmax: exp(s − max) over LANES scores at a time, by the polynomial of :func:`_exp_nonpositive`
+2. Softmax: exp(s − max) over LANES scores at a time, by the polynomial of :func:`exp_nonpositive`
    (LLVM turns a vector ``exp`` into one libm call per lane); lanes at or beyond f become 0.
 3. Weighted sum: values are stored [C, D], so the lanes run over D; each value row is loaded once
    and multiplied into every query head's D accumulators.
@@ -26,7 +26,7 @@ pass keeps its accumulators in vector registers:
 Guarantee: for every key/value head and every query head of its group, the result equals the
 masked attention over the whole cache whenever the rows at and beyond ``positions[0]`` are masked
 (the session's invariant: they are −1e30 in ``cache_mask``, whose exponent is 0 in float32), up to
-float32 rounding (the exponential is within 2 ulp; sums run in another order); it reads no cache
+float32 rounding (the exponential is within 1 ulp; sums run in another order); it reads no cache
 row at or beyond the clamped position and nothing outside any tensor, whatever ``positions`` holds.
 """
 
@@ -58,8 +58,8 @@ def scores_shape(kv_heads: int, group: int, capacity: int) -> tuple[int, int, in
     return kv_heads, -(-group // rows) * rows, -(-capacity // BLOCK) * BLOCK
 
 
-def _exp_nonpositive(x: tirx.PrimExpr) -> tirx.PrimExpr:
-    """exp(x) for float32 x <= 0, within 2 ulp, as arithmetic that vectorizes: exp(x) = 2^n · exp(r)
+def exp_nonpositive(x: tirx.PrimExpr) -> tirx.PrimExpr:
+    """exp(x) for float32 x <= 0, within 1 ulp, as arithmetic that vectorizes: exp(x) = 2^n · exp(r)
     with n = round(x / ln 2), |r| <= ln 2 / 2, and exp(r) by its Taylor series to degree 7 (the first
     term left out is below 6e-9 there)."""
     f32 = lambda value: tirx.const(value, "float32")  # noqa: E731
@@ -76,18 +76,34 @@ def _exp_nonpositive(x: tirx.PrimExpr) -> tirx.PrimExpr:
     return tirx.Select(x < f32(_EXP_FLOOR), f32(0.0), body)
 
 
+def _span(start: tirx.PrimExpr, lanes: int) -> tirx.PrimExpr:
+    """The indices start, ..., start + lanes − 1 as one vector."""
+    return tirx.Ramp(start, 1, lanes)
+
+
+def _below(start: tirx.PrimExpr, lanes: int, end: tirx.PrimExpr) -> tirx.PrimExpr:
+    """Which of those indices are below ``end``: the mask of a load that stops there."""
+    return tirx.Ramp(start, 1, lanes) < tirx.Broadcast(end, lanes)
+
+
 def decode_attention(kv_heads: int, group: int, head_dim: int, capacity: int) -> tirx.PrimFunc:
     """The kernel for one row: q [1, KV, group, D] (scaled), keys [1, KV, D, C], values [1, KV, C, D],
     the row's own key [1, KV, D, 1] and value [1, KV, 1, D], positions [1], cache_mask [1, 1, 1, C]
     → out [1, KV, group, D], and the scores (:func:`scores_shape`) as a second output (memory the
-    graph plans, so a run allocates no more than the small per-pass state)."""
+    graph plans; a call asks the runtime only for the small per-pass state)."""
     KV, G, D, C = kv_heads, group, head_dim, capacity
     _, P, S = scores_shape(kv_heads, group, capacity)
     B, L, R = BLOCK, LANES, min(ROWS, group)
-    passes = P // R  # the last pass may repeat query head G − 1: the same output, written twice
-    # One scratch for the small per-pass state, so a call asks the runtime for memory once.
-    A, M, T_, W, O = 0, B, 2 * B, 2 * B + L, 2 * B + L + D  # acc, top, total, weighted, own
-    width = O + 1
+    block_t = f"float32x{B}"
+    # The per-pass state in one scratch, so a call asks for memory once: per query head of the pass,
+    # a row of [acc: B | top: B | total: L | weighted: D | own: 1].
+    TOP, TOTAL, WEIGHTED, OWN = B, 2 * B, 2 * B + L, 2 * B + L + D
+    width = OWN + 1
+
+    def head(p: tirx.PrimExpr, r: tirx.PrimExpr) -> tirx.PrimExpr:
+        """The query head in place r of pass p (the last pass repeats head G − 1 where G is not a
+        multiple of R: the same output, written twice); its scores are row p·R + r."""
+        return tirx.min(p * R + r, G - 1)
 
     @T.prim_func(private=True)
     def kernel(q: T.Buffer((1, KV, G, D), "float32"), keys: T.Buffer((1, KV, D, C), "float32"),
@@ -98,43 +114,43 @@ def decode_attention(kv_heads: int, group: int, head_dim: int, capacity: int) ->
         T.func_attr({"tirx.noalias": True})
         filled: T.let[T.int32] = T.max(T.min(positions[0], C), 0)
         state = T.alloc_buffer((R * width,), "float32", scope="local")
-        acc = T.decl_buffer((R, B), "float32", data=state.data, elem_offset=A, strides=[width, 1], scope="local")
-        top = T.decl_buffer((R, B), "float32", data=state.data, elem_offset=M, strides=[width, 1], scope="local")
-        total = T.decl_buffer((R, L), "float32", data=state.data, elem_offset=T_, strides=[width, 1], scope="local")
-        weighted = T.decl_buffer((R, D), "float32", data=state.data, elem_offset=W, strides=[width, 1],
+        acc = T.decl_buffer((R, B), "float32", data=state.data, strides=[width, 1], scope="local")
+        top = T.decl_buffer((R, B), "float32", data=state.data, elem_offset=TOP, strides=[width, 1],
+                            scope="local")
+        total = T.decl_buffer((R, L), "float32", data=state.data, elem_offset=TOTAL, strides=[width, 1],
+                              scope="local")
+        weighted = T.decl_buffer((R, D), "float32", data=state.data, elem_offset=WEIGHTED, strides=[width, 1],
                                  scope="local")
-        own = T.decl_buffer((R,), "float32", data=state.data, elem_offset=O, strides=[width], scope="local")
-        for h, p in T.grid(KV, passes):
-            for r in T.unroll(R):  # own = q · new_key: LANES partial sums, then their sum
+        own = T.decl_buffer((R,), "float32", data=state.data, elem_offset=OWN, strides=[width], scope="local")
+        for h, p in T.grid(KV, P // R):
+            for r in T.unroll(R):  # own = q · new_key, as LANES partial sums, then their sum
                 for lane in T.vectorized(L):
                     total[r, lane] = T.float32(0)
                 for c in range(D // L):
                     for lane in T.vectorized(L):
-                        total[r, lane] = total[r, lane] + q[0, h, T.min(p * R + r, G - 1), c * L + lane] * own_key[
+                        total[r, lane] = total[r, lane] + q[0, h, head(p, r), c * L + lane] * own_key[
                             0, h, c * L + lane, 0]
                 for d in range(D // L * L, D):
-                    total[r, 0] = total[r, 0] + q[0, h, T.min(p * R + r, G - 1), d] * own_key[0, h, d, 0]
+                    total[r, 0] = total[r, 0] + q[0, h, head(p, r), d] * own_key[0, h, d, 0]
                 own[r] = total[r, 0]
                 for lane in range(1, L):
                     own[r] = own[r] + total[r, lane]
                 for lane in T.vectorized(B):
                     top[r, lane] = own[r]
-            for block in range((filled + B - 1) // B):
+            for block in range((filled + B - 1) // B):  # 1. scores, B positions at a time
                 start: T.let[T.int32] = block * B
                 for r in T.unroll(R):
-                    acc[r, T.Ramp(0, 1, B)] = T.masked_load(
-                        f"float32x{B}", mask, 0, 0, 0, T.Ramp(start, 1, B), T.Ramp(start, 1, B) < T.Broadcast(filled, B))
+                    acc[r, _span(0, B)] = T.masked_load(block_t, mask, 0, 0, 0, _span(start, B),
+                                                        _below(start, B, filled))
                 for d in range(D):
                     for r in T.unroll(R):
-                        acc[r, T.Ramp(0, 1, B)] = acc[r, T.Ramp(0, 1, B)] + T.Broadcast(
-                            q[0, h, T.min(p * R + r, G - 1), d], B) * T.masked_load(
-                            f"float32x{B}", keys, 0, h, d, T.Ramp(start, 1, B), T.Ramp(start, 1, B) < T.Broadcast(filled, B))
+                        acc[r, _span(0, B)] = acc[r, _span(0, B)] + T.Broadcast(q[0, h, head(p, r), d], B) * (
+                            T.masked_load(block_t, keys, 0, h, d, _span(start, B), _below(start, B, filled)))
                 for r in T.unroll(R):
-                    scores[h, p * R + r, T.Ramp(start, 1, B)] = acc[r, T.Ramp(0, 1, B)]
-                    top[r, T.Ramp(0, 1, B)] = T.max(top[r, T.Ramp(0, 1, B)], T.Select(
-                        T.Ramp(start, 1, B) < T.Broadcast(filled, B), acc[r, T.Ramp(0, 1, B)],
-                        T.Broadcast(T.min_value("float32"), B)))
-            for r in T.unroll(R):
+                    scores[h, p * R + r, _span(start, B)] = acc[r, _span(0, B)]
+                    top[r, _span(0, B)] = T.max(top[r, _span(0, B)], T.Select(_below(start, B, filled), acc[
+                        r, _span(0, B)], T.Broadcast(T.min_value("float32"), B)))
+            for r in T.unroll(R):  # 2. softmax
                 for c in range(1, B // L):  # the max of the lanes: B → LANES by vectors, then one by one
                     for lane in T.vectorized(L):
                         top[r, lane] = T.max(top[r, lane], top[r, c * L + lane])
@@ -146,21 +162,20 @@ def decode_attention(kv_heads: int, group: int, head_dim: int, capacity: int) ->
                     for lane in T.vectorized(L):
                         scores[h, p * R + r, block * L + lane] = T.Select(
                             block * L + lane < filled,
-                            _exp_nonpositive(scores[h, p * R + r, block * L + lane] - top[r, 0]),
-                            T.float32(0))
+                            exp_nonpositive(scores[h, p * R + r, block * L + lane] - top[r, 0]), T.float32(0))
                         total[r, lane] = total[r, lane] + scores[h, p * R + r, block * L + lane]
-                own[r] = _exp_nonpositive(own[r] - top[r, 0])
+                own[r] = exp_nonpositive(own[r] - top[r, 0])
                 for lane in range(1, L):
                     total[r, 0] = total[r, 0] + total[r, lane]
                 total[r, 0] = total[r, 0] + own[r]
                 for e in T.vectorized(D):
                     weighted[r, e] = own[r] * own_value[0, h, 0, e]
-            for j in range(filled):
+            for j in range(filled):  # 3. the weighted sum, one value row at a time
                 for r in T.unroll(R):
                     for e in T.vectorized(D):
                         weighted[r, e] = weighted[r, e] + scores[h, p * R + r, j] * values[0, h, j, e]
             for r in T.unroll(R):
                 for e in T.vectorized(D):
-                    out[0, h, T.min(p * R + r, G - 1), e] = weighted[r, e] / total[r, 0]
+                    out[0, h, head(p, r), e] = weighted[r, e] / total[r, 0]
 
     return kernel
