@@ -17,7 +17,9 @@ pass keeps its accumulators in vector registers:
 1. Scores: keys are stored transposed ([D, C], one row per head-dim index), so the vector lanes run
    over BLOCK consecutive positions. For each of the D rows one vector of keys is loaded and
    multiplied into every query head's accumulators. The last block's loads are masked at f, so
-   no row at or beyond f is read. A lane-wise running max comes along.
+   no row at or beyond f is read. A lane-wise running max comes along. The next block's keys are
+   prefetched: its D rows are D streams, more than the hardware prefetcher follows, and a decode
+   step's cache is cold (the weights passed through the caches since the layer's last step).
 2. Softmax: exp(s − max) over LANES scores at a time, by the polynomial of :func:`exp_nonpositive`
    (LLVM turns a vector ``exp`` into one libm call per lane); lanes at or beyond f become 0.
 3. Weighted sum: values are stored [C, D], so the lanes run over D; each value row is loaded once
@@ -143,6 +145,10 @@ def decode_attention(kv_heads: int, group: int, head_dim: int, capacity: int) ->
                     acc[r, _span(0, B)] = T.masked_load(block_t, mask, 0, 0, 0, _span(start, B),
                                                         _below(start, B, filled))
                 for d in range(D):
+                    for i in T.unroll(B // L):  # the next block's keys, those below f, towards L2
+                        if start + B + i * L < filled:
+                            T.evaluate(T.call_llvm_intrin("void", "llvm.prefetch.p0", T.address_of(
+                                keys[0, h, d, start + B + i * L]), 0, 1, 1))
                     for r in T.unroll(R):
                         acc[r, _span(0, B)] = acc[r, _span(0, B)] + T.Broadcast(q[0, h, head(p, r), d], B) * (
                             T.masked_load(block_t, keys, 0, h, d, _span(start, B), _below(start, B, filled)))
