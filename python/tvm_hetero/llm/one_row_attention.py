@@ -45,11 +45,12 @@ LANES = 16
 ROWS = 4
 
 _LOG2E = 1.4426950408889634
-# ln 2 in two parts: n · _LN2_HI is exact for |n| < 2^15 (9 significant bits), so x − n·ln 2 keeps
-# every bit of x.
+# ln 2 in two parts: _LN2_HI has 9 significant bits, so n · _LN2_HI is exact and r = x − n·ln 2
+# loses no more than _LN2_LO's rounding.
 _LN2_HI = 0.693359375
 _LN2_LO = -2.1219444005469057e-4
-# Below this, exp(x) is under float32's smallest normal number; the result is 0.
+# Below this the result is 0 (exp(−87) ≈ 1.6e-38 is next to float32's smallest normal number), so
+# 2^n, made from its exponent bits, stays a normal number.
 _EXP_FLOOR = -87.0
 
 
