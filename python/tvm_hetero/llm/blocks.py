@@ -28,7 +28,7 @@ from .graph_io import (
     value_cache,
 )
 from .int8_weights import ZERO_POINT_WEIGHT, quantized_names, scale_name
-from .one_row_attention import decode_attention
+from .one_row_attention import decode_attention, scores_shape
 from .panel_weights import PANEL_WIDTH, panelled_names
 
 op = relax.op
@@ -164,7 +164,8 @@ class GraphBuilder:
         args = [q, self[key_cache(layer)], self[value_cache(layer)], new_keys, new_values, self[POSITIONS],
                 self[CACHE_MASK]]
         result = self.emit(relax.call_tir(self._one_row_kernel, relax.Tuple(args), out_ty=[
-            relax.TensorType([1, kv, group, d], "float32"), relax.TensorType([kv, group, self.capacity + 1], "float32")]))
+            relax.TensorType([1, kv, group, d], "float32"),
+            relax.TensorType(list(scores_shape(kv, group, self.capacity)), "float32")]))
         out = self.emit(op.reshape(relax.TupleGetItem(result, 0), [1, 1, cfg.num_heads * d]))
         return out, new_keys, new_values
 
