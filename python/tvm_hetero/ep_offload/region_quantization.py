@@ -16,10 +16,15 @@ Guarantee: a region reaches the device quantized from calibration data of its ow
 graph gives it), or the build stops with an error naming the region -- never calibrated on nothing.
 
 Additive masks: a graph may mask scores by adding a large negative number (a finite stand-in for
-minus infinity). Stretched over 1e30, a 16-bit range has no step left for the scores themselves. A
-tensor holding values at or below :data:`MASKED_BELOW` gets the range ``[lowest other value -
-MASK_MARGIN, highest]`` instead (:func:`prepare`): a masked score saturates ``MASK_MARGIN`` below
-every real one, which a softmax turns into e^-64 (nothing), as a mask should.
+minus infinity). Stretched over 1e30, a 16-bit range has no step left for the scores themselves. Every
+tensor holding values at or below :data:`MASKED_BELOW` (the mask itself, the masked scores) gets the
+range ``[floor, its highest real value]`` instead (:func:`prepare`), with one floor for the region:
+``lowest - highest - MASK_MARGIN`` over the real values of all those tensors (0 counted). The mask is
+quantized before it is added: a masked entry of the mask becomes the floor, and added to any real
+score (at most ``highest``) it lands ``MASK_MARGIN`` below every real score (at least ``lowest``),
+where the masked scores saturate too; a softmax turns that into e^-64 (nothing), as a mask should.
+(A floor of the mask's own lowest value minus the margin, -64, left a masked score 64 below its own
+value only, above the real scores of its row that were lower still.)
 """
 
 from __future__ import annotations
@@ -155,11 +160,16 @@ def prepare(model: bytes, feeds: list[dict]) -> tuple[Any, dict[str, list[dict]]
     for name in values:
         dtype, shape = shapes[name]
         proto.graph.value_info.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(dtype), shape))
-    overrides = {}
-    for name in sorted(masked):
-        low, high = lowest.get(name, 0.0), max(highest.get(name, 0.0), 0.0)
-        overrides[name] = [{"rmin": np.float32(low - MASK_MARGIN), "rmax": np.float32(high)}]
-    return proto, overrides
+    return proto, mask_ranges(masked, lowest, highest)
+
+
+def mask_ranges(masked: set[str], lowest: dict[str, float], highest: dict[str, float]) -> dict[str, list[dict]]:
+    """The quantizer's ranges of the masked tensors: ``[floor, highest real value]``, one floor for
+    all of them (module docstring). ``lowest``/``highest``: each tensor's real (unmasked) extremes."""
+    low = min([0.0] + [lowest[name] for name in masked if name in lowest])
+    high = max([0.0] + [highest[name] for name in masked if name in highest])
+    floor = np.float32(low - high - MASK_MARGIN)
+    return {name: [{"rmin": floor, "rmax": np.float32(max(highest.get(name, 0.0), 0.0))}] for name in sorted(masked)}
 
 
 def feed_reader(feeds: list[dict]) -> Any:

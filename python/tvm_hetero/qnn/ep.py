@@ -410,16 +410,19 @@ def quantize(model: bytes, options: dict, feeds: list[dict]) -> bytes:
     """``model`` (a float region) as the QDQ model the HTP runs for precision "a16w8": 8-bit weights,
     16-bit activations (as the HTP decoders of ExecuTorch, ONNX Runtime GenAI and Genie ship),
     quantized by ONNX Runtime's static quantizer with QNN's own configuration (which ops it takes
-    quantized, in which form), calibrated on ``feeds`` (the region's inputs in real calls;
+    quantized, in which form), the weights QNN takes per channel with a scale per output channel
+    (:mod:`.per_channel_weights`), calibrated on ``feeds`` (the region's inputs in real calls;
     :mod:`tvm_hetero.ep_offload.region_quantization`)."""
     import onnxruntime.quantization as ortq
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
     from ..ep_offload.region_quantization import feed_reader, prepare
+    from .per_channel_weights import per_channel_weights
 
     if str(options.get("precision")) != "a16w8":
         raise ValueError(f"qnn-htp: quantize is for precision 'a16w8', not {options.get('precision')!r}")
     proto, overrides = prepare(model, feeds)
+    overrides.update(per_channel_weights(proto))
     config = get_qnn_qdq_config(proto, feed_reader(feeds), activation_type=ortq.QuantType.QUInt16,
                                 weight_type=ortq.QuantType.QUInt8, init_overrides=overrides)
     with tempfile.TemporaryDirectory(prefix="tvm_hetero_qnn_qdq_") as tmp:
