@@ -287,7 +287,7 @@ def test_the_cpp_only_loader_names_what_an_htp_region_needs(htp_export):
     and what runs it, never a crash."""
     script = ("import ctypes, sys, tvm, tvm_ffi\n"
               "ctypes.CDLL(sys.argv[1], ctypes.RTLD_GLOBAL)\n"
-              "try:\n    tvm_ffi.get_global_func('tvm_hetero.llm.load')(sys.argv[2], 0)\n"
+              "try:\n    tvm_ffi.get_global_func('tvm_hetero.llm.load')(sys.argv[2], 0, None)\n"
               "except Exception as err:\n    print(err); sys.exit(3)\n")
     ran = subprocess.run([sys.executable, "-c", script, LOADED_LIBRARY, str(htp_export)], capture_output=True,
                          text=True, timeout=300)
