@@ -25,10 +25,21 @@ reads no cache row at or beyond the clamped position and nothing outside any ten
 
 from __future__ import annotations
 
+import os
+
 from tvm import tirx
 from tvm.script import tirx as T
 
 from .one_row_attention import BLOCK, LANES, ROWS, exp_nonpositive
+
+
+#: Set to "0", the host's chunk graphs keep the masked form (for comparison).
+SWITCH = "TVM_HETERO_LLM_CHUNK_ATTENTION"
+
+
+def wanted() -> bool:
+    """Whether the host's chunk graphs use this kernel (not switched off by :data:`SWITCH`)."""
+    return os.environ.get(SWITCH, "1") != "0"
 
 
 def _round_up(value: int, step: int) -> int:
