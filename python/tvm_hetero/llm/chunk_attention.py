@@ -30,7 +30,7 @@ import os
 from tvm import tirx
 from tvm.script import tirx as T
 
-from .one_row_attention import BLOCK, LANES, ROWS, exp_nonpositive
+from .one_row_attention import BLOCK, LANES, ROWS, below, exp_nonpositive, span
 
 
 #: Set to "0", the host's chunk graphs keep the masked form (for comparison).
@@ -49,15 +49,6 @@ def _round_up(value: int, step: int) -> int:
 def scratch_shape(capacity: int, rows: int) -> tuple[int, int]:
     """The kernel's scores scratch: one pass's rows, the cache's scores (whole blocks) then the own rows'."""
     return ROWS, _round_up(capacity, BLOCK) + _round_up(rows, BLOCK)
-
-
-def _span(start: tirx.PrimExpr, lanes: int) -> tirx.PrimExpr:
-    return tirx.Ramp(start, 1, lanes)
-
-
-def _below(start: tirx.PrimExpr, lanes: int, end: tirx.PrimExpr) -> tirx.PrimExpr:
-    """Which of the indices start, ..., start + lanes − 1 are below ``end``."""
-    return tirx.Ramp(start, 1, lanes) < tirx.Broadcast(end, lanes)
 
 
 def chunk_attention(kv_heads: int, group: int, head_dim: int, capacity: int, rows: int) -> tirx.PrimFunc:
@@ -111,17 +102,17 @@ def chunk_attention(kv_heads: int, group: int, head_dim: int, capacity: int, row
             for block in range((filled + B - 1) // B):  # 1a. the cache's scores, B positions at a time
                 start: T.let[T.int32] = block * B
                 for r in T.unroll(R):
-                    acc[r, _span(0, B)] = T.masked_load(block_t, mask, 0, 0, 0, _span(start, B),
-                                                        _below(start, B, filled))
+                    acc[r, span(0, B)] = T.masked_load(block_t, mask, 0, 0, 0, span(start, B),
+                                                        below(start, B, filled))
                 for d in range(D):
                     for r in T.unroll(R):
-                        acc[r, _span(0, B)] = acc[r, _span(0, B)] + T.Broadcast(
+                        acc[r, span(0, B)] = acc[r, span(0, B)] + T.Broadcast(
                             q[0, chunk_row(p, r), query_head(h, p, r), d], B) * T.masked_load(
-                            block_t, keys, 0, h, d, _span(start, B), _below(start, B, filled))
+                            block_t, keys, 0, h, d, span(start, B), below(start, B, filled))
                 for r in T.unroll(R):
-                    scores[r, _span(start, B)] = acc[r, _span(0, B)]
-                    top[r, _span(0, B)] = T.max(top[r, _span(0, B)], T.Select(_below(start, B, filled), acc[
-                        r, _span(0, B)], T.Broadcast(T.min_value("float32"), B)))
+                    scores[r, span(start, B)] = acc[r, span(0, B)]
+                    top[r, span(0, B)] = T.max(top[r, span(0, B)], T.Select(below(start, B, filled), acc[
+                        r, span(0, B)], T.Broadcast(T.min_value("float32"), B)))
             for block in range((N + B - 1) // B):  # 1b. the own rows' scores, j <= i counted
                 start: T.let[T.int32] = block * B
                 for r in T.unroll(R):
@@ -129,13 +120,13 @@ def chunk_attention(kv_heads: int, group: int, head_dim: int, capacity: int, row
                         acc[r, lane] = T.float32(0)
                 for d in range(D):
                     for r in T.unroll(R):
-                        acc[r, _span(0, B)] = acc[r, _span(0, B)] + T.Broadcast(
+                        acc[r, span(0, B)] = acc[r, span(0, B)] + T.Broadcast(
                             q[0, chunk_row(p, r), query_head(h, p, r), d], B) * T.masked_load(
-                            block_t, new_keys, 0, h, d, _span(start, B), _below(start, B, N))
+                            block_t, new_keys, 0, h, d, span(start, B), below(start, B, N))
                 for r in T.unroll(R):
-                    scores[r, _span(OWN + start, B)] = acc[r, _span(0, B)]
-                    top[r, _span(0, B)] = T.max(top[r, _span(0, B)], T.Select(
-                        _below(start, B, chunk_row(p, r) + 1), acc[r, _span(0, B)],
+                    scores[r, span(OWN + start, B)] = acc[r, span(0, B)]
+                    top[r, span(0, B)] = T.max(top[r, span(0, B)], T.Select(
+                        below(start, B, chunk_row(p, r) + 1), acc[r, span(0, B)],
                         T.Broadcast(T.min_value("float32"), B)))
             for r in T.unroll(R):  # 2. softmax
                 for c in range(1, B // L):  # the max of the lanes: B → LANES by vectors, then one by one
