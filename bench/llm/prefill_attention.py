@@ -1,9 +1,9 @@
 """Prefill with the chunk attention kernel (llm/chunk_attention.py) against the masked form, interleaved.
 
-    PYTHONPATH=python python bench/llm/prefill_attention.py [--capacity 512] [--prompt 128] [--rounds 11]
+    PYTHONPATH=python python bench/llm/prefill_attention.py [--capacity 512] [--prompt 128] [--rounds 11] [--threads 1]
 
 Builds the SmolLM2-135M-shaped checkpoint twice in one process (TVM_HETERO_LLM_CHUNK_ATTENTION=1,
-then 0), one thread pinned to core 0, prints each build's report (the graphs' activations), the
+then 0), its threads pinned to the first cores, prints each build's report (the graphs' activations), the
 largest logit difference of one prompt, and the prefill tokens per second of each, round by round.
 """
 
@@ -27,6 +27,7 @@ def main() -> None:
     parser.add_argument("--capacity", type=int, default=512)
     parser.add_argument("--prompt", type=int, default=128, help="prompt tokens")
     parser.add_argument("--rounds", type=int, default=11)
+    parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     from tvm_hetero import llm
     from tvm_hetero.llm import chunk_attention
@@ -35,7 +36,8 @@ def main() -> None:
     models = {}
     for form, switch in (("kernel", "1"), ("masked", "0")):
         os.environ[chunk_attention.SWITCH] = switch
-        models[form] = llm.build(path, capacity=args.capacity, device_options=[{"cores": [0], "num_threads": 1}])
+        models[form] = llm.build(path, capacity=args.capacity, device_options=[
+            {"cores": list(range(args.threads)), "num_threads": args.threads}])
         print(f"{form}:\n{models[form].report()}", flush=True)
     prompt = np.random.default_rng(0).integers(0, models["kernel"].config.vocab_size, args.prompt)
     sessions = {form: lm.session() for form, lm in models.items()}
