@@ -16,6 +16,7 @@ import numpy as np
 import tvm
 from tvm import relax, tirx
 
+from .chunk_attention import chunk_attention, scratch_shape
 from .config import DecoderConfig
 from .graph_io import (
     CACHE_MASK,
@@ -27,7 +28,6 @@ from .graph_io import (
     key_cache,
     value_cache,
 )
-from .chunk_attention import chunk_attention, scratch_shape
 from .int8_weights import ZERO_POINT_WEIGHT, quantized_names, scale_name
 from .one_row_attention import decode_attention, scores_shape
 from .panel_weights import PANEL_WIDTH, panelled_names

@@ -103,7 +103,7 @@ def chunk_attention(kv_heads: int, group: int, head_dim: int, capacity: int, row
                 start: T.let[T.int32] = block * B
                 for r in T.unroll(R):
                     acc[r, span(0, B)] = T.masked_load(block_t, mask, 0, 0, 0, span(start, B),
-                                                        below(start, B, filled))
+                                                       below(start, B, filled))
                 for d in range(D):
                     for r in T.unroll(R):
                         acc[r, span(0, B)] = acc[r, span(0, B)] + T.Broadcast(

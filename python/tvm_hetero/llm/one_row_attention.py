@@ -144,7 +144,7 @@ def decode_attention(kv_heads: int, group: int, head_dim: int, capacity: int) ->
                 start: T.let[T.int32] = block * B
                 for r in T.unroll(R):
                     acc[r, span(0, B)] = T.masked_load(block_t, mask, 0, 0, 0, span(start, B),
-                                                        below(start, B, filled))
+                                                       below(start, B, filled))
                 for d in range(D):
                     for i in T.unroll(B // L):  # the next block's keys, those below f, towards L2
                         if start + B + i * L < filled:
