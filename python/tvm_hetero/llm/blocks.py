@@ -16,6 +16,7 @@ import numpy as np
 import tvm
 from tvm import relax, tirx
 
+from .chunk_attention import chunk_attention, scratch_shape
 from .config import DecoderConfig
 from .graph_io import (
     CACHE_MASK,
@@ -42,9 +43,11 @@ class GraphBuilder:
         self.cfg = cfg
         self.capacity = capacity
         #: The symbolic chunk length, which each bucket binds (relax.transform.BindSymbolicVars), or
-        #: ``rows`` for a graph built for one size (1: the decode graph's one-row attention kernel).
+        #: ``rows`` for a graph built for one size, whose attention is one kernel over the cache's filled
+        #: rows (1: the decode graph's, one_row_attention.py; more: a host chunk's, chunk_attention.py).
         self.n = tirx.Var("n", "int64") if rows is None else rows
         self._one_row_kernel: relax.GlobalVar | None = None
+        self._chunk_kernel: relax.GlobalVar | None = None
         self.builder = relax.BlockBuilder()
         self.inputs: dict[str, relax.Var] = {}
         for name, shape, dtype in data_inputs(cfg, capacity, self.n):
@@ -129,6 +132,8 @@ class GraphBuilder:
         [1, KV, n, D]). Query head h reads key/value head h // (H / KV) (grouped-query attention)."""
         if isinstance(self.n, int) and self.n == 1:
             return self._one_row_attention(layer, q, k, v)
+        if isinstance(self.n, int):
+            return self._chunk_attention(layer, q, k, v)
         cfg, n = self.cfg, self.n
         kv, d, group = cfg.num_kv_heads, cfg.head_dim, cfg.num_heads // cfg.num_kv_heads
         rows = group * n  # each key/value head's query rows: (head in group, token)
@@ -169,6 +174,25 @@ class GraphBuilder:
         out = self.emit(op.reshape(relax.TupleGetItem(result, 0), [1, 1, cfg.num_heads * d]))
         return out, new_keys, new_values
 
+    def _chunk_attention(self, layer: int, q: relax.Expr, k: relax.Expr, v: relax.Expr) -> tuple[relax.Var, ...]:
+        """cache_attention for a chunk of a known size, as one kernel over the filled rows and the chunk's
+        own rows causally (chunk_attention.py)."""
+        cfg, n = self.cfg, self.n
+        kv, d, group = cfg.num_kv_heads, cfg.head_dim, cfg.num_heads // cfg.num_kv_heads
+        if self._chunk_kernel is None:
+            self._chunk_kernel = self.builder.add_func(chunk_attention(kv, group, d, self.capacity, n),
+                                                       "chunk_attention")
+        q = self.emit(op.multiply(q, relax.const(1.0 / np.sqrt(d), "float32")))  # [1, n, H, D]
+        new_keys = self.emit(op.permute_dims(k, [0, 2, 3, 1]))  # [1, KV, D, n], the cache's layout
+        new_values = self.emit(op.permute_dims(v, [0, 2, 1, 3]))  # [1, KV, n, D]
+        args = [q, self[key_cache(layer)], self[value_cache(layer)], new_keys, new_values, self[POSITIONS],
+                self[CACHE_MASK]]
+        result = self.emit(relax.call_tir(self._chunk_kernel, relax.Tuple(args), out_ty=[
+            relax.TensorType([1, n, cfg.num_heads, d], "float32"),
+            relax.TensorType(list(scratch_shape(self.capacity, n)), "float32")]))
+        out = self.emit(op.reshape(relax.TupleGetItem(result, 0), [1, n, cfg.num_heads * d]))
+        return out, new_keys, new_values
+
     def finish(self, hidden: relax.Expr, norm: Any, lm_head: str, new_rows: list[relax.Var]) -> relax.Function:
         """Logits of ``logit_row`` (normed by ``norm(x)``) and the new rows as the function's outputs."""
         last = self.emit(op.take(hidden, self[LOGIT_ROW], axis=1))  # [1, 1, hidden]
@@ -192,7 +216,7 @@ def rope_tables(cfg: DecoderConfig, capacity: int) -> dict[str, np.ndarray]:
 
 def make_module(graph: GraphBuilder, body: Any) -> tvm.IRModule:
     """Wrap ``body(graph) -> outputs`` into the entry function ``main`` (data inputs first), in a module
-    with the kernels it calls (the one-row attention's)."""
+    with the kernels it calls (the one-row or the chunk attention's)."""
     with graph.builder.function("main", list(graph.inputs.values())):
         with graph.builder.dataflow():
             outputs = body(graph)

@@ -30,6 +30,7 @@ from .architectures import family_builder
 from .buckets import check_sizes
 from .calibration import needs_real_calls, real_calls
 from .checkpoint import load_weights, read_checkpoint
+from .chunk_attention import wanted as chunk_kernel_wanted
 from .decode_placement import choose
 from .entry_graphs import EntryGraph, create_runtimes
 from .export import read_exported
@@ -106,13 +107,16 @@ def build(model: Any, targets: Any = None, *, capacity: int = 512,
     calibrator = _calibrator(symbolic, phase_targets, params, backends, cfg, capacity, say)
     # A decode graph on the host alone is built for one row: its attention is one kernel over the
     # cache's filled rows (one_row_attention.py); an accelerator's takes the chunk graphs' form.
+    # Host prefill graphs likewise, one module per chunk size (chunk_attention.py).
     decode = symbolic if _has_accelerator(phase_targets["decode"]) else family.entry_module(cfg, capacity, shapes, 1)
+    per_size = not _has_accelerator(phase_targets["prefill"]) and chunk_kernel_wanted()
     graphs = []
     for size in sorted(set(sizes) | {1}):
         phase = "decode" if size == 1 else "prefill"
         say(f"building the {phase} graph of {size} row(s)")
-        graphs.append(_entry_graph(decode if size == 1 else symbolic, size, phase, phase_targets[phase], params,
-                                   backends, build_options, cfg, capacity, calibrator))
+        module = decode if size == 1 else family.entry_module(cfg, capacity, shapes, size) if per_size else symbolic
+        graphs.append(_entry_graph(module, size, phase, phase_targets[phase], params, backends, build_options, cfg,
+                                   capacity, calibrator))
     del calibrator
     blob = _params_blob(params)
     create_runtimes(graphs, blob, "weights", phase_options)

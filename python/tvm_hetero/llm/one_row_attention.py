@@ -79,12 +79,12 @@ def exp_nonpositive(x: tirx.PrimExpr) -> tirx.PrimExpr:
     return tirx.Select(x < f32(_EXP_FLOOR), f32(0.0), body)
 
 
-def _span(start: tirx.PrimExpr, lanes: int) -> tirx.PrimExpr:
+def span(start: tirx.PrimExpr, lanes: int) -> tirx.PrimExpr:
     """The indices start, ..., start + lanes − 1 as one vector."""
     return tirx.Ramp(start, 1, lanes)
 
 
-def _below(start: tirx.PrimExpr, lanes: int, end: tirx.PrimExpr) -> tirx.PrimExpr:
+def below(start: tirx.PrimExpr, lanes: int, end: tirx.PrimExpr) -> tirx.PrimExpr:
     """Which of those indices are below ``end``: the mask of a load that stops there."""
     return tirx.Ramp(start, 1, lanes) < tirx.Broadcast(end, lanes)
 
@@ -143,20 +143,20 @@ def decode_attention(kv_heads: int, group: int, head_dim: int, capacity: int) ->
             for block in range((filled + B - 1) // B):  # 1. scores, B positions at a time
                 start: T.let[T.int32] = block * B
                 for r in T.unroll(R):
-                    acc[r, _span(0, B)] = T.masked_load(block_t, mask, 0, 0, 0, _span(start, B),
-                                                        _below(start, B, filled))
+                    acc[r, span(0, B)] = T.masked_load(block_t, mask, 0, 0, 0, span(start, B),
+                                                       below(start, B, filled))
                 for d in range(D):
                     for i in T.unroll(B // L):  # the next block's keys, those below f, towards L2
                         if start + B + i * L < filled:
                             T.evaluate(T.call_llvm_intrin("void", "llvm.prefetch.p0", T.address_of(
                                 keys[0, h, d, start + B + i * L]), 0, 1, 1))
                     for r in T.unroll(R):
-                        acc[r, _span(0, B)] = acc[r, _span(0, B)] + T.Broadcast(q[0, h, head(p, r), d], B) * (
-                            T.masked_load(block_t, keys, 0, h, d, _span(start, B), _below(start, B, filled)))
+                        acc[r, span(0, B)] = acc[r, span(0, B)] + T.Broadcast(q[0, h, head(p, r), d], B) * (
+                            T.masked_load(block_t, keys, 0, h, d, span(start, B), below(start, B, filled)))
                 for r in T.unroll(R):
-                    scores[h, p * R + r, _span(start, B)] = acc[r, _span(0, B)]
-                    top[r, _span(0, B)] = T.max(top[r, _span(0, B)], T.Select(_below(start, B, filled), acc[
-                        r, _span(0, B)], T.Broadcast(T.min_value("float32"), B)))
+                    scores[h, p * R + r, span(start, B)] = acc[r, span(0, B)]
+                    top[r, span(0, B)] = T.max(top[r, span(0, B)], T.Select(below(start, B, filled), acc[
+                        r, span(0, B)], T.Broadcast(T.min_value("float32"), B)))
             for r in T.unroll(R):  # 2. softmax
                 for c in range(1, B // L):  # the max of the lanes: B → LANES by vectors, then one by one
                     for lane in T.vectorized(L):
