@@ -7,8 +7,8 @@ static build (``tvm_hetero.build``, oneDNN for the matmuls). The weights are fun
 (given as ``params``, so no bucket embeds them), stored once and shared by every runtime.
 
 Float32 matmul weights are stored in 16-column panels when every phase runs on local CPUs with
-oneDNN (panel_weights.py). ``weights="int8"`` stores the matmul weights in 8 bits (int8_weights.py) and measures, once, how
-closely the result follows float32 (int8_agreement.py): a float32 decode graph is built beside it
+oneDNN (panel_weights.py). ``weights="int8"`` stores the matmul weights in 8 bits (int8_weights.py)
+and measures, once, how closely the result follows float32 (int8_agreement.py): a float32 decode graph is built beside it
 for that and dropped afterwards. A graph with an accelerator among its devices is checked along the
 whole path against the same graphs built for the host (phase_check.py).
 """
@@ -105,16 +105,15 @@ def build(model: Any, targets: Any = None, *, capacity: int = 512,
     in_panels = len(panelled_names(shapes))
     symbolic = family.entry_module(cfg, capacity, shapes)
     calibrator = _calibrator(symbolic, phase_targets, params, backends, cfg, capacity, say)
-    # A decode graph on the host alone is built for one row: its attention is one kernel over the
-    # cache's filled rows (one_row_attention.py); an accelerator's takes the chunk graphs' form.
-    # Host prefill graphs likewise, one module per chunk size (chunk_attention.py).
-    decode = symbolic if _has_accelerator(phase_targets["decode"]) else family.entry_module(cfg, capacity, shapes, 1)
-    per_size = not _has_accelerator(phase_targets["prefill"]) and chunk_kernel_wanted()
     graphs = []
     for size in sorted(set(sizes) | {1}):
         phase = "decode" if size == 1 else "prefill"
         say(f"building the {phase} graph of {size} row(s)")
-        module = decode if size == 1 else family.entry_module(cfg, capacity, shapes, size) if per_size else symbolic
+        # A graph on the host alone is built for its size: its attention is one kernel over the
+        # cache's filled rows (one_row_attention.py, chunk_attention.py); an accelerator's graph takes
+        # the symbolic module's ops, which have ONNX forms.
+        own_kernel = not _has_accelerator(phase_targets[phase]) and (size == 1 or chunk_kernel_wanted())
+        module = family.entry_module(cfg, capacity, shapes, size) if own_kernel else symbolic
         graphs.append(_entry_graph(module, size, phase, phase_targets[phase], params, backends, build_options, cfg,
                                    capacity, calibrator))
     del calibrator

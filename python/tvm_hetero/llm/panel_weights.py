@@ -15,6 +15,7 @@ accelerator's ONNX graphs, TVM's own kernels) the reshape would copy the weight 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from typing import Any
 
@@ -64,8 +65,6 @@ def store_in_panels(weights: dict[str, np.ndarray], shapes: dict[str, tuple[int,
 def wanted_for(phase_targets: dict[str, Any], backends: Any) -> bool:
     """Whether a model's weights go in panels: the default backends (oneDNN on CPUs, available in
     this build), every phase on local CPUs only, and not switched off by :data:`SWITCH`."""
-    import os
-
     from ..backends import dnnl
     from ..devices import is_cpu, is_remote, parse_spec
 
